@@ -1,0 +1,488 @@
+"""The job spec: the one contract shared by backend, worker and jobs.
+
+Standard library only (no torch, no pydantic) so that the backend, the worker and every
+rank import it cheaply. `parse_spec` turns a JSON-like dict into a frozen `JobSpec` or raises
+`SpecError` whose `errors` name the field path and the rule that failed, in the same shape
+FastAPI uses for 422 bodies (`{"loc": [...], "msg": ..., "type": ...}`).
+
+Stored runs keep the `version` they were written with; `upgrade_spec` lifts old versions to the
+current one so the history stays readable as the schema grows.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+SPEC_VERSION = 1
+DEFAULT_MAX_WORLD_SIZE = 8
+
+ARCHS = ("mlp", "gpt", "timed")
+KINDS = ("train", "collective_bench")
+DP_MODES = ("ps", "allreduce", "ddp")
+PP_SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zero-bubble")
+ENGINES = ("reference", "native")
+PRECISIONS = ("fp32", "bf16")
+BACKENDS = ("auto", "gloo", "nccl")
+COLLECTIVE_OPS = (
+    "all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "send_recv",
+)
+ALLREDUCE_ALGOS = ("builtin", "naive", "ps", "ring", "tree", "butterfly")
+PS_PLACEMENTS = ("dedicated", "rank0")
+DTYPES = ("float32", "bfloat16", "float16", "float64", "int32")
+
+_QUEUE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+
+def _f(default: Any, doc: str, *, choices: tuple | None = None, ge: float | None = None,
+       le: float | None = None, factory: Any = None):
+    """A spec field with its documentation and simple per-field rules."""
+    meta = {"doc": doc, "choices": choices, "ge": ge, "le": le}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    arch: str = _f("mlp", "model family: plain MLP stack, small GPT, or synthetic timed layers",
+                   choices=ARCHS)
+    layers: int = _f(4, "number of blocks (MLP layers / transformer blocks / timed layers)",
+                     ge=1, le=1024)
+    hidden: int = _f(64, "hidden size", ge=1, le=65536)
+    heads: int = _f(4, "attention heads (gpt)", ge=1, le=1024)
+    seq_len: int = _f(16, "tokens per sample (gpt); features per sample are `hidden` (mlp)",
+                      ge=1, le=65536)
+    vocab: int = _f(128, "vocabulary size (gpt)", ge=2, le=1_000_000)
+    t_forward: float = _f(0.01, "timed: seconds per layer forward", ge=0.0, le=60.0)
+    t_backward_input: float = _f(0.01, "timed: seconds per layer input-gradient backward",
+                                 ge=0.0, le=60.0)
+    t_backward_weight: float = _f(0.01, "timed: seconds per layer weight-gradient backward",
+                                  ge=0.0, le=60.0)
+
+
+@dataclass(frozen=True)
+class ParallelSpec:
+    dp: int = _f(1, "data-parallel degree", ge=1, le=4096)
+    tp: int = _f(1, "tensor-parallel degree", ge=1, le=4096)
+    pp: int = _f(1, "pipeline-parallel degree", ge=1, le=4096)
+    dp_mode: str = _f("ddp", "gradient synchronisation: parameter server (seed 001), "
+                      "all-reduce after backward (seed 004) or bucketed overlapped DDP",
+                      choices=DP_MODES)
+    zero_stage: int = _f(0, "ZeRO stage on the DP axis (0 = replicate)", ge=0, le=3)
+    sequence_parallel: bool = _f(False, "Megatron sequence parallelism (needs tp > 1)")
+    pp_schedule: str = _f("1f1b", "pipeline schedule", choices=PP_SCHEDULES)
+    microbatches: int = _f(1, "micro-batches per step per DP replica", ge=1, le=4096)
+    virtual_stages: int = _f(1, "model chunks per pipeline rank (interleaved 1F1B)", ge=1, le=64)
+    engine: str = _f("reference", "reference: written from the seeds with explicit collectives; "
+                     "native: PyTorch's own components", choices=ENGINES)
+    bucket_mb: float = _f(25.0, "DDP / ZeRO-2 gradient bucket size in MiB", ge=0.0001, le=4096)
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    global_batch: int = _f(8, "samples per optimizer step, over all DP replicas", ge=1,
+                           le=1_000_000)
+    steps: int = _f(5, "optimizer steps", ge=1, le=1_000_000)
+    grad_accum: int = _f(1, "gradient-accumulation rounds per step", ge=1, le=4096)
+    precision: str = _f("fp32", "fp32, or bf16 compute with fp32 master weights and Adam state",
+                        choices=PRECISIONS)
+    fp32_grads: bool = _f(False, "bf16: keep an fp32 gradient copy (the 20Ψ memory model)")
+    lr: float = _f(1e-3, "Adam learning rate", ge=0.0, le=10.0)
+    seed: int = _f(0, "seed for initial parameters and data", ge=0, le=2**31 - 1)
+    activation_checkpointing: bool = _f(False, "recompute block activations in backward")
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    backend: str = _f("auto", "process-group backend: auto = nccl with CUDA, else gloo",
+                      choices=BACKENDS)
+    nnodes: int = _f(1, "hosts (multi-host placement is not available yet)", ge=1, le=1024)
+    nproc_per_node: int = _f(2, "ranks per host", ge=1, le=1024)
+    timeout_s: float = _f(600.0, "wall-clock limit for the whole job", ge=1.0, le=7 * 86400.0)
+    queue: str = _f("default", "worker queue (one per GPU host)")
+
+
+@dataclass(frozen=True)
+class CollectiveSpec:
+    ops: tuple = _f(None, "operations to sweep", factory=lambda: ("all_reduce",))
+    algorithms: tuple = _f(None, "all-reduce algorithms (builtin = the backend's own)",
+                           factory=lambda: ("builtin",))
+    ps_placement: str = _f("dedicated", "parameter server: extra serving rank, or rank 0",
+                           choices=PS_PLACEMENTS)
+    min_bytes: int = _f(1024, "smallest message (nccl-tests -b)", ge=4, le=2**34)
+    max_bytes: int = _f(1 << 20, "largest message (nccl-tests -e)", ge=4, le=2**34)
+    factor: int = _f(2, "size multiplier between points (nccl-tests -f)", ge=2, le=1024)
+    warmup: int = _f(2, "untimed iterations per point", ge=0, le=10_000)
+    iters: int = _f(5, "timed iterations per point", ge=1, le=100_000)
+    dtype: str = _f("float32", "element type", choices=DTYPES)
+    check: bool = _f(True, "verify every result in place")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    version: int = _f(SPEC_VERSION, "spec schema version", ge=1, le=SPEC_VERSION)
+    name: str = _f("run", "human-readable name")
+    kind: str = _f("train", "train, or a collective bandwidth sweep", choices=KINDS)
+    model: ModelSpec = _f(None, "model", factory=ModelSpec)
+    parallel: ParallelSpec = _f(None, "parallel layout", factory=ParallelSpec)
+    train: TrainSpec = _f(None, "training loop", factory=TrainSpec)
+    runtime: RuntimeSpec = _f(None, "launch", factory=RuntimeSpec)
+    collective: CollectiveSpec = _f(None, "collective_bench settings", factory=CollectiveSpec)
+
+    @property
+    def world_size(self) -> int:
+        return self.runtime.nnodes * self.runtime.nproc_per_node
+
+    @property
+    def strategy(self) -> str:
+        return derive_strategy(self)
+
+    def to_dict(self) -> dict:
+        return to_dict(self)
+
+
+class SpecError(ValueError):
+    """Invalid spec; `errors` is a list of {loc, msg, type} like FastAPI's 422 detail."""
+
+    def __init__(self, errors: list[dict]):
+        self.errors = errors
+        super().__init__("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors))
+
+
+# --- presets -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    title: str
+    overrides: dict
+    native: str  # the PyTorch component the native engine maps this strategy to
+    seeds: str  # where in the lecture notes it comes from
+
+
+def _pre(name, title, native, seeds, **overrides):
+    return Preset(name, title, overrides, native, seeds)
+
+
+_DP2 = {"runtime": {"nproc_per_node": 2}}
+PRESETS: dict[str, Preset] = {p.name: p for p in [
+    _pre("dp-ps", "DP with a parameter server on rank 0", "(none: explicit gather/broadcast)",
+         "001", parallel={"dp": 2, "dp_mode": "ps"}, **_DP2),
+    _pre("dp-allreduce", "DP, all-reduce every gradient after backward",
+         "torch.distributed.all_reduce", "004", parallel={"dp": 2, "dp_mode": "allreduce"}, **_DP2),
+    _pre("ddp", "DDP: bucketed all-reduce overlapped with backward",
+         "torch.nn.parallel.DistributedDataParallel", "001",
+         parallel={"dp": 2, "dp_mode": "ddp"}, **_DP2),
+    _pre("zero1", "ZeRO-1: optimizer state sharded",
+         "torch.distributed.optim.ZeroRedundancyOptimizer", "000/001/004",
+         parallel={"dp": 2, "zero_stage": 1}, **_DP2),
+    _pre("zero2", "ZeRO-2: optimizer state and gradients sharded",
+         "FSDP2 fully_shard(reshard_after_forward=False)", "000/001/004",
+         parallel={"dp": 2, "zero_stage": 2}, **_DP2),
+    _pre("zero3", "ZeRO-3: parameters, gradients and optimizer state sharded",
+         "FSDP2 fully_shard(reshard_after_forward=True)", "000/001/004",
+         parallel={"dp": 2, "zero_stage": 3}, **_DP2),
+    _pre("fsdp", "FSDP (ZeRO-3 on the native engine)",
+         "FSDP2 fully_shard(reshard_after_forward=True)", "000",
+         parallel={"dp": 2, "zero_stage": 3, "engine": "native"}, **_DP2),
+    _pre("tp", "Megatron tensor parallelism", "DTensor ColwiseParallel / RowwiseParallel",
+         "000/002/004", model={"arch": "gpt"}, parallel={"tp": 2}, **_DP2),
+    _pre("sp", "Megatron tensor + sequence parallelism", "DTensor SequenceParallel", "000",
+         model={"arch": "gpt"}, parallel={"tp": 2, "sequence_parallel": True}, **_DP2),
+    _pre("pp-gpipe", "Pipeline, GPipe schedule", "torch.distributed.pipelining.ScheduleGPipe",
+         "000/002", parallel={"pp": 2, "pp_schedule": "gpipe", "microbatches": 4}, **_DP2),
+    _pre("pp-1f1b", "Pipeline, 1F1B schedule", "torch.distributed.pipelining.Schedule1F1B",
+         "000", parallel={"pp": 2, "pp_schedule": "1f1b", "microbatches": 4}, **_DP2),
+    _pre("pp-interleaved", "Pipeline, interleaved 1F1B",
+         "torch.distributed.pipelining.ScheduleInterleaved1F1B", "000",
+         parallel={"pp": 2, "pp_schedule": "interleaved", "microbatches": 4,
+                   "virtual_stages": 2}, **_DP2),
+    _pre("pp-zb", "Pipeline, zero-bubble (split backward)",
+         "torch.distributed.pipelining.ScheduleInterleavedZeroBubble", "(beyond the seeds)",
+         parallel={"pp": 2, "pp_schedule": "zero-bubble", "microbatches": 4}, **_DP2),
+    _pre("3d", "DP x TP x PP", "DeviceMesh + FSDP2 + DTensor + pipelining", "000",
+         model={"arch": "gpt"},
+         parallel={"dp": 2, "tp": 2, "pp": 2, "microbatches": 2},
+         train={"global_batch": 8}, runtime={"nproc_per_node": 8}),
+    _pre("collective-sweep", "Collective bandwidth sweep (nccl-tests style)",
+         "torch.distributed collectives", "000", kind="collective_bench", **_DP2),
+]}
+
+# Strategies whose jobs exist. Presets outside this set are listed but refused at submit, with
+# the reason, until their implementation lands.
+AVAILABLE: set[str] = {"single", "ddp", "dp-allreduce"}
+
+
+def derive_strategy(spec: JobSpec) -> str:
+    """A short label for filtering: `ddp`, `zero2`, `tp`, `pp-1f1b`, `ddp+tp`, `3d`, ..."""
+    if spec.kind == "collective_bench":
+        return "collective-sweep"
+    p = spec.parallel
+    parts = []
+    if p.dp > 1:
+        if p.zero_stage == 3 and p.engine == "native":
+            parts.append("fsdp")
+        elif p.zero_stage:
+            parts.append(f"zero{p.zero_stage}")
+        else:
+            parts.append({"ps": "dp-ps", "allreduce": "dp-allreduce", "ddp": "ddp"}[p.dp_mode])
+    if p.tp > 1:
+        parts.append("sp" if p.sequence_parallel else "tp")
+    if p.pp > 1:
+        parts.append({"naive": "pp-naive", "gpipe": "pp-gpipe", "1f1b": "pp-1f1b",
+                      "interleaved": "pp-interleaved", "zero-bubble": "pp-zb"}[p.pp_schedule])
+    if p.dp > 1 and p.tp > 1 and p.pp > 1:
+        return "3d"
+    return "+".join(parts) or "single"
+
+
+# --- parsing -------------------------------------------------------------------------------------
+
+def _err(loc, msg, typ="value_error"):
+    return {"loc": list(loc), "msg": msg, "type": typ}
+
+
+def _check_scalar(value, ftype: str, loc, meta, errors) -> Any:
+    if ftype == "bool":
+        if not isinstance(value, bool):
+            errors.append(_err(loc, "must be true or false", "bool_type"))
+            return None
+        return value
+    if ftype == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            else:
+                errors.append(_err(loc, "must be an integer", "int_type"))
+                return None
+    elif ftype == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            errors.append(_err(loc, "must be a number", "float_type"))
+            return None
+        value = float(value)
+    elif ftype == "str":
+        if not isinstance(value, str):
+            errors.append(_err(loc, "must be a string", "string_type"))
+            return None
+        if not value.strip() or len(value) > 200:
+            errors.append(_err(loc, "must be 1 to 200 characters", "string_length"))
+            return None
+    if meta.get("choices") and value not in meta["choices"]:
+        errors.append(_err(loc, f"must be one of {', '.join(map(str, meta['choices']))}",
+                           "enum"))
+        return None
+    if meta.get("ge") is not None and value < meta["ge"]:
+        errors.append(_err(loc, f"must be >= {meta['ge']:g}", "greater_than_equal"))
+        return None
+    if meta.get("le") is not None and value > meta["le"]:
+        errors.append(_err(loc, f"must be <= {meta['le']:g}", "less_than_equal"))
+        return None
+    return value
+
+
+_LIST_CHOICES = {("collective", "ops"): COLLECTIVE_OPS,
+                 ("collective", "algorithms"): ALLREDUCE_ALGOS}
+
+
+def _parse_section(cls, data, loc, errors):
+    if not isinstance(data, dict):
+        errors.append(_err(loc, "must be an object", "dict_type"))
+        return cls()
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in fields:
+            errors.append(_err((*loc, key), f"unknown field; allowed: {', '.join(fields)}",
+                               "extra_forbidden"))
+    kwargs = {}
+    for name, f in fields.items():
+        if name not in data:
+            continue
+        value, floc = data[name], (*loc, name)
+        ftype = f.type if isinstance(f.type, str) else f.type.__name__
+        if ftype in ("ModelSpec", "ParallelSpec", "TrainSpec", "RuntimeSpec", "CollectiveSpec"):
+            kwargs[name] = _parse_section(globals()[ftype], value, floc, errors)
+        elif ftype == "tuple":
+            choices = _LIST_CHOICES[(loc[-1] if loc else "", name)]
+            if (not isinstance(value, list) or not value
+                    or not all(isinstance(v, str) for v in value)):
+                errors.append(_err(floc, "must be a non-empty list of strings", "list_type"))
+                continue
+            bad = [v for v in value if v not in choices]
+            if bad:
+                errors.append(_err(floc, f"unknown {bad[0]!r}; allowed: {', '.join(choices)}",
+                                   "enum"))
+                continue
+            kwargs[name] = tuple(dict.fromkeys(value))
+        else:
+            parsed = _check_scalar(value, ftype, floc, f.metadata, errors)
+            if parsed is not None:
+                kwargs[name] = parsed
+    return cls(**kwargs)
+
+
+def _cross_checks(s: JobSpec, max_world_size: int) -> list[dict]:
+    e: list[dict] = []
+    m, p, t, r = s.model, s.parallel, s.train, s.runtime
+    world = s.world_size
+    if r.nnodes > 1:
+        e.append(_err(("runtime", "nnodes"),
+                      "must be 1: multi-host placement is not available yet"))
+    if world > max_world_size:
+        e.append(_err(("runtime", "nproc_per_node"),
+                      f"world size nnodes*nproc_per_node = {world} exceeds the configured cap "
+                      f"of {max_world_size}"))
+    if not _QUEUE_RE.match(r.queue):
+        e.append(_err(("runtime", "queue"), "must match [A-Za-z0-9_.-]{1,64}"))
+    if s.kind == "collective_bench":
+        c = s.collective
+        if c.min_bytes > c.max_bytes:
+            e.append(_err(("collective", "min_bytes"), "must be <= collective.max_bytes"))
+        if "ps" in c.algorithms and c.ps_placement == "dedicated" and world < 3:
+            e.append(_err(("collective", "ps_placement"),
+                          "dedicated parameter server needs world size >= 3 "
+                          "(one serving rank plus at least two workers)"))
+        if "butterfly" in c.algorithms and world & (world - 1):
+            e.append(_err(("collective", "algorithms"),
+                          f"butterfly needs a power-of-two world size, got {world}"))
+        return e
+    if p.dp * p.tp * p.pp != world:
+        e.append(_err(("parallel",),
+                      f"dp*tp*pp = {p.dp}*{p.tp}*{p.pp} = {p.dp * p.tp * p.pp} must equal "
+                      f"nnodes*nproc_per_node = {world}"))
+    if m.hidden % p.tp:
+        e.append(_err(("parallel", "tp"), f"tp = {p.tp} must divide model.hidden = {m.hidden}"))
+    if m.arch == "gpt":
+        if m.heads % p.tp:
+            e.append(_err(("parallel", "tp"), f"tp = {p.tp} must divide model.heads = {m.heads}"))
+        if m.hidden % m.heads:
+            e.append(_err(("model", "heads"),
+                          f"heads = {m.heads} must divide model.hidden = {m.hidden}"))
+    if m.layers % (p.pp * p.virtual_stages):
+        e.append(_err(("model", "layers"),
+                      f"layers = {m.layers} must be divisible by pp*virtual_stages = "
+                      f"{p.pp * p.virtual_stages}"))
+    per = p.dp * p.microbatches * t.grad_accum
+    if t.global_batch % per:
+        e.append(_err(("train", "global_batch"),
+                      f"global_batch = {t.global_batch} must be divisible by "
+                      f"dp*microbatches*grad_accum = {per}"))
+    if p.sequence_parallel:
+        if p.tp < 2:
+            e.append(_err(("parallel", "sequence_parallel"), "needs parallel.tp > 1"))
+        if m.seq_len % p.tp:
+            e.append(_err(("model", "seq_len"),
+                          f"seq_len = {m.seq_len} must be divisible by tp = {p.tp} "
+                          "with sequence parallelism"))
+    if p.virtual_stages > 1 and p.pp_schedule != "interleaved":
+        e.append(_err(("parallel", "virtual_stages"),
+                      "must be 1 unless pp_schedule is 'interleaved'"))
+    if p.pp > 1:
+        if p.pp_schedule == "naive" and p.microbatches != 1:
+            e.append(_err(("parallel", "microbatches"),
+                          "must be 1 with the naive schedule (no micro-batching)"))
+        if p.pp_schedule == "interleaved" and p.microbatches % p.pp:
+            e.append(_err(("parallel", "microbatches"),
+                          f"microbatches = {p.microbatches} must be a multiple of pp = {p.pp} "
+                          "for the interleaved schedule"))
+    if p.zero_stage and p.dp_mode == "ps":
+        e.append(_err(("parallel", "zero_stage"),
+                      "ZeRO shards over an all-reduce group; it cannot be combined with "
+                      "dp_mode 'ps'"))
+    if t.fp32_grads and t.precision != "bf16":
+        e.append(_err(("train", "fp32_grads"), "only applies to precision 'bf16'"))
+    return e
+
+
+def parse_spec(data: Any, *, max_world_size: int = DEFAULT_MAX_WORLD_SIZE,
+               require_available: bool = False) -> JobSpec:
+    """Validate a spec dict (or `{"preset": NAME, ...overrides}`) and return a JobSpec."""
+    data = resolve_preset(data)
+    errors: list[dict] = []
+    if isinstance(data, dict) and "version" in data:
+        data = upgrade_spec(data)
+    spec = _parse_section(JobSpec, data, (), errors)
+    if errors:
+        raise SpecError(errors)
+    errors = _cross_checks(spec, max_world_size)
+    if not errors and require_available and spec.strategy not in AVAILABLE:
+        errors.append(_err(("parallel",), f"strategy {spec.strategy!r} is not available yet "
+                           f"(available: {', '.join(sorted(AVAILABLE))})", "not_available"))
+    if errors:
+        raise SpecError(errors)
+    return spec
+
+
+def resolve_preset(data: Any) -> Any:
+    """`{"preset": NAME, ...overrides}` -> full dict, nested fields merged over the preset."""
+    if not isinstance(data, dict) or "preset" not in data:
+        return data
+    data = dict(data)
+    name = data.pop("preset")
+    if name not in PRESETS:
+        raise SpecError([_err(("preset",), f"unknown preset {name!r}; allowed: "
+                              f"{', '.join(PRESETS)}", "enum")])
+    merged = copy.deepcopy(PRESETS[name].overrides)
+    merged.setdefault("name", name)
+    return deep_merge(merged, data)
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k),
+                                                                              dict) else v
+    return out
+
+
+def upgrade_spec(data: dict) -> dict:
+    """Lift a stored spec to SPEC_VERSION. Version 1 is the first; later versions add steps."""
+    data = dict(data)
+    version = data.get("version", SPEC_VERSION)
+    if isinstance(version, int) and version < SPEC_VERSION:  # pragma: no cover - no v2 yet
+        data["version"] = SPEC_VERSION
+    return data
+
+
+def to_dict(obj) -> dict:
+    def conv(v):
+        if dataclasses.is_dataclass(v):
+            return {f.name: conv(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, tuple):
+            return list(v)
+        return v
+    return conv(obj)
+
+
+def presets_table() -> list[dict]:
+    """The documented preset table served by GET /api/presets."""
+    rows = []
+    for p in PRESETS.values():
+        spec = parse_spec({"preset": p.name}, max_world_size=1 << 30)
+        rows.append({"name": p.name, "title": p.title, "strategy": spec.strategy,
+                     "native": p.native, "seeds": p.seeds, "overrides": p.overrides,
+                     "available": spec.strategy in AVAILABLE, "spec": spec.to_dict()})
+    return rows
+
+
+def field_docs() -> dict:
+    """Field -> {type, default, doc, choices, ge, le}, for the API docs and the front-end form."""
+    def walk(cls, prefix):
+        out = {}
+        inst = cls()
+        for f in dataclasses.fields(cls):
+            name = f"{prefix}{f.name}"
+            ftype = f.type if isinstance(f.type, str) else f.type.__name__
+            if ftype.endswith("Spec"):
+                out.update(walk(globals()[ftype], name + "."))
+                continue
+            default = getattr(inst, f.name)
+            out[name] = {"type": ftype, "default": list(default) if isinstance(default, tuple)
+                         else default, **{k: v for k, v in f.metadata.items() if v is not None}}
+            if (prefix.rstrip("."), f.name) in _LIST_CHOICES:
+                out[name]["choices"] = _LIST_CHOICES[(prefix.rstrip("."), f.name)]
+        return out
+    return walk(JobSpec, "")
