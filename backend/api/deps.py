@@ -1,0 +1,60 @@
+"""Annotated dependencies shared by the routes."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Header, HTTPException, Request
+from sqlalchemy.orm import Session
+
+from backend.core.config import Settings
+from backend.core.db import get_sessionmaker
+from backend.models import Run
+
+
+def get_app_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_app_settings)]
+
+
+def get_db(settings: SettingsDep) -> Iterator[Session]:
+    with get_sessionmaker(settings.db_url)() as session:
+        yield session
+
+
+DbDep = Annotated[Session, Depends(get_db)]
+
+
+def current_user(settings: SettingsDep) -> str:
+    # Local mode: one implicit user. Team mode (accounts) replaces this dependency.
+    return "local"
+
+
+UserDep = Annotated[str, Depends(current_user)]
+
+
+def require_worker(request: Request,
+                   authorization: Annotated[str | None, Header()] = None) -> str:
+    """The worker channel: a bearer token only workers hold."""
+    expected = request.app.state.worker_token
+    token = (authorization or "").removeprefix("Bearer ").strip()
+    if not token or not hmac.compare_digest(token.encode(), expected.encode()):
+        raise HTTPException(401, "worker credential required")
+    return "worker"
+
+
+WorkerDep = Annotated[str, Depends(require_worker)]
+
+
+def get_run_or_404(run_id: str, db: DbDep) -> Run:
+    run = db.get(Run, run_id)
+    if run is None:
+        raise HTTPException(404, f"run {run_id!r} not found")
+    return run
+
+
+RunDep = Annotated[Run, Depends(get_run_or_404)]

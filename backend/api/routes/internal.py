@@ -1,0 +1,64 @@
+"""The worker channel: how workers on other hosts report back without touching the database
+or sharing a filesystem. Every call carries the worker credential and is idempotent, so a
+worker may retry any of them after a timeout or a backend restart."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Request
+from starlette.concurrency import run_in_threadpool
+
+from backend import crud
+from backend.api.deps import DbDep, RunDep, SettingsDep, WorkerDep
+from backend.api.schemas import ClaimIn, FinishIn, LogBatch, WorkerIn
+from backend.core.db import get_sessionmaker
+from backend.storage import resolve_run_path, save_stream
+
+router = APIRouter(prefix="/api/internal", tags=["worker channel"])
+
+
+@router.post("/runs/{run_id}/claim")
+def claim(db: DbDep, run: RunDep, body: ClaimIn, _: WorkerDep) -> dict:
+    ok, reason = crud.claim(db, run.id, worker=body.worker, task_id=body.task_id)
+    return {"launch": ok, "reason": reason, "spec": run.spec if ok else None}
+
+
+@router.post("/runs/{run_id}/heartbeat")
+def heartbeat(db: DbDep, run: RunDep, _: WorkerDep) -> dict:
+    run = crud.heartbeat(db, run.id)
+    return {"status": run.status, "cancel": run.cancel_requested}
+
+
+@router.post("/runs/{run_id}/logs")
+def logs(db: DbDep, run: RunDep, body: LogBatch, _: WorkerDep) -> dict:
+    added = crud.append_logs(db, run.id, [x.model_dump() for x in body.lines])
+    return {"added": added}
+
+
+@router.put("/runs/{run_id}/files/{path:path}")
+async def upload(request: Request, run: RunDep, settings: SettingsDep, path: str,
+                 _: WorkerDep) -> dict:
+    try:
+        target = resolve_run_path(settings.runs_dir, run.id, path)
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from exc
+    chunks = [c async for c in request.stream()]
+    size, sha = await run_in_threadpool(save_stream, target, chunks)
+
+    def record():
+        with get_sessionmaker(settings.db_url)() as db:
+            crud.record_file(db, run.id, path, size, sha)
+    await run_in_threadpool(record)
+    return {"path": path, "size": size, "sha256": sha}
+
+
+@router.post("/runs/{run_id}/finish")
+def finish(db: DbDep, run: RunDep, body: FinishIn, _: WorkerDep) -> dict:
+    run = crud.finish(db, run.id, status=body.status, exit_code=body.exit_code, error=body.error,
+                      summary=body.summary, provenance=body.provenance)
+    return {"status": run.status}
+
+
+@router.post("/workers/heartbeat")
+def worker_heartbeat(db: DbDep, body: WorkerIn, _: WorkerDep) -> dict:
+    crud.upsert_worker(db, **body.model_dump())
+    return {"ok": True}

@@ -1,0 +1,56 @@
+"""Health, workers, presets and the spec's field documentation."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+
+from backend import crud
+from backend.api.deps import DbDep, SettingsDep
+from backend.api.schemas import WorkerOut
+from jobs.spec import SPEC_VERSION, field_docs, presets_table
+from worker.app import broker_ok
+
+router = APIRouter(prefix="/api", tags=["meta"])
+
+
+@router.get("/health/live")
+def live() -> dict:
+    return {"ok": True}
+
+
+@router.get("/health")
+def health(db: DbDep, settings: SettingsDep) -> JSONResponse:
+    checks: dict[str, dict] = {}
+    try:
+        db.execute(text("SELECT 1"))
+        checks["database"] = {"ok": True, "url": settings.db_url.split("@")[-1]}
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        checks["database"] = {"ok": False, "error": str(exc)}
+    ok, detail = broker_ok(settings)
+    checks["broker"] = {"ok": ok, "url": settings.broker_url.split("@")[-1], "detail": detail}
+    workers = crud.list_workers(db, seen_within_s=3 * settings.worker_heartbeat_s) \
+        if checks["database"]["ok"] else []
+    checks["workers"] = {"ok": bool(workers), "count": len(workers)}
+    healthy = checks["database"]["ok"] and checks["broker"]["ok"]
+    return JSONResponse({"ok": healthy, "checks": checks}, status_code=200 if healthy else 503)
+
+
+@router.get("/workers", response_model=list[WorkerOut])
+def workers(db: DbDep, settings: SettingsDep) -> list[WorkerOut]:
+    rows = crud.list_workers(db, seen_within_s=3 * settings.worker_heartbeat_s)
+    return [WorkerOut(name=w.name, host=w.host, queue=w.queue, slots=w.slots, busy=w.busy,
+                      free=max(w.slots - w.busy, 0), devices=w.devices, info=w.info,
+                      last_seen=w.last_seen) for w in rows]
+
+
+@router.get("/presets")
+def presets() -> list[dict]:
+    return presets_table()
+
+
+@router.get("/spec")
+def spec_fields(settings: SettingsDep) -> dict:
+    return {"version": SPEC_VERSION, "fields": field_docs(),
+            "max_world_size": settings.max_world_size}

@@ -1,0 +1,262 @@
+"""`paralab` command line.
+
+Service commands: `up` (migrations + API + worker, what `make run` starts), `serve`, `worker`,
+`migrate`. Client commands talk HTTP to PARALAB_URL (default http://127.0.0.1:8000): `submit`,
+`runs`, `show`, `logs`, `cancel`. Tables for people, `--json` for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+FINISHED = ("succeeded", "failed", "cancelled", "timed_out")
+
+
+class CliError(Exception):
+    def __init__(self, msg: str, code: int = 2):
+        super().__init__(msg)
+        self.code = code
+
+
+# -- HTTP client ----------------------------------------------------------------------------------
+
+def _url() -> str:
+    return os.environ.get("PARALAB_URL", "http://127.0.0.1:8000").rstrip("/")
+
+
+def _request(method: str, path: str, **kw):
+    try:
+        r = httpx.request(method, _url() + path, timeout=kw.pop("timeout", 30), **kw)
+    except httpx.TransportError as exc:
+        raise CliError(f"cannot reach paralab at {_url()} ({exc}); is it running? "
+                       "(`make run`, or set PARALAB_URL)", 3) from exc
+    if r.status_code >= 400:
+        try:
+            detail = r.json().get("detail")
+        except ValueError:
+            detail = r.text
+        if isinstance(detail, list):
+            lines = [f"  {'.'.join(str(x) for x in e.get('loc', []))}: {e.get('msg')}"
+                     for e in detail]
+            raise CliError(f"rejected ({r.status_code}):\n" + "\n".join(lines))
+        raise CliError(f"error {r.status_code}: {detail}")
+    ctype = r.headers.get("content-type", "")
+    return r.json() if "json" in ctype else r.text
+
+
+def _table(rows: list[dict], cols: list[tuple[str, str]]) -> str:
+    cells = [[str(r.get(k) if r.get(k) is not None else "") for k, _ in cols] for r in rows]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (_, h) in enumerate(cols)]
+    out = ["  ".join(h.ljust(w) for (_, h), w in zip(cols, widths, strict=True))]
+    out += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(out)
+
+
+RUN_COLS = [("id", "ID"), ("name", "NAME"), ("strategy", "STRATEGY"), ("world_size", "WORLD"),
+            ("status", "STATUS"), ("owner", "OWNER"), ("created_at", "CREATED")]
+
+
+def cmd_submit(a) -> int:
+    body: dict = {}
+    if a.spec:
+        text = sys.stdin.read() if a.spec == "-" else Path(a.spec).read_text()
+        try:
+            body = json.loads(text)
+        except ValueError as exc:
+            raise CliError(f"{a.spec}: not valid JSON ({exc})") from exc
+        if not isinstance(body, dict):
+            raise CliError(f"{a.spec}: must hold a JSON object (a job spec)")
+    if a.preset:
+        body = {"preset": a.preset, **body}
+    if not body:
+        raise CliError("give a SPEC.json, or --preset NAME (see GET /api/presets)")
+    if a.name:
+        body["name"] = a.name
+    run = _request("POST", "/api/runs", json=body)
+    if a.wait:
+        while run["status"] not in FINISHED:
+            time.sleep(1)
+            run = _request("GET", f"/api/runs/{run['id']}")
+    if a.json:
+        print(json.dumps(run, indent=1))
+    else:
+        print(f"{run['id']}  {run['strategy']}  {run['status']}")
+        if run.get("error"):
+            print(run["error"], file=sys.stderr)
+    return 0 if not a.wait or run["status"] == "succeeded" else 1
+
+
+def cmd_runs(a) -> int:
+    params = {k: v for k, v in {"status": a.status, "strategy": a.strategy, "owner": a.owner,
+                                "tag": a.tag, "q": a.q, "limit": a.limit,
+                                "sort": a.sort}.items() if v}
+    page = _request("GET", "/api/runs", params=params)
+    print(json.dumps(page, indent=1) if a.json else _table(page["items"], RUN_COLS))
+    return 0
+
+
+def cmd_show(a) -> int:
+    run = _request("GET", f"/api/runs/{a.id}")
+    if a.json:
+        print(json.dumps(run, indent=1))
+        return 0
+    for key in ("id", "name", "strategy", "status", "owner", "world_size", "queue",
+                "worker_host", "created_at", "started_at", "finished_at", "exit_code"):
+        print(f"{key:>12}: {run.get(key) if run.get(key) is not None else ''}")
+    print(f"{'tags':>12}: {', '.join(run['tags'])}")
+    if run.get("error"):
+        print(f"{'error':>12}: {run['error']}")
+    summary = run.get("summary") or {}
+    if summary.get("loss"):
+        print(f"{'loss':>12}: {' '.join(f'{x:.4f}' for x in summary['loss'])}")
+    return 0
+
+
+def cmd_logs(a) -> int:
+    params = {"rank": a.rank} if a.rank is not None else {}
+    if not a.follow:
+        sys.stdout.write(_request("GET", f"/api/runs/{a.id}/logs", params=params))
+        return 0
+    last = None
+    while True:  # reconnects resume after the last line seen (Last-Event-ID)
+        headers = {"Last-Event-ID": last} if last else {}
+        try:
+            with httpx.stream("GET", f"{_url()}/api/runs/{a.id}/logs/stream", params=params,
+                              headers=headers, timeout=None) as r:
+                if r.status_code >= 400:
+                    raise CliError(f"error {r.status_code}: {r.read().decode()}")
+                event, data = "message", []
+                for line in r.iter_lines():
+                    if line.startswith("id:"):
+                        last = line[3:].strip()
+                    elif line.startswith("event:"):
+                        event = line[6:].strip()
+                    elif line.startswith("data:"):
+                        data.append(line[5:].removeprefix(" "))
+                    elif not line:
+                        if event == "message":
+                            print("\n".join(data), flush=True)
+                        elif event == "end":
+                            return 0
+                        event, data = "message", []
+        except httpx.TransportError:
+            time.sleep(1)
+
+
+def cmd_cancel(a) -> int:
+    run = _request("POST", f"/api/runs/{a.id}/cancel")
+    print(json.dumps(run, indent=1) if a.json else f"{run['id']}  {run['status']}"
+          + ("  (cancel requested)" if run["cancel_requested"] and run["status"] == "running"
+             else ""))
+    return 0
+
+
+# -- service commands -----------------------------------------------------------------------------
+
+def cmd_migrate(a) -> int:
+    from backend.core.config import get_settings
+    from backend.migrate import upgrade
+    upgrade(get_settings().db_url)
+    return 0
+
+
+def cmd_serve(a) -> int:
+    import uvicorn
+
+    from backend.core.config import get_settings
+    from backend.main import create_app
+    settings = get_settings()
+    uvicorn.run(create_app(settings), host=a.host or settings.host, port=a.port or settings.port,
+                log_level="info", timeout_graceful_shutdown=5)
+    return 0
+
+
+def cmd_worker(a) -> int:
+    if a.queue:
+        os.environ["PARALAB_QUEUE"] = a.queue
+    if a.slots:
+        os.environ["PARALAB_WORKER_SLOTS"] = str(a.slots)
+    from backend.core.config import get_settings
+    from worker.app import get_celery
+    from worker.tasks import worker_name
+    settings = get_settings()
+    app = get_celery(settings)
+    app.worker_main(["worker", "--pool", "threads", "--concurrency", str(settings.worker_slots),
+                     "--queues", settings.queue, "--hostname", worker_name(settings),
+                     "--loglevel", "INFO", "--without-gossip", "--without-mingle"])
+    return 0
+
+
+def cmd_up(a) -> int:
+    from backend.launcher import up
+    return up(host=a.host, port=a.port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="paralab", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("up", help="migrations + API/front end + a worker (the embedded default)")
+    s.add_argument("--host")
+    s.add_argument("--port", type=int)
+    s.set_defaults(fn=cmd_up)
+    s = sub.add_parser("serve", help="the API and front end")
+    s.add_argument("--host")
+    s.add_argument("--port", type=int)
+    s.set_defaults(fn=cmd_serve)
+    s = sub.add_parser("worker", help="a Celery worker that launches torchrun jobs")
+    s.add_argument("--queue")
+    s.add_argument("--slots", type=int)
+    s.set_defaults(fn=cmd_worker)
+    sub.add_parser("migrate", help="apply database migrations").set_defaults(fn=cmd_migrate)
+
+    s = sub.add_parser("submit", help="submit a run: SPEC.json and/or --preset NAME")
+    s.add_argument("spec", nargs="?", help="job spec JSON file ('-' for stdin)")
+    s.add_argument("--preset")
+    s.add_argument("--name")
+    s.add_argument("--wait", action="store_true", help="wait until it finishes")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_submit)
+    s = sub.add_parser("runs", help="list runs")
+    for flag in ("--status", "--strategy", "--owner", "--tag", "--q", "--sort"):
+        s.add_argument(flag)
+    s.add_argument("--limit", type=int, default=50)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_runs)
+    s = sub.add_parser("show", help="one run")
+    s.add_argument("id")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_show)
+    s = sub.add_parser("logs", help="a run's log")
+    s.add_argument("id")
+    s.add_argument("-f", "--follow", action="store_true")
+    s.add_argument("--rank", type=int)
+    s.set_defaults(fn=cmd_logs)
+    s = sub.add_parser("cancel", help="cancel a queued or running run")
+    s.add_argument("id")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_cancel)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except CliError as exc:
+        print(f"paralab: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

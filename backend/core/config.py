@@ -1,0 +1,103 @@
+"""One Settings object for the backend, the worker and the CLI.
+
+Embedded default (no Redis, no PostgreSQL): SQLite under `data_dir`, Celery's `filesystem://`
+broker and a `db+sqlite://` result backend. `REDIS_URL` / `DATABASE_URL` switch to the team
+services. Every value can be set from the environment (`PARALAB_*`, plus the conventional
+`DATABASE_URL` and `REDIS_URL`).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PARALAB_", extra="ignore")
+
+    data_dir: Path = Path("var")
+    database_url: str | None = Field(
+        None, validation_alias=AliasChoices("DATABASE_URL", "PARALAB_DATABASE_URL"))
+    redis_url: str | None = Field(
+        None, validation_alias=AliasChoices("REDIS_URL", "PARALAB_REDIS_URL"))
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # Where workers and the CLI reach the backend.
+    url: str = "http://127.0.0.1:8000"
+
+    queue: str = "default"
+    worker_slots: int = Field(1, ge=1, le=64)
+    worker_name: str | None = None
+    worker_token: str | None = None
+    max_world_size: int = Field(8, ge=1)
+    max_job_timeout_s: float = 7 * 86400.0
+    job_omp_threads: int = 1
+    # A running run whose worker has been silent this long is failed as "worker lost".
+    run_heartbeat_timeout_s: float = 60.0
+    worker_heartbeat_s: float = 5.0
+    run_heartbeat_s: float = 1.0
+    # SIGTERM to torchrun, then SIGKILL to everything carrying the run's ID after this grace.
+    kill_grace_s: float = 5.0
+
+    @property
+    def db_url(self) -> str:
+        if self.database_url:
+            url = self.database_url
+            if url.startswith("postgresql://") or url.startswith("postgres://"):
+                url = "postgresql+psycopg://" + url.split("://", 1)[1]
+            return url
+        return f"sqlite:///{(self.data_dir / 'paralab.db').resolve()}"
+
+    @property
+    def broker_url(self) -> str:
+        return self.redis_url or "filesystem://"
+
+    @property
+    def result_backend(self) -> str:
+        if self.redis_url:
+            return self.redis_url
+        return f"db+sqlite:///{(self.data_dir / 'celery-results.db').resolve()}"
+
+    @property
+    def broker_dir(self) -> Path:
+        return (self.data_dir / "broker").resolve()
+
+    @property
+    def runs_dir(self) -> Path:
+        """Backend side: files uploaded by workers, one folder per run."""
+        return (self.data_dir / "runs").resolve()
+
+    @property
+    def work_dir(self) -> Path:
+        """Worker side: where jobs run and write their outputs before upload."""
+        return (self.data_dir / "work").resolve()
+
+    def resolved_worker_token(self) -> str:
+        """The worker credential: from the environment, else a local file shared by the
+        embedded backend and worker (both run on this host, under the same data_dir)."""
+        if self.worker_token:
+            return self.worker_token
+        path = self.data_dir / "worker-token"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"worker-token.{secrets.token_hex(4)}.tmp")
+            tmp.write_text(secrets.token_urlsafe(32))
+            tmp.chmod(0o600)
+            try:  # link() fails if another process won the race; both then read its token
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink()
+        return path.read_text().strip()
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,231 @@
+"""Every read and write of the run history. Routes call one function here and return."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy.orm import Session
+
+from backend.models import FINISHED, Run, RunFile, RunLog, RunTag, Worker, utcnow
+from jobs.spec import JobSpec
+
+SORT_KEYS = {"created_at": Run.created_at, "name": Run.name, "status": Run.status,
+             "strategy": Run.strategy, "world_size": Run.world_size}
+_RANK_PREFIX = re.compile(r"^\[(?:default|rank)(\d+)\]:")
+
+
+def new_run_id() -> str:
+    return secrets.token_hex(6)
+
+
+def create_run(db: Session, spec: JobSpec, *, owner: str, tags: list[str], notes: str) -> Run:
+    run = Run(id=new_run_id(), name=spec.name, owner=owner, kind=spec.kind,
+              strategy=spec.strategy, spec=spec.to_dict(), spec_version=spec.version,
+              world_size=spec.world_size, dp=spec.parallel.dp, tp=spec.parallel.tp,
+              pp=spec.parallel.pp, queue=spec.runtime.queue, status="queued",
+              created_at=utcnow(), cancel_requested=False, notes=notes,
+              tags=[RunTag(tag=t) for t in dict.fromkeys(tags)])
+    db.add(run)
+    db.commit()
+    return run
+
+
+def delete_run(db: Session, run_id: str) -> None:
+    db.execute(delete(Run).where(Run.id == run_id))
+    db.commit()
+
+
+def get_run(db: Session, run_id: str) -> Run | None:
+    return db.get(Run, run_id)
+
+
+@dataclass
+class RunFilter:
+    status: str | None = None
+    strategy: str | None = None
+    owner: str | None = None
+    tag: str | None = None
+    q: str | None = None
+
+
+def _encode_cursor(value, run_id: str) -> str:
+    if isinstance(value, datetime):
+        value = {"dt": value.isoformat()}
+    return base64.urlsafe_b64encode(json.dumps([value, run_id]).encode()).decode()
+
+
+def decode_cursor(cursor: str) -> tuple:
+    """Raises ValueError on a cursor this server did not produce."""
+    try:
+        value, run_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+    except Exception as exc:  # noqa: BLE001 - any malformed cursor is the same user error
+        raise ValueError("cursor: not a cursor returned by this API") from exc
+    if isinstance(value, dict) and "dt" in value:
+        value = datetime.fromisoformat(value["dt"])
+    if not isinstance(run_id, str):
+        raise ValueError("cursor: not a cursor returned by this API")
+    return value, run_id
+
+
+def list_runs(db: Session, f: RunFilter, *, sort: str = "-created_at", cursor: str | None = None,
+              limit: int = 50) -> tuple[list[Run], str | None]:
+    desc = sort.startswith("-")
+    key = sort.lstrip("-")
+    if key not in SORT_KEYS:
+        raise ValueError(f"sort: must be one of {', '.join(SORT_KEYS)} (prefix - for descending)")
+    col = SORT_KEYS[key]
+    stmt = select(Run)
+    if f.status:
+        stmt = stmt.where(Run.status.in_(f.status.split(",")))
+    if f.strategy:
+        stmt = stmt.where(Run.strategy.in_(f.strategy.split(",")))
+    if f.owner:
+        stmt = stmt.where(Run.owner == f.owner)
+    if f.tag:
+        stmt = stmt.where(Run.id.in_(select(RunTag.run_id).where(RunTag.tag == f.tag)))
+    if f.q:
+        like = f"%{f.q.lower().replace('%', '').replace('_', '')}%"
+        stmt = stmt.where(or_(func.lower(Run.name).like(like), func.lower(Run.notes).like(like),
+                              func.lower(Run.strategy).like(like), Run.id == f.q))
+    if cursor:
+        value, last_id = decode_cursor(cursor)
+        if desc:
+            stmt = stmt.where(or_(col < value, and_(col == value, Run.id < last_id)))
+        else:
+            stmt = stmt.where(or_(col > value, and_(col == value, Run.id > last_id)))
+    order = (col.desc(), Run.id.desc()) if desc else (col.asc(), Run.id.asc())
+    rows = list(db.scalars(stmt.order_by(*order).limit(limit + 1)))
+    next_cursor = None
+    if len(rows) > limit:
+        rows = rows[:limit]
+        next_cursor = _encode_cursor(getattr(rows[-1], key), rows[-1].id)
+    return rows, next_cursor
+
+
+def request_cancel(db: Session, run: Run) -> Run:
+    """Queued runs are cancelled at once (a worker that later receives the message finds them
+    cancelled and skips them); running runs get the cooperative flag their worker polls."""
+    if run.status == "queued":
+        db.execute(update(Run).where(Run.id == run.id, Run.status == "queued").values(
+            status="cancelled", finished_at=utcnow(), cancel_requested=True,
+            error="cancelled before it started"))
+    elif run.status == "running":
+        db.execute(update(Run).where(Run.id == run.id).values(cancel_requested=True))
+    db.commit()
+    db.refresh(run)
+    return run
+
+
+def claim(db: Session, run_id: str, *, worker: str, task_id: str | None) -> tuple[bool, str]:
+    """queued -> running, atomically: a redelivered message never launches a run twice."""
+    now = utcnow()
+    res = db.execute(update(Run).where(Run.id == run_id, Run.status == "queued",
+                                       Run.cancel_requested.is_(False))
+                     .values(status="running", started_at=now, heartbeat_at=now,
+                             worker_host=worker, task_id=task_id))
+    db.commit()
+    if res.rowcount == 1:
+        return True, "claimed"
+    run = db.get(Run, run_id)
+    if run is None:
+        return False, "no such run"
+    return False, f"run is {run.status}, not queued"
+
+
+def heartbeat(db: Session, run_id: str) -> Run | None:
+    db.execute(update(Run).where(Run.id == run_id, Run.status == "running")
+               .values(heartbeat_at=utcnow()))
+    db.commit()
+    return db.get(Run, run_id)
+
+
+def append_logs(db: Session, run_id: str, lines: list[dict]) -> int:
+    """Idempotent on (run_id, seq): a worker retrying a batch after a timeout adds nothing."""
+    if not lines:
+        return 0
+    seqs = [int(x["seq"]) for x in lines]
+    have = set(db.scalars(select(RunLog.seq).where(RunLog.run_id == run_id,
+                                                   RunLog.seq.in_(seqs))))
+    added = 0
+    for x in lines:
+        if int(x["seq"]) in have:
+            continue
+        m = _RANK_PREFIX.match(x["line"])
+        db.add(RunLog(run_id=run_id, seq=int(x["seq"]), rank=int(m.group(1)) if m else None,
+                      ts=datetime.fromisoformat(x["ts"]) if x.get("ts") else utcnow(),
+                      line=x["line"]))
+        have.add(int(x["seq"]))
+        added += 1
+    db.commit()
+    return added
+
+
+def logs_after(db: Session, run_id: str, after: int = -1, *, rank: int | None = None,
+               limit: int = 1000) -> list[RunLog]:
+    stmt = select(RunLog).where(RunLog.run_id == run_id, RunLog.seq > after)
+    if rank is not None:
+        stmt = stmt.where(or_(RunLog.rank == rank, RunLog.rank.is_(None)))
+    return list(db.scalars(stmt.order_by(RunLog.seq).limit(limit)))
+
+
+def finish(db: Session, run_id: str, *, status: str, exit_code: int | None, error: str | None,
+           summary: dict | None, provenance: dict | None) -> Run | None:
+    """running -> a final status. Idempotent: a retried report of a finished run is a no-op."""
+    assert status in FINISHED, status
+    db.execute(update(Run).where(Run.id == run_id, Run.status == "running").values(
+        status=status, exit_code=exit_code, error=error, summary=summary,
+        provenance=provenance, finished_at=utcnow()))
+    db.commit()
+    return db.get(Run, run_id)
+
+
+def record_file(db: Session, run_id: str, path: str, size: int, sha256: str) -> None:
+    existing = db.get(RunFile, (run_id, path))
+    if existing:
+        existing.size, existing.sha256, existing.created_at = size, sha256, utcnow()
+    else:
+        db.add(RunFile(run_id=run_id, path=path, size=size, sha256=sha256, created_at=utcnow()))
+    db.commit()
+
+
+def list_files(db: Session, run_id: str) -> list[RunFile]:
+    return list(db.scalars(select(RunFile).where(RunFile.run_id == run_id)
+                           .order_by(RunFile.path)))
+
+
+def upsert_worker(db: Session, *, name: str, host: str, queue: str, slots: int, busy: int,
+                  devices: list, info: dict) -> None:
+    w = db.get(Worker, name)
+    if w is None:
+        w = Worker(name=name)
+        db.add(w)
+    w.host, w.queue, w.slots, w.busy, w.devices, w.info = host, queue, slots, busy, devices, info
+    w.last_seen = utcnow()
+    db.commit()
+
+
+def list_workers(db: Session, *, seen_within_s: float) -> list[Worker]:
+    since = utcnow() - timedelta(seconds=seen_within_s)
+    return list(db.scalars(select(Worker).where(Worker.last_seen >= since)
+                           .order_by(Worker.name)))
+
+
+def reap_lost_runs(db: Session, *, timeout_s: float) -> list[str]:
+    """Fail running runs whose worker stopped reporting (killed, host down, partitioned)."""
+    cutoff = utcnow() - timedelta(seconds=timeout_s)
+    lost = list(db.scalars(select(Run).where(Run.status == "running",
+                                             Run.heartbeat_at < cutoff)))
+    for run in lost:
+        db.execute(update(Run).where(Run.id == run.id, Run.status == "running").values(
+            status="failed", finished_at=utcnow(),
+            error=f"worker lost: no heartbeat from {run.worker_host} for more than "
+                  f"{timeout_s:g} s (worker killed, host down or unreachable); "
+                  f"last heartbeat {run.heartbeat_at.isoformat()}"))
+    db.commit()
+    return [r.id for r in lost]

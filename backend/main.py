@@ -1,0 +1,82 @@
+"""The FastAPI application: API under /api, the front end at /, OpenAPI at /docs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from pathlib import Path
+
+from fastapi import FastAPI, HTTPException
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.concurrency import run_in_threadpool
+
+from backend import crud
+from backend.api.routes import internal, meta, runs
+from backend.core.config import Settings, get_settings
+from backend.core.db import get_sessionmaker
+
+log = logging.getLogger(__name__)
+FRONTEND = Path(__file__).resolve().parent.parent / "frontend"
+
+
+async def _reaper(app: FastAPI) -> None:
+    """Fail runs whose worker went silent. Waits one timeout after start-up first, so a backend
+    restart never reaps runs whose heartbeats simply could not reach it while it was down."""
+    settings: Settings = app.state.settings
+    started = time.monotonic()
+    maker = get_sessionmaker(settings.db_url)
+
+    def reap():
+        with maker() as db:
+            return crud.reap_lost_runs(db, timeout_s=settings.run_heartbeat_timeout_s)
+
+    while True:
+        await asyncio.sleep(min(5.0, settings.run_heartbeat_timeout_s / 3))
+        if time.monotonic() - started < settings.run_heartbeat_timeout_s:
+            continue
+        try:
+            lost = await run_in_threadpool(reap)
+            if lost:
+                log.warning("runs failed as worker lost: %s", lost)
+        except Exception:  # the next round tries again
+            log.exception("reaper round failed")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        task = asyncio.create_task(_reaper(app))
+        yield
+        task.cancel()
+
+    app = FastAPI(title="paralab", version="0.1.0", lifespan=lifespan,
+                  description="Launch, trace and compare parallel-training experiments.")
+    app.state.settings = settings
+    app.state.worker_token = settings.resolved_worker_token()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_request, exc: RequestValidationError):
+        errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
+                  for e in exc.errors()]
+        return JSONResponse({"detail": errors}, status_code=422)
+
+    app.include_router(runs.router)
+    app.include_router(meta.router)
+    app.include_router(internal.router)
+    app.mount("/static", StaticFiles(directory=FRONTEND / "static"), name="static")
+
+    @app.get("/", include_in_schema=False)
+    def index() -> FileResponse:
+        return FileResponse(FRONTEND / "templates" / "index.html")
+
+    @app.get("/api/{rest:path}", include_in_schema=False)
+    def api_404(rest: str):
+        raise HTTPException(404, f"no API route /api/{rest}")
+
+    return app

@@ -1,0 +1,134 @@
+"""The run history. Schema changes go through Alembic (backend/migrations), never create_all."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+# SQLite only auto-increments INTEGER PRIMARY KEY.
+BigIntId = BigInteger().with_variant(Integer(), "sqlite")
+
+STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "timed_out")
+FINISHED = ("succeeded", "failed", "cancelled", "timed_out")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator):
+    """Aware UTC datetimes on every database (SQLite stores them naive)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value, dialect):
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    owner: Mapped[str] = mapped_column(String(100), index=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    strategy: Mapped[str] = mapped_column(String(64), index=True)
+    spec: Mapped[dict] = mapped_column(JSON)
+    spec_version: Mapped[int] = mapped_column(Integer)
+    world_size: Mapped[int] = mapped_column(Integer)
+    dp: Mapped[int] = mapped_column(Integer)
+    tp: Mapped[int] = mapped_column(Integer)
+    pp: Mapped[int] = mapped_column(Integer)
+    queue: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    worker_host: Mapped[str | None] = mapped_column(String(200))
+    task_id: Mapped[str | None] = mapped_column(String(200))
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    summary: Mapped[dict | None] = mapped_column(JSON)
+    notes: Mapped[str] = mapped_column(Text, default="")
+    provenance: Mapped[dict | None] = mapped_column(JSON)
+
+    tags: Mapped[list[RunTag]] = relationship(
+        cascade="all, delete-orphan", lazy="selectin", order_by="RunTag.tag")
+
+    __table_args__ = (Index("ix_runs_created_id", "created_at", "id"),)
+
+
+class RunTag(Base):
+    __tablename__ = "run_tags"
+
+    run_id: Mapped[str] = mapped_column(
+        ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    tag: Mapped[str] = mapped_column(String(64), primary_key=True, index=True)
+
+
+class RunLog(Base):
+    __tablename__ = "run_logs"
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    seq: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int | None] = mapped_column(Integer)
+    ts: Mapped[datetime] = mapped_column(UTCDateTime())
+    line: Mapped[str] = mapped_column(Text)
+
+    __table_args__ = (UniqueConstraint("run_id", "seq", name="uq_run_logs_run_seq"),)
+
+
+class RunFile(Base):
+    __tablename__ = "run_files"
+
+    run_id: Mapped[str] = mapped_column(
+        ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    path: Mapped[str] = mapped_column(String(500), primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    host: Mapped[str] = mapped_column(String(200))
+    queue: Mapped[str] = mapped_column(String(64))
+    slots: Mapped[int] = mapped_column(Integer)
+    busy: Mapped[int] = mapped_column(Integer)
+    devices: Mapped[list] = mapped_column(JSON)
+    info: Mapped[dict] = mapped_column(JSON)
+    last_seen: Mapped[datetime] = mapped_column(UTCDateTime())

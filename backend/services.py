@@ -1,0 +1,66 @@
+"""Work behind the routes that spans several steps (validate, store, enqueue)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import HTTPException
+from sqlalchemy.orm import Session
+
+from backend import crud
+from backend.core.config import Settings
+from backend.models import Run
+from jobs.spec import SpecError, parse_spec
+from worker.app import enqueue_run, revoke_run
+
+log = logging.getLogger(__name__)
+
+_TAG_RULE = "tags: must be a list of at most 20 strings of 1-64 characters"
+
+
+def _meta(body: dict[str, Any]) -> tuple[list[str], str, list[dict]]:
+    errors = []
+    tags = body.pop("tags", [])
+    notes = body.pop("notes", "")
+    if not isinstance(tags, list) or len(tags) > 20 or not all(
+            isinstance(t, str) and 1 <= len(t.strip()) <= 64 for t in tags):
+        errors.append({"loc": ["body", "tags"], "msg": _TAG_RULE, "type": "value_error"})
+        tags = []
+    if not isinstance(notes, str) or len(notes) > 100_000:
+        errors.append({"loc": ["body", "notes"], "msg": "must be a string of at most 100000 "
+                       "characters", "type": "value_error"})
+        notes = ""
+    return [t.strip() for t in tags], notes, errors
+
+
+def submit(db: Session, settings: Settings, body: dict[str, Any], *, owner: str) -> Run:
+    """Validate, store, then enqueue the run's ID. Nothing is stored when validation fails;
+    when the broker refuses the message, the stored run is removed again (503)."""
+    body = dict(body)
+    tags, notes, errors = _meta(body)
+    try:
+        spec = parse_spec(body, max_world_size=settings.max_world_size, require_available=True)
+    except SpecError as exc:
+        errors += [{**e, "loc": ["body", *e["loc"]]} for e in exc.errors]
+    if errors:
+        raise HTTPException(422, errors)
+    run = crud.create_run(db, spec, owner=owner, tags=tags, notes=notes)
+    try:
+        enqueue_run(settings, run.id, run.queue)
+    except Exception as exc:
+        log.exception("enqueue of run %s failed", run.id)
+        crud.delete_run(db, run.id)
+        raise HTTPException(503, f"the job queue is unavailable: {exc}") from exc
+    return run
+
+
+def cancel(db: Session, settings: Settings, run: Run) -> Run:
+    was_queued = run.status == "queued"
+    run = crud.request_cancel(db, run)
+    if was_queued:
+        try:
+            revoke_run(settings, run.id)
+        except Exception:  # the worker skips cancelled runs anyway; revoke is only tidiness
+            log.warning("revoke of run %s failed", run.id, exc_info=True)
+    return run

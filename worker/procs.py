@@ -1,0 +1,52 @@
+"""Finding and stopping every process of a job.
+
+torchrun puts each rank in its own process group, so killing torchrun's group misses them,
+and SIGKILL to torchrun orphans them. SIGTERM to torchrun stops all ranks quickly; whatever
+is left is found by the run ID every job process carries in its environment.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def pdeathsig_preexec(sig: int = signal.SIGTERM):
+    """preexec_fn: the child gets `sig` when the worker dies (even by SIGKILL). SIGTERM, not
+    SIGKILL, so torchrun still stops its ranks."""
+    prctl = _libc.prctl  # resolved in the parent: the child only makes the call
+
+    def _set():
+        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    return _set
+
+
+def pids_with_env(key: str, value: str) -> list[int]:
+    needle = f"{key}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+        except (OSError, PermissionError):
+            continue
+        if needle in env.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def kill_run_processes(run_id: str, sig: int = signal.SIGKILL) -> list[int]:
+    me = os.getpid()
+    pids = [p for p in pids_with_env("PARALAB_RUN_ID", run_id) if p != me]
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    return pids

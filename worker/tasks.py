@@ -1,0 +1,249 @@
+"""The Celery task: run(run_id) claims the run, launches torchrun and supervises it.
+
+Supervision: logs are streamed to the backend as they appear; `runtime.timeout_s` is enforced;
+cancel is cooperative (the backend's answer to each heartbeat carries the flag) and forceful
+(SIGTERM to torchrun, which stops its ranks, then SIGKILL to every process carrying the run's
+ID); the job gets a parent-death signal so it also stops when this worker is killed outright.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+
+from celery import shared_task
+from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
+
+from backend.core.config import Settings, get_settings
+from worker.app import TASK_NAME
+from worker.client import BackendClient, BackendUnavailable
+from worker.launch import build_argv, build_env, job_timeout_s
+from worker.procs import kill_run_processes, pdeathsig_preexec
+from worker.provenance import devices, provenance
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN = threading.Event()
+_busy = 0
+_busy_lock = threading.Lock()
+
+
+def worker_name(settings: Settings) -> str:
+    return settings.worker_name or f"{settings.queue}@{socket.gethostname()}"
+
+
+def _client(settings: Settings) -> BackendClient:
+    return BackendClient(settings.url, settings.resolved_worker_token())
+
+
+@shared_task(name=TASK_NAME, bind=True, acks_late=True)
+def run(self, run_id: str) -> str:
+    global _busy
+    settings = get_settings()
+    client = _client(settings)
+    try:
+        claim = client.claim(run_id, worker_name(settings), self.request.id)
+        if not claim["launch"]:
+            log.info("run %s not launched: %s", run_id, claim["reason"])
+            return f"skipped: {claim['reason']}"
+        with _busy_lock:
+            _busy += 1
+        try:
+            return JobSupervisor(run_id, claim["spec"], client, settings).run()
+        finally:
+            with _busy_lock:
+                _busy -= 1
+    finally:
+        client.close()
+
+
+class LogShipper:
+    """Numbers every line and ships batches in the background; a failed batch stays pending
+    and is sent again (the backend ignores sequence numbers it already has)."""
+
+    def __init__(self, client: BackendClient, run_id: str, interval: float = 0.5):
+        self._client, self._run_id, self._interval = client, run_id, interval
+        self._pending: list[dict] = []
+        self._seq = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="log-shipper")
+        self._thread.start()
+
+    def add(self, line: str) -> None:
+        with self._lock:
+            self._pending.append({"seq": self._seq, "ts": datetime.now(UTC).isoformat(),
+                                  "line": line[:65536]})
+            self._seq += 1
+
+    def _flush(self, retry_for_s: float) -> bool:
+        while True:
+            with self._lock:
+                batch = self._pending[:1000]
+            if not batch:
+                return True
+            try:
+                self._client.logs(self._run_id, batch, retry_for_s=retry_for_s)
+            except BackendUnavailable:
+                return False
+            with self._lock:
+                del self._pending[:len(batch)]
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._flush(retry_for_s=0)
+
+    def close(self, retry_for_s: float = 1800) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._flush(retry_for_s=retry_for_s)
+
+
+class JobSupervisor:
+    def __init__(self, run_id: str, spec: dict, client: BackendClient, settings: Settings):
+        self.run_id, self.spec, self.client, self.settings = run_id, spec, client, settings
+        self.dir = settings.work_dir / run_id
+        self.out = self.dir / "out"
+
+    def say(self, msg: str) -> None:
+        self.logs.add(f"[paralab] {msg}")
+
+    def run(self) -> str:
+        self.out.mkdir(parents=True, exist_ok=True)
+        spec_path = self.dir / "spec.json"
+        spec_path.write_text(json.dumps(self.spec, indent=1))
+        argv = build_argv(self.spec, python=sys.executable, spec_path=spec_path, out_dir=self.out,
+                          log_dir=self.dir / "torchrun-logs")
+        env = build_env(os.environ, run_id=self.run_id, omp_threads=self.settings.job_omp_threads)
+        timeout = job_timeout_s(self.spec, self.settings.max_job_timeout_s)
+        self.logs = LogShipper(self.client, self.run_id)
+        self.say(f"launching on {socket.gethostname()}: {shlex.join(argv)}")
+        proc = subprocess.Popen(argv, env=env, cwd=self.dir, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=pdeathsig_preexec(signal.SIGTERM))
+        reader = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        reader.start()
+        outcome, reason = self._supervise(proc, timeout)
+        rc = proc.wait()
+        reader.join(timeout=10)
+        leftovers = kill_run_processes(self.run_id)
+        if leftovers:
+            self.say(f"killed leftover processes {leftovers}")
+        status = outcome or ("succeeded" if rc == 0 else "failed")
+        error = reason if outcome else (None if rc == 0 else self._error_text(rc))
+        summary = self._summary()
+        self.say(f"finished: {status} (exit code {rc})")
+        self._upload()
+        self.logs.close()
+        self.client.finish(self.run_id, status=status, exit_code=rc, error=error,
+                           summary=summary,
+                           provenance=provenance((summary or {}).get("backend"),
+                                                 (summary or {}).get("provenance")))
+        return status
+
+    def _read(self, proc: subprocess.Popen) -> None:
+        for raw in proc.stdout:
+            self.logs.add(raw.decode("utf-8", "replace").rstrip("\n"))
+
+    def _supervise(self, proc: subprocess.Popen, timeout: float) -> tuple[str | None, str]:
+        start, next_beat = time.monotonic(), 0.0
+        while proc.poll() is None:
+            now = time.monotonic()
+            if now - start > timeout:
+                self._stop(proc, f"timeout of {timeout:g} s reached")
+                return "timed_out", f"timed out after {timeout:g} s (runtime.timeout_s)"
+            if SHUTDOWN.is_set():
+                self._stop(proc, "worker shutting down")
+                return "failed", "the worker shut down while the run was running"
+            if now >= next_beat:
+                next_beat = now + self.settings.run_heartbeat_s
+                beat = self.client.heartbeat(self.run_id)
+                if beat and beat.get("cancel"):
+                    self._stop(proc, "cancel requested")
+                    return "cancelled", "cancelled by user"
+            time.sleep(0.1)
+        return None, ""
+
+    def _stop(self, proc: subprocess.Popen, why: str) -> None:
+        self.say(f"{why}: sending SIGTERM to torchrun (pid {proc.pid})")
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(self.settings.kill_grace_s)
+        except subprocess.TimeoutExpired:
+            self.say("torchrun still running after the grace period: SIGKILL")
+            proc.kill()
+        kill_run_processes(self.run_id)
+
+    def _error_text(self, rc: int) -> str:
+        errs = sorted(self.out.glob("error-rank*.txt"))
+        if errs:
+            heads = [p.read_text(errors="replace").split("\n", 1)[0] for p in errs]
+            detail = errs[0].read_text(errors="replace")
+            return "\n".join(heads) + "\n\n" + detail[-20000:]
+        return f"torchrun exited with code {rc}; see the run's log"
+
+    def _summary(self) -> dict | None:
+        path = self.out / "summary.json"
+        if not path.is_file():
+            return None
+        try:
+            return json.loads(path.read_text())
+        except ValueError as exc:
+            self.say(f"summary.json is not valid JSON: {exc}")
+            return None
+
+    def _upload(self) -> None:
+        files = [self.dir / "spec.json", *sorted(p for p in self.out.rglob("*") if p.is_file())]
+        for p in files:
+            rel = p.relative_to(self.out if p.is_relative_to(self.out) else self.dir)
+            try:
+                self.client.upload(self.run_id, rel.as_posix(), p)
+            except Exception as exc:  # noqa: BLE001 - one bad file must not lose the outcome
+                self.say(f"upload of {rel} failed: {exc}")
+
+
+# -- worker lifecycle: shutdown flag and the heartbeat /api/workers shows ------------------------
+
+_hb_stop = threading.Event()
+
+
+def _worker_heartbeat_loop(settings: Settings, pool: str) -> None:
+    client = _client(settings)
+    while True:
+        with _busy_lock:
+            busy = _busy
+        client.worker_heartbeat(
+            name=worker_name(settings), host=socket.gethostname(), queue=settings.queue,
+            slots=settings.worker_slots, busy=busy, devices=devices(),
+            info={"pid": os.getpid(), "pool": pool, "python": sys.version.split()[0]})
+        if _hb_stop.wait(settings.worker_heartbeat_s):
+            break
+    client.close()
+
+
+@worker_ready.connect
+def _on_ready(sender=None, **_):
+    settings = get_settings()
+    pool = type(sender.pool).__name__ if sender is not None else "?"
+    threading.Thread(target=_worker_heartbeat_loop, args=(settings, pool), daemon=True,
+                     name="worker-heartbeat").start()
+
+
+@worker_shutting_down.connect
+def _on_shutting_down(**_):
+    SHUTDOWN.set()
+
+
+@worker_shutdown.connect
+def _on_shutdown(**_):
+    SHUTDOWN.set()
+    _hb_stop.set()
