@@ -214,7 +214,8 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
 
 # Strategies whose jobs exist. Presets outside this set are listed but refused at submit, with
 # the reason, until their implementation lands.
-AVAILABLE: set[str] = {"single", "ddp", "dp-allreduce"}
+AVAILABLE: set[str] = {"single", "ddp", "dp-allreduce", "dp-ps", "zero1", "zero2", "zero3", "fsdp",
+                       "collective-sweep"}
 
 
 def derive_strategy(spec: JobSpec) -> str:

@@ -5,54 +5,199 @@
 Writes `DIR/trace-rank{R}.jsonl` (one JSON object per line, schema in docs/trace-schema.md),
 `DIR/summary.json` (rank 0) and, when a rank fails, `DIR/error-rank{R}.txt` with its traceback
 so the worker can put the failing rank's error into the run's error text.
+
+Flow: init -> dims/mesh -> tracer -> plain model -> strategy (jobs/parallel/*) -> loop ->
+summary. How a strategy plugs in: docs/strategies.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 import os
 import sys
-import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 
+from jobs.data import local_microbatches
+from jobs.dims import ParallelDims
+from jobs.memory import MemoryBook, SavedTensorCounter, param_storages, process_memory
+from jobs.models import model_module
 from jobs.spec import JobSpec, parse_spec
+from jobs.trace import Tracer
 
 
-def make_model(spec: JobSpec) -> nn.Module:
-    torch.manual_seed(spec.train.seed)
-    h = spec.model.hidden
-    layers: list[nn.Module] = []
-    for _ in range(spec.model.layers):
-        layers += [nn.Linear(h, h), nn.ReLU()]
-    layers.append(nn.Linear(h, 1))
-    return nn.Sequential(*layers)
+@dataclass
+class RunContext:
+    """Everything a strategy or a model-parallel runner needs; passed explicitly."""
+
+    spec: JobSpec
+    out: Path
+    rank: int
+    world: int
+    backend: str
+    device: torch.device
+    dims: ParallelDims
+    mesh: object
+    tracer: Tracer
 
 
-def global_batch(spec: JobSpec, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The samples of one global batch depend only on the seed and step, never on the layout."""
-    g = torch.Generator().manual_seed(spec.train.seed * 1_000_003 + step)
-    x = torch.randn(spec.train.global_batch, spec.model.hidden, generator=g)
-    y = x.sum(dim=1, keepdim=True).sin()
-    return x, y
+def build_strategy(ctx: RunContext, model):
+    """The data-parallel strategy for `ctx.spec` applied to a plain model (DP axis only)."""
+    p, t = ctx.spec.parallel, ctx.spec.train
+    group = ctx.mesh["dp"].get_group() if ctx.dims.dp > 1 else None
+    kw = {"lr": t.lr, "precision": t.precision, "fp32_grads": t.fp32_grads,
+          "bucket_mb": p.bucket_mb}
+    if ctx.dims.dp == 1:
+        from jobs.parallel.data import Single
+        return Single(model, group, ctx.tracer, **kw)
+    if p.engine == "native":
+        from jobs.parallel.native import apply_native
+        return apply_native(model, ctx.mesh["dp"], ctx.tracer, spec=ctx.spec, **kw)
+    if p.zero_stage:
+        from jobs.parallel.zero import apply_zero
+        return apply_zero(model, group, ctx.tracer, stage=p.zero_stage, **kw)
+    from jobs.parallel.data import apply_data_parallel
+    return apply_data_parallel(model, group, ctx.tracer, mode=p.dp_mode, **kw)
 
 
-class TraceWriter:
-    def __init__(self, path: Path, rank: int):
-        self.rank = rank
-        self._f = open(path, "w", buffering=1 << 16)
+def apply_activation_checkpointing(model) -> None:
+    """Recompute each repeated layer's activations in backward (non-reentrant checkpoint)."""
+    from torch.utils.checkpoint import checkpoint
 
-    def write(self, **rec) -> None:
-        rec["rank"] = self.rank
-        self._f.write(json.dumps(rec) + "\n")
+    from jobs.models import layer_list
+    for blk in layer_list(model) or []:
+        fwd = blk.forward
+        blk.forward = lambda *a, _f=fwd: checkpoint(_f, *a, use_reentrant=False)
 
-    def close(self) -> None:
-        self._f.close()
+
+def train_loop(ctx: RunContext, strategy, loss_fn) -> dict:
+    """The DP training loop; returns per-rank results (rank 0 merges them into the summary)."""
+    spec, tr = ctx.spec, ctx.tracer
+    rounds = spec.train.grad_accum * spec.parallel.microbatches
+    dp_rank = ctx.dims.coords(ctx.rank)["dp"]
+    book = MemoryBook()
+    saved = SavedTensorCounter()
+    if hasattr(strategy, "saved_counter"):
+        strategy.saved_counter = saved  # strategies with their own saved-tensor hooks count too
+    losses, step_times = [], []
+
+    def sample(phase: str, **extra) -> None:
+        s = {**strategy.state_bytes(), **extra}
+        book.add(phase, tr.step, s)
+        tr.memory(phase=phase, **s, **process_memory())
+
+    sample("init")
+    prof = None
+    if os.environ.get("PARALAB_PROFILE") == "1":  # an independent count of collectives (tests)
+        from torch.profiler import ProfilerActivity, profile
+        prof = profile(activities=[ProfilerActivity.CPU])
+        prof.__enter__()
+    for step in range(spec.train.steps):
+        tr.step = step
+        t0 = tr.now()
+        mbs = local_microbatches(spec, step, dp_rank, ctx.dims.dp, rounds, ctx.device)
+        strategy.zero_grad()
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        with tr.span("step", cat="step"), strategy.comm_context():
+            for i, (x, y) in enumerate(mbs):
+                tr.microbatch = i
+                sync = strategy.no_sync() if i < rounds - 1 else contextlib.nullcontext()
+                with sync:
+                    saved.reset(param_storages(strategy.model))
+                    with tr.span("forward"), saved.hooks():
+                        loss = loss_fn(strategy.forward(x).float(), y)
+                    sample("after_forward", activations=saved.bytes)
+                    with tr.span("backward"):
+                        strategy.backward(loss / rounds)
+                loss_sum += loss.detach().double()
+            tr.microbatch = None
+            with tr.span("grad_sync", cat="comm"):
+                strategy.finish_grads()
+            sample("after_backward")
+            strategy.step()
+            sample("after_step")
+        losses.append(loss_sum.item() / rounds)
+        step_times.append((tr.now() - t0) / 1e9)
+        tr.flush()
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        counts: dict[str, int] = {}
+        for ev in prof.events():
+            if ev.name.startswith("gloo:"):
+                counts[ev.name] = counts.get(ev.name, 0) + 1
+        (ctx.out / f"profile-counts-rank{ctx.rank}.json").write_text(json.dumps(counts))
+    return {"losses": losses, "step_times": step_times, "memory": book.summary(),
+            "comm": tr.comm_totals, "layout": strategy.layout(), "notes": strategy.notes,
+            "comm_by_step": tr.comm_by_step.get("dp", {}),
+            "coords": ctx.dims.coords(ctx.rank), "clock_error_ns": tr.clock_error_ns,
+            "process_memory": process_memory()}
+
+
+def tokens_per_step(spec: JobSpec) -> int:
+    return spec.train.global_batch * (spec.model.seq_len if spec.model.arch == "gpt" else 1)
+
+
+def summarize(ctx: RunContext, per_rank: list[dict]) -> dict:
+    spec, world = ctx.spec, ctx.world
+    dp = ctx.dims.dp
+    # loss: each rank's value is the mean over its samples; the global-batch mean averages the
+    # DP replicas (equal sizes), so it is the same number whatever the strategy.
+    losses = [sum(r["losses"][s] for r in per_rank[:: max(1, world // dp)]) / dp
+              for s in range(spec.train.steps)]
+    step_times = [max(r["step_times"][s] for r in per_rank) for s in range(spec.train.steps)]
+    steady = step_times[1:] or step_times
+    mean_t = sum(steady) / len(steady)
+    return {"strategy": spec.strategy, "engine": spec.parallel.engine, "world_size": world,
+            "backend": ctx.backend, "precision": spec.train.precision, "loss": losses,
+            "step_time_s": step_times, "mean_step_time_s": mean_t,
+            "tokens_per_s": tokens_per_step(spec) / mean_t if mean_t > 0 else None,
+            "psi": per_rank[0]["layout"].get("psi"),
+            "ranks": [{"rank": i, **{k: r[k] for k in ("coords", "comm", "memory", "layout",
+                                                        "clock_error_ns", "process_memory")}}
+                      for i, r in enumerate(per_rank)],
+            "notes": per_rank[0]["notes"], "formula_check": formula_check(spec, per_rank)}
+
+
+def formula_check(spec: JobSpec, per_rank: list[dict]) -> dict:
+    """Per rank: the seeds' traffic per step and model-state bytes next to what was measured
+    (trace records; state after the last step), with the deviation and, for native engines,
+    why it deviates. Reference engines match exactly up to the padding shown."""
+    from jobs.parallel.formulas import NATIVE_DEVIATIONS, comm_per_step, model_state
+    label, t = spec.strategy, spec.train
+    if label not in ("dp-ps", "dp-allreduce", "ddp", "zero1", "zero2", "zero3", "fsdp"):
+        return {}
+    n = spec.parallel.dp
+    psi = per_rank[0]["layout"]["psi"]
+    elem = 2 if t.precision == "bf16" else 4
+    rows = []
+    for i, r in enumerate(per_rank):
+        f = comm_per_step(label, n, psi * elem, rank=i)
+        steps = {int(k): v for k, v in r["comm_by_step"].items() if int(k) >= 0}
+        sent = [steps.get(s, [0.0, 0.0])[0] for s in range(t.steps)]
+        recv = [steps.get(s, [0.0, 0.0])[1] for s in range(t.steps)]
+        fm = model_state(label, n, psi, t.precision, t.fp32_grads, rank=i)
+        last = [x for x in r["memory"]["phases"] if x["phase"] == "after_step"][-1]
+        mm = {k: last.get(k, 0) for k in fm}
+        rows.append({"rank": i, "bytes_sent_formula": f["bytes_sent"],
+                     "bytes_recv_formula": f["bytes_recv"], "bytes_sent_per_step": sent,
+                     "bytes_recv_per_step": recv,
+                     "bytes_sent_deviation": [x - f["bytes_sent"] for x in sent],
+                     "memory_formula": fm, "memory_measured": mm,
+                     "memory_deviation": {k: mm[k] - fm[k] for k in fm}})
+    engine = spec.parallel.engine
+    key = "zero3" if label == "fsdp" else label
+    return {"strategy": label, "engine": engine, "psi": psi, "comm_ops": f["ops"],
+            "padding_elems": per_rank[0]["layout"].get("padding_elems", 0),
+            "explanation": (NATIVE_DEVIATIONS.get(key, "") if engine == "native" else
+                            "reference engine: equals the seeds' formula (padding aside)"),
+            "ranks": rows}
 
 
 def run(spec: JobSpec, out: Path) -> None:
@@ -60,41 +205,56 @@ def run(spec: JobSpec, out: Path) -> None:
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend)
+    try:
+        run_in_group(spec, out, backend)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_in_group(spec: JobSpec, out: Path, backend: str) -> dict | None:
+    """One run inside an initialised default process group; returns the summary on rank 0.
+    With PARALAB_DUMP_PARAMS=1 rank 0 also writes `params-final.pt` (full fp32 parameters)."""
+    out.mkdir(parents=True, exist_ok=True)
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if backend == "nccl" \
-        else torch.device("cpu")
-    trace = TraceWriter(out / f"trace-rank{rank}.jsonl", rank)
-    trace.write(type="meta", world_size=world, backend=backend, spec=spec.to_dict(),
-                t0_ns=time.time_ns())
-    model = make_model(spec).to(device)
-    ddp = nn.parallel.DistributedDataParallel(model) if world > 1 else model
-    opt = torch.optim.Adam(ddp.parameters(), lr=spec.train.lr)
-    per_rank = spec.train.global_batch // world
-    losses, step_times = [], []
-    for step in range(spec.train.steps):
-        t0 = time.time_ns()
-        x, y = global_batch(spec, step)
-        x, y = x[rank * per_rank:(rank + 1) * per_rank].to(device), \
-            y[rank * per_rank:(rank + 1) * per_rank].to(device)
-        opt.zero_grad(set_to_none=True)
-        loss = nn.functional.mse_loss(ddp(x), y)
-        loss.backward()
-        opt.step()
-        mean = loss.detach().clone()
-        dist.all_reduce(mean)
-        t1 = time.time_ns()
-        trace.write(type="span", cat="compute", name="step", step=step, ts_ns=t0, dur_ns=t1 - t0)
-        losses.append(mean.item() / world)
-        step_times.append((t1 - t0) / 1e9)
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    dims = ParallelDims.from_spec(spec, world)
+    mesh = dims.build_mesh(device.type)
+    tracer = Tracer(out, rank, world, coords=dims.coords(rank),
+                    meta={"backend": backend, "spec": spec.to_dict(), "strategy": spec.strategy})
+    ctx = RunContext(spec, out, rank, world, backend, device, dims, mesh, tracer)
+    summary = None
+    try:
+        if dims.tp > 1 or dims.pp > 1:
+            # Model parallelism (and 3D) takes over the loop: see docs/strategies.md.
+            runner = importlib.import_module("jobs.parallel.model_parallel")
+            result = runner.run(ctx)
+        else:
+            mod = model_module(spec.model.arch)
+            model = mod.build(spec.model, spec.train.seed).to(device)
+            if spec.train.activation_checkpointing:
+                apply_activation_checkpointing(model)
+            strategy = build_strategy(ctx, model)
+            result = train_loop(ctx, strategy, mod.loss_fn)
+            if os.environ.get("PARALAB_DUMP_PARAMS") == "1":
+                full = strategy.full_parameters()
+                if rank == 0:
+                    torch.save(full, out / "params-final.pt")
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, result)
         if rank == 0:
-            print(f"step {step} loss {losses[-1]:.6f} time {step_times[-1] * 1e3:.1f} ms",
-                  flush=True)
-    trace.close()
-    if rank == 0:
-        summary = {"loss": losses, "step_time_s": step_times, "world_size": world,
-                   "strategy": spec.strategy, "backend": backend}
-        (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    dist.destroy_process_group()
+            summary = result.get("summary") if "summary" in result else summarize(ctx, gathered)
+            (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+            for s, (loss, t) in enumerate(zip(summary.get("loss", []),
+                                              summary.get("step_time_s", []), strict=False)):
+                print(f"step {s} loss {loss:.6f} time {t * 1e3:.1f} ms", flush=True)
+        tracer.close("ok")
+    except BaseException as exc:
+        tracer.close(f"error: {type(exc).__name__}")
+        raise
+    return summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,9 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    spec = parse_spec(json.loads(args.spec.read_text()), max_world_size=1 << 30)
     rank = os.environ.get("RANK", "0")
     try:
+        spec = parse_spec(json.loads(args.spec.read_text()), max_world_size=1 << 30)
         run(spec, args.out)
     except BaseException as exc:  # noqa: BLE001 - any failure is reported, then re-raised
         (args.out / f"error-rank{rank}.txt").write_text(

@@ -32,11 +32,12 @@ def make_celery(settings: Settings) -> Celery:
     }
     if settings.broker_url.startswith("filesystem://"):
         folder = settings.broker_dir
-        for sub in ("queue", "processed"):
+        for sub in ("queue", "processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
         conf["broker_transport_options"] = {
             "data_folder_in": str(folder / "queue"), "data_folder_out": str(folder / "queue"),
             "processed_folder": str(folder / "processed"), "store_processed": False,
+            "control_folder": str(folder / "control"),
             "polling_interval": 0.5,
         }
         settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -70,6 +71,7 @@ def revoke_run(settings: Settings, run_id: str) -> None:
 
 def broker_ok(settings: Settings) -> tuple[bool, str]:
     if settings.broker_url.startswith("filesystem://"):
+        get_celery(settings)  # creates the folders on first use
         folder = settings.broker_dir / "queue"
         return folder.is_dir(), str(folder)
     try:

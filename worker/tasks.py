@@ -31,6 +31,7 @@ from worker.procs import kill_run_processes, pdeathsig_preexec
 from worker.provenance import devices, provenance
 
 log = logging.getLogger(__name__)
+logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat is noise
 
 SHUTDOWN = threading.Event()
 _busy = 0

@@ -1,0 +1,306 @@
+"""All-reduce (sum) written with point-to-point sends and receives, after seed 000's table.
+
+Every algorithm has the signature `fn(tensor, group=None, tracer=None) -> None` and sums the
+tensor over the ranks of `group` in place (the parameter server takes a `placement` keyword as
+well). Ranks below are group ranks; messages go to their global ranks. With a tracer, every send
+and every receive is recorded as a `comm` record (op `send` / `recv`, `peer` = global rank,
+`payload_bytes`, args `algorithm` and `algo_step`, and `placement` for the parameter
+server), so per-rank bytes sent and the number of
+communication steps can be read back from the trace files alone:
+
+    algorithm          steps          bytes sent (M = tensor bytes, N = ranks reduced over)
+    naive              1              (N-1)M per rank, N(N-1)M in total
+    ps, dedicated      2 (push, pull) M per worker, NM by the server, 2NM in total
+    ps, rank0          2 (push, pull) M per rank > 0, (N-1)M by rank 0, 2(N-1)M in total
+    ring               2(N-1)         2(N-1)M/N per rank
+    tree (binomial)    2 ceil(log2 N) M per rank > 0 going up, 2(N-1)M in total
+    butterfly          log2 N         M log2 N per rank (power-of-two N only)
+
+Every send is posted with its matching receive outstanding (isend + irecv, then wait), or along
+an acyclic pattern (tree), so no ordering can deadlock on gloo. Results are bitwise identical on
+all ranks: each algorithm sums every element once, in one order, and then distributes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+# Ring: a received chunk is split into segments so the reduction of one segment overlaps the
+# transfer of the next (what gloo's own ring does).
+RING_SEGMENT_BYTES = 1 << 20
+# Trace labels: the benchmark's ranks form one axis; point-to-point records get their own group
+# key so the per-group sequence numbers of the collectives stay aligned across ranks.
+AXIS, P2P_GROUP = "world", "p2p"
+
+# Receive buffers are views of one cached workspace per (dtype, device), grown on demand: a fresh
+# multi-MiB buffer per call costs its page faults (about 1.4 ms for 8 MiB on the dev host), which
+# the backend's own all-reduce does not pay. `release_workspace()` frees it.
+_WORKSPACE: dict[tuple, torch.Tensor] = {}
+
+
+def workspace(numel: int, like: torch.Tensor) -> torch.Tensor:
+    """A flat scratch tensor of `numel` elements of `like`'s dtype and device (not zeroed). One
+    call per algorithm invocation: a second call may return the same memory."""
+    key = (like.dtype, like.device)
+    buf = _WORKSPACE.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = _WORKSPACE[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
+    return buf[:numel]
+
+
+def release_workspace() -> None:
+    _WORKSPACE.clear()
+
+
+class _Ctx:
+    """Group geometry and trace helpers shared by the algorithms."""
+
+    def __init__(self, algorithm: str, tensor: torch.Tensor, group, tracer, **extra):
+        self.algorithm = algorithm
+        self.extra = extra
+        self.group = group
+        self.tracer = tracer
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        self.elsize = tensor.element_size()
+
+    def glob(self, r: int) -> int:
+        return r if self.group is None else dist.get_global_rank(self.group, r)
+
+    def record(self, stack: contextlib.ExitStack, op: str, peer: int, numel: int, step: int):
+        if self.tracer is not None:
+            stack.enter_context(self.tracer.comm(
+                op, payload_bytes=numel * self.elsize, group_size=2, axis=AXIS, group=P2P_GROUP,
+                peer=self.glob(peer),
+                algorithm=self.algorithm, algo_step=step, **self.extra))
+
+    def exchange(self, step: int, sends: list[tuple[int, torch.Tensor]],
+                 recvs: list[tuple[int, torch.Tensor]]) -> None:
+        """Post every receive and send of one step at once, then wait for all of them."""
+        with contextlib.ExitStack() as stack:
+            for peer, buf in sends:
+                self.record(stack, "send", peer, buf.numel(), step)
+            for peer, buf in recvs:
+                self.record(stack, "recv", peer, buf.numel(), step)
+            rworks = [dist.irecv(buf, self.glob(peer), group=self.group) for peer, buf in recvs]
+            sworks = [dist.isend(buf, self.glob(peer), group=self.group) for peer, buf in sends]
+            for w in rworks:
+                w.wait()
+            for w in sworks:
+                w.wait()
+
+
+def _flat(tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    if tensor.is_contiguous():
+        return tensor.view(-1), False
+    return tensor.contiguous().view(-1), True
+
+
+def _inplace(fn):
+    """Run `fn` on a flat contiguous view; copy back when the input was not contiguous."""
+    @functools.wraps(fn)
+    def wrapper(tensor: torch.Tensor, group=None, tracer=None, **kw) -> None:
+        flat, copied = _flat(tensor)
+        if dist.get_world_size(group) > 1 and flat.numel() > 0:
+            fn(flat, group, tracer, **kw)
+        if copied:
+            tensor.copy_(flat.view_as(tensor))
+    return wrapper
+
+
+@_inplace
+def naive(tensor: torch.Tensor, group=None, tracer=None) -> None:
+    """Everyone sends its whole vector to everyone else (one step), then sums in rank order."""
+    c = _Ctx("naive", tensor, group, tracer)
+    others = [r for r in range(c.size) if r != c.rank]
+    m = tensor.numel()
+    ws = workspace(c.size * m, tensor)
+    bufs = {r: ws[j * m:(j + 1) * m] for j, r in enumerate(others)}
+    c.exchange(0, [(r, tensor) for r in others], [(r, bufs[r]) for r in others])
+    bufs[c.rank] = ws[(c.size - 1) * m:].copy_(tensor)
+    tensor.copy_(bufs[0])
+    for r in range(1, c.size):
+        tensor.add_(bufs[r])
+
+
+def ps_participants(world: int, placement: str) -> int:
+    """Ranks whose vectors are summed: the workers (the dedicated server only serves)."""
+    return world - 1 if placement == "dedicated" else world
+
+
+@_inplace
+def parameter_server(tensor: torch.Tensor, group=None, tracer=None, *,
+                     placement: str = "dedicated") -> None:
+    """Push to the server, which sums in rank order; pull the sum back (two steps).
+
+    `dedicated` (seed 000): the last rank of the group only serves; its input is ignored, and it
+    ends up holding the workers' sum like everyone else. Needs at least 3 ranks.
+    `rank0` (seed 001): rank 0 serves and contributes its own vector."""
+    if placement not in ("dedicated", "rank0"):
+        raise ValueError(f"parameter server placement must be 'dedicated' or 'rank0', "
+                         f"got {placement!r}")
+    c = _Ctx("ps", tensor, group, tracer, placement=placement)
+    if placement == "dedicated":
+        if c.size < 3:
+            raise ValueError(f"dedicated parameter server needs >= 3 ranks (a server and at "
+                             f"least two workers), got {c.size}")
+        server, workers = c.size - 1, list(range(c.size - 1))
+    else:
+        server, workers = 0, list(range(1, c.size))
+    if c.rank != server:
+        c.exchange(0, [(server, tensor)], [])
+        c.exchange(1, [], [(server, tensor)])
+        return
+    m = tensor.numel()
+    ws = workspace(len(workers) * m, tensor)
+    bufs = [ws[j * m:(j + 1) * m] for j in range(len(workers))]
+    c.exchange(0, [], list(zip(workers, bufs, strict=True)))
+    if placement == "dedicated":
+        tensor.copy_(bufs[0])
+        bufs = bufs[1:]
+    for b in bufs:
+        tensor.add_(b)
+    c.exchange(1, [(w, tensor) for w in workers], [])
+
+
+def chunk_bounds(numel: int, n: int) -> list[tuple[int, int]]:
+    """n contiguous chunks, their sizes differing by at most one element."""
+    return [(j * numel // n, (j + 1) * numel // n) for j in range(n)]
+
+
+def _segments(numel: int, seg: int) -> list[tuple[int, int]]:
+    """[(lo, hi)] pieces of at most `seg` elements covering range(numel); none when empty."""
+    return [(a, min(a + seg, numel)) for a in range(0, numel, seg)]
+
+
+@_inplace
+def ring(tensor: torch.Tensor, group=None, tracer=None) -> None:
+    """Reduce-scatter then all-gather around the ring, N-1 steps each (seed 000, seed 001).
+
+    Reduce-scatter step k: rank i sends chunk (i-k) mod N to i+1 and receives chunk
+    (i-k-1) mod N from i-1, adding it in. After N-1 steps rank i owns the sum of chunk
+    (i+1) mod N. All-gather step k: rank i forwards chunk (i+1-k) mod N and receives chunk
+    (i-k) mod N into place. Send and receive of a step are posted together; chunks travel in
+    segments so adding one received segment overlaps the transfer of the next."""
+    c = _Ctx("ring", tensor, group, tracer)
+    n, i = c.size, c.rank
+    right, left = (i + 1) % n, (i - 1) % n
+    bounds = chunk_bounds(tensor.numel(), n)
+    seg = max(1, RING_SEGMENT_BYTES // c.elsize)
+    scratch = workspace(max(hi - lo for lo, hi in bounds), tensor)
+    for k in range(n - 1):
+        slo, shi = bounds[(i - k) % n]
+        rlo, rhi = bounds[(i - k - 1) % n]
+        inbox = scratch[:rhi - rlo]
+        for (a, b), w in _ring_step(c, k, right, tensor[slo:shi], left, inbox, seg):
+            w.wait()
+            tensor[rlo + a:rlo + b].add_(inbox[a:b])
+    for k in range(n - 1):
+        slo, shi = bounds[(i + 1 - k) % n]
+        rlo, rhi = bounds[(i - k) % n]
+        for _, w in _ring_step(c, n - 1 + k, right, tensor[slo:shi], left, tensor[rlo:rhi], seg):
+            w.wait()
+
+
+def _ring_step(c: _Ctx, step: int, right: int, sbuf: torch.Tensor, left: int,
+               rbuf: torch.Tensor, seg: int) -> list:
+    """One ring step: send `sbuf` right and receive `rbuf` from the left, both in segments of
+    `seg` elements, all posted at once. Traced as one send and one recv of the whole chunk.
+    Waits for the sends; returns [((lo, hi), work)] for the receive segments, unwaited (waited
+    already when traced, so the record covers the whole step)."""
+    with contextlib.ExitStack() as stack:
+        c.record(stack, "send", right, sbuf.numel(), step)
+        c.record(stack, "recv", left, rbuf.numel(), step)
+        rsegs = _segments(rbuf.numel(), seg)
+        rworks = [((a, b), dist.irecv(rbuf[a:b], c.glob(left), group=c.group))
+                  for a, b in rsegs]
+        sworks = [dist.isend(sbuf[a:b], c.glob(right), group=c.group)
+                  for a, b in _segments(sbuf.numel(), seg)]
+        for w in sworks:
+            w.wait()
+        if c.tracer is not None:
+            for _, w in rworks:
+                w.wait()
+            return [(ab, _DONE) for ab, _ in rworks]
+    return rworks
+
+
+class _Done:
+    """A work already waited for (a gloo work must not be waited twice)."""
+
+    def wait(self) -> bool:
+        return True
+
+
+_DONE = _Done()
+
+
+def _log2_ceil(n: int) -> int:
+    return max(0, (n - 1).bit_length())
+
+
+@_inplace
+def tree(tensor: torch.Tensor, group=None, tracer=None) -> None:
+    """Binomial tree rooted at rank 0: reduce up in ceil(log2 N) steps, broadcast down in as many.
+
+    Up, step k: a rank whose lowest set bit is k sends to rank - 2^k; a rank with its k+1 lowest
+    bits zero receives from rank + 2^k (when it exists) and adds. Down: the same pairs in reverse
+    order, the lower rank sending the finished sum."""
+    c = _Ctx("tree", tensor, group, tracer)
+    n, i = c.size, c.rank
+    levels = _log2_ceil(n)
+    buf = workspace(tensor.numel(), tensor)
+    for k in range(levels):
+        m = 1 << k
+        if i % (2 * m) == m:
+            c.exchange(k, [(i - m, tensor)], [])
+            break
+        if i % (2 * m) == 0 and i + m < n:
+            c.exchange(k, [], [(i + m, buf)])
+            tensor.add_(buf)
+    for j in range(levels):
+        m = 1 << (levels - 1 - j)
+        if i % (2 * m) == 0 and i + m < n:
+            c.exchange(levels + j, [(i + m, tensor)], [])
+        elif i % (2 * m) == m:
+            c.exchange(levels + j, [], [(i - m, tensor)])
+
+
+@_inplace
+def butterfly(tensor: torch.Tensor, group=None, tracer=None) -> None:
+    """Recursive doubling: in step k rank i exchanges its whole vector with rank i XOR 2^k and
+    adds (log2 N steps; power-of-two N only). Addition is commutative, so partners stay equal."""
+    c = _Ctx("butterfly", tensor, group, tracer)
+    n, i = c.size, c.rank
+    if n & (n - 1):
+        raise ValueError(f"butterfly all-reduce needs a power-of-two number of ranks, got {n}")
+    buf = workspace(tensor.numel(), tensor)
+    for k in range(n.bit_length() - 1):
+        peer = i ^ (1 << k)
+        c.exchange(k, [(peer, tensor)], [(peer, buf)])
+        tensor.add_(buf)
+
+
+ALGORITHMS: dict[str, Callable] = {
+    "naive": naive, "ps": parameter_server, "ring": ring, "tree": tree, "butterfly": butterfly,
+}
+
+
+def get_algorithm(name: str, *, ps_placement: str = "dedicated") -> Callable:
+    """`fn(tensor, group=None, tracer=None)` for an algorithm name of the job spec."""
+    if name == "builtin":
+        def builtin(tensor, group=None, tracer=None):
+            dist.all_reduce(tensor, group=group)
+        return builtin
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown all-reduce algorithm {name!r}; "
+                         f"allowed: builtin, {', '.join(ALGORITHMS)}")
+    if name == "ps":
+        return functools.partial(parameter_server, placement=ps_placement)
+    return ALGORITHMS[name]
+

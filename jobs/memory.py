@@ -1,0 +1,97 @@
+"""Memory accounting: exact bytes of model state per category, activations saved for backward,
+and the process's RSS / CUDA allocator peaks.
+
+Model-state bytes come from the strategy (`Strategy.state_bytes()`: the tensors this rank
+really holds, local shards only). Activation bytes come from saved-tensor hooks: every tensor
+autograd saves for backward during a forward is counted once (by storage), parameters excluded.
+`MemoryBook` keeps per-category peaks over all samples of a run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+CATEGORIES = ("params", "grads", "optim", "gathered", "activations")
+
+
+class SavedTensorCounter:
+    """Counts bytes of tensors saved for backward (by storage, parameters excluded)."""
+
+    def __init__(self, exclude_storages=()):
+        self.exclude = set(exclude_storages)
+        self.seen: set[int] = set()
+        self.bytes = 0
+
+    def reset(self, exclude_storages=None) -> None:
+        self.seen.clear()
+        self.bytes = 0
+        if exclude_storages is not None:
+            self.exclude = set(exclude_storages)
+
+    def count(self, t: torch.Tensor) -> None:
+        if isinstance(t, torch.nn.Parameter) or not isinstance(t, torch.Tensor):
+            return
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # e.g. wrapper subclasses
+            return
+        key = st.data_ptr()
+        if key in self.exclude or key in self.seen or key == 0:
+            return
+        self.seen.add(key)
+        self.bytes += st.nbytes()
+
+    def pack(self, t):
+        self.count(t)
+        return t
+
+    @staticmethod
+    def unpack(t):
+        return t
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+
+def param_storages(model: torch.nn.Module) -> set[int]:
+    out = set()
+    for p in model.parameters():
+        try:
+            out.add(p.untyped_storage().data_ptr())
+        except (RuntimeError, NotImplementedError):
+            pass
+    return out
+
+
+class MemoryBook:
+    """Per-category peaks (bytes) over samples, and the phase at which each peak occurred."""
+
+    def __init__(self):
+        self.peak: dict[str, int] = {}
+        self.at: dict[str, str] = {}
+        self.samples: list[dict] = []
+
+    def add(self, phase: str, step: int, sample: dict) -> None:
+        self.samples.append({"phase": phase, "step": step, **sample})
+        for k, v in sample.items():
+            if isinstance(v, int) and v >= self.peak.get(k, -1):
+                self.peak[k] = v
+                self.at[k] = f"step {step} {phase}"
+
+    def summary(self) -> dict:
+        model_state = {k: self.peak.get(k, 0) for k in ("params", "grads", "optim")}
+        return {"peak_bytes": dict(self.peak), "peak_at": dict(self.at),
+                "model_state_peak_bytes": model_state,
+                "phases": [s for s in self.samples if s["step"] in (0, self._last_step())]}
+
+    def _last_step(self) -> int:
+        return max((s["step"] for s in self.samples), default=0)
+
+
+def process_memory() -> dict:
+    from jobs.trace import _rss_bytes
+    out = {"rss_bytes": _rss_bytes()}
+    if torch.cuda.is_available():
+        out["cuda_allocated_bytes"] = torch.cuda.memory_allocated()
+        out["cuda_peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+    return out

@@ -1,0 +1,208 @@
+"""Model parallelism and 3D composition: the loop `jobs/train.py` hands over to when tp > 1 or
+pp > 1 (docs/model-parallel.md).
+
+Order (ARCHITECTURE.md): plain model -> pipeline split (this rank's stages) -> tensor (+ sequence)
+parallelism per stage -> the DP / ZeRO strategy of `jobs.train.build_strategy` over the dp axis
+of the mesh. Each step runs `grad_accum` pipeline rounds of `microbatches` micro-batches through
+`PipelineRuntime` (with pp = 1 a one-stage "pipeline": F, BW per micro-batch), then sums the
+partial gradients of sequence-parallel parameters over tp, then lets the DP strategy reduce and
+step. Communication is tagged by axis: tp (tp_comm), pp (pipeline/p2p), dp (the strategy).
+
+Rank 0 writes the summary: the DP loop's fields plus `pipeline` (per-stage measured bubble from
+the trace next to the simulator's, per-stage activation memory) and per-rank `bytes_by_axis`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from jobs import bubbles, schedules
+from jobs.data import local_microbatches
+from jobs.memory import MemoryBook, process_memory
+from jobs.models import model_module
+from jobs.parallel.pipeline.runtime import PipelineRuntime
+from jobs.parallel.pipeline.stage import Stage, split_stages
+from jobs.parallel.tensor import allreduce_sequence_parallel_grads, apply_tensor_parallel
+
+
+def check(spec) -> None:
+    """Combinations this module refuses, with the reason (the spec validator does the rest)."""
+    p = spec.parallel
+    if p.tp > 1 and spec.model.arch != "gpt":
+        raise ValueError("tensor parallelism needs model.arch 'gpt' (attention heads and the "
+                         "transformer MLP are what Megatron splits)")
+    if p.pp > 1 and p.dp > 1 and p.zero_stage >= 2:
+        raise ValueError("ZeRO-2/3 with pipeline parallelism is not supported: they reduce-"
+                         "scatter (and re-gather) per micro-batch; use zero_stage 0 or 1")
+    if spec.train.precision != "fp32":
+        raise ValueError("model parallelism runs in fp32 only (precision 'bf16' is DP-only)")
+    if spec.train.activation_checkpointing:
+        raise ValueError("activation_checkpointing is not supported with tp/pp yet")
+
+
+def build_stages(ctx) -> tuple[dict[int, nn.Module], object]:
+    """This rank's model stages {chunk: module}, sharded over tp, and the model module."""
+    spec, dims = ctx.spec, ctx.dims
+    p = spec.parallel
+    mod = model_module(spec.model.arch)
+    full = mod.build(spec.model, spec.train.seed)
+    c = dims.coords(ctx.rank)
+    if dims.pp > 1:
+        stages = split_stages(full, dims.pp, p.virtual_stages, c["pp"])
+    else:
+        stages = {0: Stage(getattr(full, "embed", None), list(_layers(full)),
+                           getattr(full, "head", None), index=0, first_layer=0)}
+    if dims.tp > 1:
+        if p.engine == "native":
+            from jobs.parallel.tensor import apply_native_tensor_parallel
+            for st in stages.values():
+                apply_native_tensor_parallel(st, ctx.mesh["tp"],
+                                             sequence_parallel=p.sequence_parallel)
+        else:
+            for st in stages.values():
+                apply_tensor_parallel(st, ctx.mesh["tp"].get_group(), tracer=ctx.tracer,
+                                      sequence_parallel=p.sequence_parallel)
+    attr = "layers" if isinstance(getattr(full, "layers", None), nn.ModuleList) else "blocks"
+    for st in stages.values():
+        st._layer_attr = attr
+        st.to(ctx.device)
+    return stages, mod
+
+
+def _layers(model):
+    from jobs.models import layer_list
+    return layer_list(model)
+
+
+def act_shape(spec, dims, mb: int) -> tuple:
+    m = spec.model
+    if m.arch != "gpt":
+        return (mb, m.hidden)
+    s = m.seq_len // dims.tp if spec.parallel.sequence_parallel else m.seq_len
+    return (mb, s, m.hidden)
+
+
+def make_strategy(ctx, stages):
+    """The DP-axis strategy over this rank's stages (jobs/train.py's dispatch)."""
+    from jobs.train import build_strategy
+    model = stages[0] if len(stages) == 1 else nn.ModuleList(stages.values())
+    return build_strategy(ctx, model)
+
+
+def run(ctx) -> dict:
+    spec, dims, tr = ctx.spec, ctx.dims, ctx.tracer
+    check(spec)
+    p = spec.parallel
+    c = dims.coords(ctx.rank)
+    stages, mod = build_stages(ctx)
+    strategy = make_strategy(ctx, stages)
+    m, accum = p.microbatches, spec.train.grad_accum
+    mb = spec.train.global_batch // dims.dp // (m * accum)
+    schedule = p.pp_schedule if dims.pp > 1 else "1f1b"
+    rt = PipelineRuntime(stages, schedule=schedule, p=dims.pp, m=m, v=p.virtual_stages,
+                         rank=c["pp"], pp_ranks=dims.group_ranks("pp", ctx.rank),
+                         loss_fn=mod.loss_fn, act_shape=act_shape(spec, dims, mb),
+                         tracer=tr, device=ctx.device)
+    rt.loss_scale = 1.0 / (m * accum)
+    tp_group = ctx.mesh["tp"].get_group() if dims.tp > 1 else None
+    book = MemoryBook()
+    losses, step_times = [], []
+    for step in range(spec.train.steps):
+        tr.step = step
+        t0 = tr.now()
+        mbs = local_microbatches(spec, step, c["dp"], dims.dp, m * accum, ctx.device)
+        strategy.zero_grad()
+        total = None
+        with tr.span("step", cat="step"):
+            with strategy.no_sync():
+                for a in range(accum):
+                    loss = rt.step(mbs[a * m:(a + 1) * m])
+                    total = loss if total is None else total + loss
+            if tp_group is not None and p.sequence_parallel and p.engine != "native":
+                allreduce_sequence_parallel_grads(strategy.model, tp_group, tr)
+            with tr.span("grad_sync", cat="comm"):
+                strategy.finish_grads()
+            strategy.step()
+        sample = {**strategy.state_bytes(), "activations": rt.peak["activation_bytes"]}
+        book.add("after_step", step, sample)
+        losses.append(total)
+        step_times.append((tr.now() - t0) / 1e9)
+        tr.flush()
+    result = {"losses": losses, "step_times": step_times, "memory": book.summary(),
+              "comm": tr.comm_totals, "layout": strategy.layout(), "notes": strategy.notes,
+              "coords": c, "clock_error_ns": tr.clock_error_ns,
+              "process_memory": process_memory(), "pipeline_peak": rt.peak}
+    if os.environ.get("PARALAB_DUMP_PARAMS") == "1":
+        dump_params(ctx, strategy, stages)
+    tr.flush()
+    dist.barrier()
+    gathered = [None] * ctx.world
+    dist.all_gather_object(gathered, result)
+    if ctx.rank == 0:
+        result["summary"] = summarize(ctx, gathered, schedule)
+    return result
+
+
+def global_name(name: str, stages: dict) -> str:
+    """A stage parameter's name in the full model (wrappers and stage prefixes removed)."""
+    chunk = 0
+    if len(stages) > 1:
+        head, name = name.split(".", 1)
+        chunk = int(head)
+    name = name.replace(".inner.", ".").replace("embed.0.", "embed.").replace("norm.0.", "norm.")
+    mt = re.match(r"blocks\.(\d+)\.(.*)", name)
+    if mt:
+        st = stages[chunk]
+        name = f"{st._layer_attr}.{st.first_layer + int(mt.group(1))}.{mt.group(2)}"
+    return name
+
+
+def dump_params(ctx, strategy, stages) -> None:
+    """PARALAB_DUMP_PARAMS=1: every rank writes `params-rank{R}.pt` {full-model name: local
+    tensor (a tp shard where sharded)} plus its coords, for the multi-rank tests."""
+    full = strategy.full_parameters()
+    out = {global_name(n, stages): t.detach().float().cpu() for n, t in full.items()}
+    torch.save({"coords": ctx.dims.coords(ctx.rank), "tp": ctx.dims.tp, "params": out},
+               ctx.out / f"params-rank{ctx.rank}.pt")
+
+
+def summarize(ctx, per_rank: list[dict], schedule: str) -> dict:
+    from jobs.train import summarize as dp_summary
+    spec, dims = ctx.spec, ctx.dims
+    p = spec.parallel
+    out = dp_summary(ctx, [{**r, "losses": [x or 0.0 for x in r["losses"]]} for r in per_rank])
+    last = [r for r in per_rank if r["coords"]["pp"] == dims.pp - 1 and r["coords"]["tp"] == 0]
+    out["loss"] = [sum(r["losses"][s] for r in last) / len(last)
+                   for s in range(spec.train.steps)]
+    measured = bubbles.summary(ctx.out)
+    sim = schedules.simulate(schedule, dims.pp, p.microbatches, p.virtual_stages,
+                             **_measured_times(bubbles.load(ctx.out)))
+    out["pipeline"] = {
+        "schedule": schedule, "p": dims.pp, "m": p.microbatches, "v": p.virtual_stages,
+        "stages": {str(s): {"idle_fraction": measured["bubble"].get(str(s), {}).get(
+            "idle_fraction"), "simulated_idle_fraction": sim["ranks"][s]["idle_fraction"],
+            **measured["memory"].get(str(s), {})} for s in range(dims.pp)},
+        "closed_form_bubble": schedules.closed_form_bubble(schedule, dims.pp, p.microbatches,
+                                                           p.virtual_stages),
+        "simulated_with": sim["times"], "convention": schedules.CONVENTION}
+    out["bytes_by_axis"] = measured["bytes_by_axis"]
+    out["mesh"] = {"pp": dims.pp, "dp": dims.dp, "tp": dims.tp}
+    return out
+
+
+def _measured_times(traces) -> dict:
+    """Mean F / B(W) / W span durations (s) over ranks and steps after the first, per stage
+    time of the simulator (a BW counts as input-gradient time)."""
+    acc: dict = {"F": [], "B": [], "W": []}
+    for recs in traces.values():
+        for r in recs:
+            if r.get("type") == "span" and r.get("action") in bubbles.ACTIONS \
+                    and r.get("step", 0) > 0:
+                acc["B" if r["action"] == "BW" else r["action"]].append(r["dur_ns"] / 1e9)
+    mean = {k: (sum(v) / len(v) if v else 0.0) for k, v in acc.items()}
+    return {"t_f": mean["F"] or 1.0, "t_b_input": mean["B"] or 1.0, "t_b_weight": mean["W"]}

@@ -1,0 +1,191 @@
+"""The native engine: PyTorch's own data-parallel components behind the same interface.
+
+    ddp     torch.nn.parallel.DistributedDataParallel; a communication hook records each
+            bucket's all-reduce (issued by the C++ reducer) with its bucket index; buckets are
+            rebuilt after step 0.
+    zero1   DistributedDataParallel + torch.distributed.optim.ZeroRedundancyOptimizer: it
+            all-reduces the full gradients (DDP), updates the parameters it owns (whole
+            parameters, so shards are uneven) and broadcasts each rank's updated parameters:
+            2(N-1)/N·Ψ + Ψ per rank on a ring broadcast, not the seeds' reduce-scatter +
+            all-gather. (`overlap_with_ddp` refuses gloo.)
+    zero2   FSDP2 fully_shard(reshard_after_forward=False): parameters stay gathered between
+            forward and backward (one all-gather per step, like ZeRO-2's parameter traffic).
+    zero3   FSDP2 fully_shard(reshard_after_forward=True): gathered again for backward. FSDP2
+            does not reshard the root module after forward.
+bf16 on FSDP2 uses MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16) with fp32 sharded
+parameters as masters. Collectives issued from Python are captured by jobs/parallel/capture.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from jobs.models import layer_list
+from jobs.parallel.base import Strategy, tensor_bytes
+from jobs.parallel.capture import ORIGINAL, capture
+
+
+def _local(t):
+    if t is None:
+        return None
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class Native(Strategy):
+    engine = "native"
+
+    def __init__(self, model, group, tracer, **kw):
+        super().__init__(model, group, tracer, **kw)
+        self.opt = None
+
+    def comm_context(self):
+        return capture(self.tracer, {self.group: "dp"})
+
+    def step(self) -> None:
+        with self.tracer.span("optimizer", cat="compute"):
+            self.opt.step()
+
+    def zero_grad(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+
+    def _optim_bytes(self, state) -> int:
+        return sum(tensor_bytes(_local(t)) for s in state.values() for t in s.values()
+                   if torch.is_tensor(t) and t.numel() > 1)
+
+    def state_bytes(self):
+        ps = [_local(p) for p in self.model.parameters()]
+        return {"params": sum(tensor_bytes(p) for p in ps),
+                "grads": sum(tensor_bytes(_local(p.grad)) for p in self.model.parameters()),
+                "optim": self._optim_bytes(self._state())}
+
+    def _state(self):
+        return self.opt.state
+
+
+class NativeDDP(Native):
+    name = "ddp"
+
+    def __init__(self, model, group, tracer, *, zero: bool = False, **kw):
+        if kw.get("precision") == "bf16":
+            raise NotImplementedError("native DDP / ZeroRedundancyOptimizer: bf16 with fp32 "
+                                      "masters has no native equivalent here; use the "
+                                      "reference engine or FSDP2 (zero2/zero3)")
+        super().__init__(model, group, tracer, **kw)
+        with capture(self.tracer, {group: "dp"}):  # DDP's initial parameter broadcast
+            self.ddp = nn.parallel.DistributedDataParallel(
+                model, process_group=group, bucket_cap_mb=kw.get("bucket_mb", 25.0))
+        self.ddp.register_comm_hook(None, self._hook)
+        self.model = self.ddp
+        if zero:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+            self.name = "zero1"
+            self.opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam,
+                                               process_group=group, lr=self.lr)
+            self.notes.append("ZeroRedundancyOptimizer: all-reduce (DDP) + broadcast of each "
+                              "rank's updated parameters; shards are whole parameters")
+        else:
+            self.opt = torch.optim.Adam(model.parameters(), lr=self.lr)
+
+    def _hook(self, _state, bucket):
+        buf = bucket.buffer()
+        h = self.tracer.comm_start("all_reduce", payload_bytes=tensor_bytes(buf),
+                                   group_size=self.n, axis="dp", group="dp",
+                                   bucket=bucket.index(), source="ddp.comm_hook")
+        n = self.n
+        all_reduce = ORIGINAL["all_reduce"]  # recorded here, not again by capture()
+        fut = all_reduce(buf, group=self.group, async_op=True).get_future()
+
+        def done(f):
+            h.done()
+            return f.value()[0].div_(n)
+        return fut.then(done)
+
+    def no_sync(self):
+        return self.ddp.no_sync()
+
+    def forward(self, *args):
+        before = self.ddp._has_rebuilt_buckets
+        out = self.ddp(*args)
+        if self.n > 1 and not before and self.ddp._has_rebuilt_buckets:
+            # the C++ reducer just rebuilt its buckets (after step 0) and synchronised the
+            # bucket order from rank 0 with two broadcasts (Reducer::sync_bucket_indices:
+            # parameter indices, then bucket sizes, int32). Issued in C++, so recorded here.
+            nb = len(self.ddp.reducer._get_zeros_like_grad_buckets())
+            np_ = len(list(self.ddp.module.parameters()))
+            for what, elems in (("bucket_indices", np_ + 1), ("bucket_sizes", nb + 1)):
+                with self.tracer.comm("broadcast", payload_bytes=4 * elems, group_size=self.n,
+                                      axis="dp", group="dp", is_root=self.r == 0,
+                                      source="ddp.reducer.sync_bucket_indices", what=what):
+                    pass
+        return out
+
+    def full_parameters(self):
+        return {n: p.detach().float().clone() for n, p in self.ddp.module.named_parameters()}
+
+    def _state(self):
+        return self.opt.optim.state if hasattr(self.opt, "optim") else self.opt.state
+
+    def layout(self):
+        out = super().layout()
+        if hasattr(self.opt, "optim"):  # ZeroRedundancyOptimizer: whole-parameter partition
+            parts = self.opt._partition_parameters()
+            out["owned_elems_per_rank"] = [sum(p.numel() for g in part for p in g["params"])
+                                           for part in parts]
+        return out
+
+
+class NativeFSDP(Native):
+    def __init__(self, model, mesh, tracer, *, reshard: bool, **kw):
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        group = mesh.get_group()
+        super().__init__(model, group, tracer, **kw)
+        self.name = "zero3" if reshard else "zero2"
+        mp = MixedPrecisionPolicy()
+        if self.precision == "bf16":
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+        for blk in layer_list(model) or []:
+            fully_shard(blk, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+        self.opt = torch.optim.Adam(model.parameters(), lr=self.lr)
+        if reshard:
+            self.notes.append("FSDP2 keeps the root module unsharded after forward")
+
+    def no_sync(self):
+        import contextlib
+
+        @contextlib.contextmanager
+        def ctx():
+            self.model.set_requires_gradient_sync(False)
+            try:
+                yield
+            finally:
+                self.model.set_requires_gradient_sync(True)
+        return ctx()
+
+    def full_parameters(self):
+        return {n: p.full_tensor().detach().float().clone()
+                for n, p in self.model.named_parameters()}
+
+    def layout(self):
+        local = [_local(p).numel() for p in self.model.parameters()]
+        return {**super().layout(), "shard_elems": sum(local),
+                "padding_elems": sum(local) * self.n - self.numel}
+
+
+def apply_native(model, dp_mesh, tracer=None, *, spec, **kw) -> Strategy:
+    p = spec.parallel
+    group = dp_mesh.get_group()
+    if p.zero_stage == 0:
+        if p.dp_mode == "ps":
+            raise NotImplementedError("the parameter server has no native PyTorch component; "
+                                      "use engine 'reference'")
+        if p.dp_mode == "allreduce":
+            from jobs.parallel.data import AllReduceDP  # torch.distributed.all_reduce itself
+            s = AllReduceDP(model, group, tracer, **kw)
+            s.engine = "native"
+            return s
+        return NativeDDP(model, group, tracer, **kw)
+    if p.zero_stage == 1:
+        return NativeDDP(model, group, tracer, zero=True, **kw)
+    return NativeFSDP(model, dp_mesh, tracer, reshard=p.zero_stage == 3, **kw)

@@ -1,0 +1,159 @@
+"""Reference pipeline runtime: executes the per-rank action lists of jobs/schedules.py.
+
+`PipelineRuntime.step(microbatches)` runs this rank's actions in order:
+    F   receive the activation (unless stage 0), forward, send it on (or take the loss / m)
+    BW  receive the output gradient (unless last stage), full backward, send the input gradient
+    B   input-gradient backward only (zero-bubble), send it; weight gradients wait for W
+    W   the weight-gradient work of that micro-batch
+So the measured timeline and `schedules.simulate` have the same order by construction and differ
+only by real timing. Each action is a `compute` span named after the action (args: action,
+microbatch, chunk, stage); sends and receives are `comm` records with axis "pp".
+
+B / W split: layers with a `backward_weight(key)` method (jobs/models/timed.py) defer their
+weight-gradient work exactly; other stages run an input-only autograd pass in B
+(`inputs=[stage input]`, graph kept) and a parameter-only pass in W, which recomputes the chain
+of input gradients (correct, but W then costs about a full backward).
+
+Activation memory: bytes saved for backward are counted per (micro-batch, chunk) from F until
+its BW (or W); the peak in-flight count and bytes are kept in `peak` and traced as memory samples.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from jobs import schedules
+from jobs.parallel.pipeline.p2p import ACT, GRAD, P2P, tag
+
+
+class _SavedBytes:
+    def __init__(self):
+        self.n = 0
+
+    def pack(self, t):
+        self.n += t.numel() * t.element_size()
+        return t
+
+
+class PipelineRuntime:
+    def __init__(self, stages: dict, *, schedule: str, p: int, m: int, v: int, rank: int,
+                 pp_ranks: list[int], loss_fn, act_shape, dtype=torch.float32, tracer=None,
+                 device=None):
+        self.stages, self.schedule, self.p, self.m, self.v = stages, schedule, p, m, v
+        self.rank, self.pp_ranks, self.loss_fn = rank, pp_ranks, loss_fn
+        self.act_shape, self.dtype, self.tracer, self.device = act_shape, dtype, tracer, device
+        self.n_stages = p * v
+        self.actions = schedules.schedule_actions(schedule, p, m, v)[rank]
+        self.p2p = P2P(tracer)
+        self.peak = {"inflight_microbatches": 0, "activation_bytes": 0}
+        self.loss_scale = 1.0 / m  # the caller divides further for gradient accumulation
+        for st in stages.values():
+            st._deferred = [mod for mod in st.modules() if hasattr(mod, "backward_weight")]
+
+    # --- helpers ---------------------------------------------------------------------------
+    def _peer(self, stage: int) -> int:
+        return self.pp_ranks[stage % self.p]
+
+    def _span(self, a):
+        if self.tracer is None:
+            import contextlib
+            return contextlib.nullcontext()
+        self.tracer.microbatch = a.mb
+        return self.tracer.span(a.kind, cat="compute", action=a.kind, microbatch=a.mb,
+                                chunk=a.chunk, stage=a.stage, device=False)
+
+    def _mem(self):
+        n = len(self.live)
+        b = sum(self.act_bytes.values())
+        self.peak["inflight_microbatches"] = max(self.peak["inflight_microbatches"], n)
+        self.peak["activation_bytes"] = max(self.peak["activation_bytes"], b)
+        if self.tracer is not None:
+            self.tracer.memory(activations=b, inflight_microbatches=n)
+
+    # --- actions ---------------------------------------------------------------------------
+    def _forward(self, a, microbatches):
+        s, st = a.stage, self.stages[a.chunk]
+        if s == 0:
+            x = microbatches[a.mb][0]
+        else:
+            x = self.p2p.recv(self.act_shape, self.dtype, self._peer(s - 1),
+                              tag(ACT, a.mb, s, self.n_stages), mb=a.mb, chunk=a.chunk,
+                              phase="fwd", device=self.device).requires_grad_(True)
+        saved = _SavedBytes()
+        with self._span(a), torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+            y = st(x)
+            if s == self.n_stages - 1:
+                y = self.loss_fn(y, microbatches[a.mb][1]) * self.loss_scale
+                self.losses.append(y.detach())
+        if s != self.n_stages - 1:
+            self.p2p.send(y, self._peer(s + 1), tag(ACT, a.mb, s + 1, self.n_stages),
+                          mb=a.mb, chunk=a.chunk, phase="fwd")
+        self.live[(a.mb, a.chunk)] = (x, y)
+        self.act_bytes[(a.mb, a.chunk)] = saved.n
+        self._mem()
+
+    def _backward(self, a, split: bool):
+        s, st = a.stage, self.stages[a.chunk]
+        x, y = self.live[(a.mb, a.chunk)]
+        g = None
+        if s != self.n_stages - 1:
+            g = self.p2p.recv(y.shape, y.dtype, self._peer(s + 1),
+                              tag(GRAD, a.mb, s, self.n_stages), mb=a.mb, chunk=a.chunk,
+                              phase="bwd", device=self.device)
+        with self._span(a):
+            if not split:
+                torch.autograd.backward(y, g)
+            elif st._deferred:
+                for mod in st._deferred:
+                    mod.defer_weight_grad, mod.wgrad_key = True, (a.mb, a.chunk)
+                torch.autograd.backward(y, g)
+                for mod in st._deferred:
+                    mod.defer_weight_grad = False
+            elif x.requires_grad:
+                torch.autograd.backward(y, g, inputs=[x], retain_graph=True)
+        if split:
+            self.grad_out[(a.mb, a.chunk)] = g
+        if s != 0:
+            self.p2p.send(x.grad, self._peer(s - 1), tag(GRAD, a.mb, s - 1, self.n_stages),
+                          mb=a.mb, chunk=a.chunk, phase="bwd")
+        if not split:
+            self._free(a)
+
+    def _weight(self, a):
+        st = self.stages[a.chunk]
+        g = self.grad_out.pop((a.mb, a.chunk))
+        with self._span(a):
+            if st._deferred:
+                for mod in st._deferred:
+                    mod.backward_weight((a.mb, a.chunk))
+            else:
+                _, y = self.live[(a.mb, a.chunk)]
+                params = [q for q in st.parameters() if q.requires_grad]
+                torch.autograd.backward(y, g, inputs=params)
+        self._free(a)
+
+    def _free(self, a):
+        self.live.pop((a.mb, a.chunk))
+        self.act_bytes.pop((a.mb, a.chunk))
+        self._mem()
+
+    def step(self, microbatches: list) -> float | None:
+        """One pipelined forward/backward over `m` micro-batches; gradients accumulate into
+        the stages' parameters (scaled by `loss_scale`, 1/m by default). Returns the summed
+        scaled loss on the last stage's ranks, None elsewhere."""
+        if len(microbatches) != self.m:
+            raise ValueError(f"expected {self.m} micro-batches, got {len(microbatches)}")
+        self.live, self.act_bytes, self.grad_out, self.losses = {}, {}, {}, []
+        for a in self.actions:
+            if a.kind == "F":
+                self._forward(a, microbatches)
+            elif a.kind in ("BW", "B"):
+                self._backward(a, split=a.kind == "B")
+            elif a.kind == "W":
+                self._weight(a)
+            else:
+                raise ValueError(f"unknown action {a!r}")
+        self.p2p.wait_all()
+        if self.tracer is not None:
+            self.tracer.microbatch = None
+        return float(sum(self.losses)) if self.losses else None

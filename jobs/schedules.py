@@ -1,0 +1,318 @@
+"""Pipeline schedules as plain data, and a dependency-driven simulator of them (no torch).
+
+The same per-rank action order drives the real pipeline runtime (jobs/parallel/pipeline) and the
+theory model (jobs/theory), so a measured timeline and the ideal one differ only by what the
+ranks really did.
+
+Stable public API (names and shapes are a contract; extend, do not rename):
+
+    SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zero-bubble")
+
+    Action(kind, mb, chunk, stage)               NamedTuple
+        kind   "F"  forward
+               "BW" full backward (input- and weight-gradient together)
+               "B"  backward, input gradient only   (zero-bubble)
+               "W"  backward, weight gradient only  (zero-bubble; needs the B of the same mb)
+        mb     micro-batch id, 0 <= mb < m
+        chunk  model chunk on this rank, 0 <= chunk < v (always 0 unless interleaved)
+        stage  global model stage = chunk * p + rank, 0 <= stage < p * v; data flows
+               stage 0 -> p*v-1 forward and back in reverse. `str(a)` is e.g. "F3" or "BW3c1".
+
+    schedule_actions(schedule, p, m, v=1) -> list[list[Action]]
+        the ordered actions of every pipeline rank (index = pipeline rank). A rank runs its list
+        in order; an action waits for its dependencies (see `dependencies`).
+
+    dependencies(action, p, v) -> list[Action]
+        what must have finished first: F(s) <- F(s-1); last stage's B/BW <- its own F;
+        B/BW(s) <- B/BW(s+1) and its own F(s); W(s) <- B(s).
+
+    simulate(schedule, p, m, v=1, t_f=1.0, t_b_input=1.0, t_b_weight=1.0, t_comm=0.0) -> dict
+        event simulation of that order. Times are per model stage (one chunk of one rank) in
+        seconds: a float, or a list of p*v floats indexed by global stage. A "BW" takes
+        t_b_input + t_b_weight. `t_comm` is added to every dependency that crosses ranks. Returns
+        a JSON-ready dict:
+        {"schedule", "p", "m", "v", "times": {...}, "makespan_s",
+         "ranks": [{"rank", "spans": [{"kind", "mb", "chunk", "stage", "start", "end"}, ...],
+                    "busy_s", "idle_s", "idle_fraction", "idle_over_busy",
+                    "bubble": {"inherent_s", "comm_s"}, "peak_inflight_chunks",
+                    "peak_inflight_microbatches"}, ...],
+         "bubble_fraction", "bubble_over_ideal", "closed_form": {...} | None, "convention"}
+        idle_fraction = idle / makespan (bubble over total time); idle_over_busy = idle / busy
+        (bubble over ideal time, the (p-1)/m convention). bubble.inherent_s is the idle time of
+        the same order and stage times with t_comm = 0; comm_s is what communication adds.
+        bubble_fraction / bubble_over_ideal are the means over ranks.
+
+    closed_form_bubble(schedule, p, m, v=1, convention="total") -> float | None
+        (p-1)/(v*m+p-1) over total time, or (p-1)/(v*m) over ideal time, for gpipe / 1f1b /
+        interleaved with equal stage times (v = 1 except interleaved); (p-1)/p for naive
+        ((p-1) over ideal); None for zero-bubble (take it from `simulate`).
+
+    explore(schedule, p, m, v=1) -> dict
+        the pure schedule: `simulate` with unit times (t_f = t_b_input = t_b_weight = 1) plus
+        the action lists as strings, for the dashboard's schedule explorer.
+
+Schedules (every rank r of p):
+    naive        no micro-batching overlap: F_j then BW_j for each micro-batch in turn.
+    gpipe        all forwards F_0..F_{m-1}, then all backwards BW_0..BW_{m-1} (FIFO order, as
+                 torch.distributed.pipelining's ScheduleGPipe; seed 002 draws them reversed, which
+                 has the same bubble with equal stage times).
+    1f1b         for x = 0 .. m+p-2: F_x (if x < m), then BW_{x-(p-1-r)} (if 0 <= it < m):
+                 p-1-r warm-up forwards, steady (F, BW) pairs, p-1-r cool-down backwards
+                 (Megatron's forward_backward_pipelining_without_interleaving).
+    interleaved  Megatron's interleaved 1F1B: m must be a multiple of p; rank r holds chunks
+                 c = 0..v-1 (global stages c*p + r). Warm-up (p-r-1)*2 + (v-1)*p forwards
+                 (capped at m*v), then (F, BW) pairs, then cool-down backwards; virtual micro-batch
+                 k runs chunk (k mod pv) div p (reversed for backward) of micro-batch
+                 (k div pv)*p + k mod p.
+    zero-bubble  ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"): for x = 0 .. m+p-2:
+                 F_x, B_{x-(p-1-r)}, W_{x-(p-1)} (each if in range). Same warm-up and peak
+                 activation memory as 1F1B (<= p micro-batches in flight); W fills the cool-down.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zero-bubble")
+KINDS = ("F", "B", "W", "BW")
+
+CONVENTION = (
+    "bubble_fraction = idle / makespan (bubble over total time; closed form (p-1)/(v*m+p-1)); "
+    "bubble_over_ideal = idle / busy (bubble over ideal time; closed form (p-1)/(v*m), the seeds' "
+    "(p-1)/m). Times are per model stage (one chunk of one rank)."
+)
+
+
+class Action(NamedTuple):
+    kind: str  # "F" | "B" | "W" | "BW"
+    mb: int
+    chunk: int = 0
+    stage: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.kind}{self.mb}" + (f"c{self.chunk}" if self.chunk else "")
+
+    def as_dict(self) -> dict:
+        return self._asdict()
+
+
+def _check(schedule: str, p: int, m: int, v: int) -> None:
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    for name, val in (("p", p), ("m", m), ("v", v)):
+        if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {val!r}")
+    if v > 1 and schedule != "interleaved":
+        raise ValueError(f"v must be 1 unless the schedule is 'interleaved' (got v = {v})")
+    if schedule == "interleaved" and m % p:
+        raise ValueError(f"interleaved needs m to be a multiple of p (m = {m}, p = {p})")
+
+
+def _one_f_one_b(p: int, m: int, r: int, split: bool) -> list[Action]:
+    out: list[Action] = []
+    for x in range(m + p - 1):
+        if x < m:
+            out.append(Action("F", x, 0, r))
+        b = x - (p - 1 - r)
+        if 0 <= b < m:
+            out.append(Action("B" if split else "BW", b, 0, r))
+        w = x - (p - 1)
+        if split and 0 <= w < m:
+            out.append(Action("W", w, 0, r))
+    return out
+
+
+def _interleaved(p: int, m: int, v: int, r: int) -> list[Action]:
+    total = m * v
+
+    def virt(k: int, forward: bool) -> Action:
+        c = (k % (p * v)) // p
+        if not forward:
+            c = v - 1 - c
+        mb = (k // (p * v)) * p + k % p
+        return Action("F" if forward else "BW", mb, c, c * p + r)
+
+    warm = min((p - r - 1) * 2 + (v - 1) * p, total)
+    out = [virt(k, True) for k in range(warm)]
+    for i in range(total - warm):
+        out.append(virt(warm + i, True))
+        out.append(virt(i, False))
+    out += [virt(k, False) for k in range(total - warm, total)]
+    return out
+
+
+def schedule_actions(schedule: str, p: int, m: int, v: int = 1) -> list[list[Action]]:
+    """Per pipeline rank, the ordered actions of one optimizer step (see module docstring)."""
+    _check(schedule, p, m, v)
+    ranks = []
+    for r in range(p):
+        if schedule == "naive":
+            acts = [a for j in range(m) for a in (Action("F", j, 0, r), Action("BW", j, 0, r))]
+        elif schedule == "gpipe":
+            acts = [Action("F", j, 0, r) for j in range(m)] + \
+                   [Action("BW", j, 0, r) for j in range(m)]
+        elif schedule == "1f1b":
+            acts = _one_f_one_b(p, m, r, split=False)
+        elif schedule == "zero-bubble":
+            acts = _one_f_one_b(p, m, r, split=True)
+        else:
+            acts = _interleaved(p, m, v, r)
+        ranks.append(acts)
+    return ranks
+
+
+def _act(kind: str, mb: int, stage: int, p: int) -> Action:
+    return Action(kind, mb, stage // p, stage)
+
+
+def dependencies(action: Action, p: int, v: int = 1, split: bool | None = None) -> list[Action]:
+    """Actions that must finish before `action` may start. `split` says whether backwards are
+    B+W (zero-bubble) rather than BW; by default it follows the action's own kind."""
+    kind, mb, s = action.kind, action.mb, action.stage
+    last = p * v - 1
+    if split is None:
+        split = kind in ("B", "W")
+    back = "B" if split else "BW"
+    if kind == "F":
+        return [_act("F", mb, s - 1, p)] if s > 0 else []
+    if kind in ("B", "BW"):
+        deps = [_act("F", mb, s, p)]
+        if s < last:
+            deps.append(_act(back, mb, s + 1, p))
+        return deps
+    if kind == "W":
+        return [_act("B", mb, s, p)]
+    raise ValueError(f"unknown action kind {kind!r}")
+
+
+def _per_stage(name: str, val, n: int) -> list[float]:
+    if isinstance(val, (int, float)) and not isinstance(val, bool):
+        vals = [float(val)] * n
+    else:
+        vals = [float(x) for x in val]
+        if len(vals) != n:
+            raise ValueError(f"{name} must be a number or a list of p*v = {n} numbers")
+    if any(x < 0 for x in vals):
+        raise ValueError(f"{name} must be >= 0")
+    return vals
+
+
+def _run(actions, p, v, tf, tb, tw, t_comm):
+    """Start/end of every action; ranks run their lists in order."""
+    dur = {"F": tf, "B": tb, "W": tw, "BW": [b + w for b, w in zip(tb, tw, strict=True)]}
+    end: dict[Action, float] = {}
+    free = [0.0] * p
+    nxt = [0] * p
+    spans: list[list[tuple[Action, float, float]]] = [[] for _ in range(p)]
+    remaining = sum(len(a) for a in actions)
+    while remaining:
+        progress = False
+        for r in range(p):
+            while nxt[r] < len(actions[r]):
+                a = actions[r][nxt[r]]
+                ready = free[r]
+                ok = True
+                for d in dependencies(a, p, v, split=(a.kind in ("B", "W"))):
+                    if d not in end:
+                        ok = False
+                        break
+                    ready = max(ready, end[d] + (t_comm if d.stage % p != r else 0.0))
+                if not ok:
+                    break
+                e = ready + dur[a.kind][a.stage]
+                end[a] = e
+                free[r] = e
+                spans[r].append((a, ready, e))
+                nxt[r] += 1
+                remaining -= 1
+                progress = True
+        if not progress:
+            stuck = {r: str(actions[r][nxt[r]]) for r in range(p) if nxt[r] < len(actions[r])}
+            raise RuntimeError(f"schedule deadlocks; next actions per rank: {stuck}")
+    return spans
+
+
+def _inflight(acts: list[Action]) -> int:
+    live = peak = 0
+    for a in acts:
+        if a.kind == "F":
+            live += 1
+            peak = max(peak, live)
+        elif a.kind in ("BW", "W"):
+            live -= 1
+    return peak
+
+
+def closed_form_bubble(schedule: str, p: int, m: int, v: int = 1,
+                       convention: str = "total") -> float | None:
+    """The textbook bubble with equal stage times; None where there is no closed form here."""
+    if convention not in ("total", "ideal"):
+        raise ValueError("convention must be 'total' or 'ideal'")
+    _check(schedule, p, m, v)
+    if schedule == "zero-bubble":
+        return None
+    if schedule == "naive":
+        # every micro-batch crosses the whole pipeline alone: busy 1/p of the time
+        return (p - 1) / p if convention == "total" else float(p - 1)
+    if convention == "total":
+        return (p - 1) / (v * m + p - 1)
+    return (p - 1) / (v * m)
+
+
+def simulate(schedule: str, p: int, m: int, v: int = 1, t_f=1.0, t_b_input=1.0,
+             t_b_weight=1.0, t_comm: float = 0.0) -> dict:
+    """Ideal timeline of `schedule_actions(schedule, p, m, v)` (see module docstring)."""
+    actions = schedule_actions(schedule, p, m, v)
+    n = p * v
+    tf = _per_stage("t_f", t_f, n)
+    tb = _per_stage("t_b_input", t_b_input, n)
+    tw = _per_stage("t_b_weight", t_b_weight, n)
+    if t_comm < 0:
+        raise ValueError("t_comm must be >= 0")
+    spans = _run(actions, p, v, tf, tb, tw, float(t_comm))
+    base = spans if t_comm == 0 else _run(actions, p, v, tf, tb, tw, 0.0)
+    makespan = max((s[-1][2] for s in spans if s), default=0.0)
+    base_makespan = max((s[-1][2] for s in base if s), default=0.0)
+    ranks = []
+    for r in range(p):
+        busy = sum(e - s for _, s, e in spans[r])
+        idle = makespan - busy
+        inherent = base_makespan - busy
+        peak = _inflight(actions[r])
+        ranks.append({
+            "rank": r,
+            "spans": [{"kind": a.kind, "mb": a.mb, "chunk": a.chunk, "stage": a.stage,
+                       "start": s, "end": e} for a, s, e in spans[r]],
+            "busy_s": busy,
+            "idle_s": idle,
+            "idle_fraction": idle / makespan if makespan > 0 else 0.0,
+            "idle_over_busy": idle / busy if busy > 0 else 0.0,
+            "bubble": {"inherent_s": inherent, "comm_s": idle - inherent},
+            "peak_inflight_chunks": peak,
+            "peak_inflight_microbatches": peak / v,
+        })
+    uniform = len(set(tf)) == 1 and len(set(tb)) == 1 and len(set(tw)) == 1 and t_comm == 0
+    closed = None
+    if uniform and schedule != "zero-bubble":
+        closed = {"total": closed_form_bubble(schedule, p, m, v, "total"),
+                  "ideal": closed_form_bubble(schedule, p, m, v, "ideal"),
+                  "formula_total": "(p-1)/p" if schedule == "naive" else "(p-1)/(v*m+p-1)",
+                  "formula_ideal": "p-1" if schedule == "naive" else "(p-1)/(v*m)"}
+    return {
+        "schedule": schedule, "p": p, "m": m, "v": v,
+        "times": {"t_f": tf, "t_b_input": tb, "t_b_weight": tw, "t_comm": float(t_comm),
+                  "unit": "s per model stage"},
+        "makespan_s": makespan,
+        "ranks": ranks,
+        "bubble_fraction": sum(x["idle_fraction"] for x in ranks) / p,
+        "bubble_over_ideal": sum(x["idle_over_busy"] for x in ranks) / p,
+        "closed_form": closed,
+        "convention": CONVENTION,
+    }
+
+
+def explore(schedule: str, p: int, m: int, v: int = 1) -> dict:
+    """The pure schedule of one configuration, in unit times, for the schedule explorer."""
+    out = simulate(schedule, p, m, v)
+    out["actions"] = [[str(a) for a in acts] for acts in schedule_actions(schedule, p, m, v)]
+    return out

@@ -1,0 +1,106 @@
+"""Parameter counts and activation-memory estimates of the three model families (no torch).
+
+Assumptions (they mirror jobs/train.py's make_model, jobs/models/gpt.py and jobs/models/timed.py;
+if those change, these must follow):
+
+    mlp    `layers` x (Linear(h, h) + ReLU), then Linear(h, 1):
+           L*(h^2 + h) + (h + 1)
+    gpt    token embedding vocab*h + learned positions seq_len*h; per block LN 2h, q/k/v 3(h^2+h),
+           proj h^2+h, LN 2h, MLP h->4h->h 8h^2+5h (= 12h^2 + 13h); final LN 2h; LM head h*vocab,
+           no bias, untied from the embedding.
+    timed  `layers` x one Linear(h, h) (h^2 + h): each timed layer does a tiny real linear map;
+           no head.
+
+Tensor parallelism (jobs/parallel/tensor.py, Megatron): q/k/v, fc1 (weights and biases) and proj,
+fc2 (weights) are split over tp; LayerNorms, the proj/fc2 biases, the embeddings and the LM head
+are replicated. mlp and timed are not tensor-parallel in paralab; for them the what-if rule
+"parameters / tp" is used. Pipeline parallelism: the blocks are split evenly over p*v chunks;
+chunk c of rank r is stage c*p + r; stage 0 also holds the embeddings, the last stage the head.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def block_params(h: int) -> int:
+    """One GPT block: 12h^2 + 13h."""
+    return 12 * h * h + 13 * h
+
+
+def param_count(model) -> int:
+    """Total parameters of `spec.model` (a ModelSpec or a dict with the same fields)."""
+    m = _fields(model)
+    h, L = m["hidden"], m["layers"]
+    if m["arch"] == "mlp":
+        return L * (h * h + h) + h + 1
+    if m["arch"] == "timed":
+        return L * (h * h + h)
+    if m["arch"] == "gpt":
+        return (m["vocab"] + m["seq_len"]) * h + L * block_params(h) + 2 * h + h * m["vocab"]
+    raise ValueError(f"unknown arch {m['arch']!r}")
+
+
+def _fields(model) -> dict:
+    if isinstance(model, dict):
+        from jobs.spec import ModelSpec
+        base = {k: getattr(ModelSpec(), k) for k in ("arch", "layers", "hidden", "heads",
+                                                      "seq_len", "vocab")}
+        return {**base, **model}
+    return {k: getattr(model, k) for k in ("arch", "layers", "hidden", "heads", "seq_len",
+                                            "vocab")}
+
+
+def stage_params(model, pp: int, v: int, tp: int) -> list[int]:
+    """Parameters held by one TP rank of each pipeline rank (index = pipeline rank)."""
+    m = _fields(model)
+    h, L = m["hidden"], m["layers"]
+    chunks = pp * v
+    per_chunk = L // chunks
+    extra = L - per_chunk * chunks  # validated specs have none; spread over the first chunks
+    out = []
+    for r in range(pp):
+        total = 0.0
+        for c in range(v):
+            s = c * pp + r
+            nblocks = per_chunk + (1 if s < extra else 0)
+            if m["arch"] == "gpt":
+                total += nblocks * ((12 * h * h + 7 * h) / tp + 6 * h)
+                if s == 0:
+                    total += (m["vocab"] + m["seq_len"]) * h
+                if s == chunks - 1:
+                    total += 2 * h + h * m["vocab"]
+            else:
+                total += nblocks * (h * h + h) / tp
+                if m["arch"] == "mlp" and s == chunks - 1:
+                    total += (h + 1) / tp
+        out.append(math.ceil(total))
+    return out
+
+
+def gpt_activation_bytes_per_layer(s: int, b: int, h: int, a: int, tp: int = 1,
+                                   sequence_parallel: bool = False,
+                                   checkpointing: bool = False,
+                                   act_bytes: int = 2) -> tuple[float, str]:
+    """Korthikanti et al. 2022 ("Reducing Activation Recomputation"), per layer, 2-byte
+    activations scaled by act_bytes/2; includes dropout masks and the s^2 attention scores
+    (seed 004: "二次注意力项 5as/h", "剩余项 10sbh")."""
+    scale = act_bytes / 2
+    if checkpointing:
+        val = 2 * s * b * h / (tp if sequence_parallel else 1)
+        return val * scale, "2*s*b*h" + ("/t" if sequence_parallel else "") + \
+            " (full recompute: only the block input is kept)"
+    if tp == 1:
+        return s * b * h * (34 + 5 * a * s / h) * scale, "s*b*h*(34 + 5*a*s/h)"
+    if sequence_parallel:
+        return s * b * h / tp * (34 + 5 * a * s / h) * scale, "s*b*h/t*(34 + 5*a*s/h)"
+    return s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp)) * scale, \
+        "s*b*h*(10 + 24/t + 5*a*s/(h*t))"
+
+
+def simple_activation_bytes_per_layer(arch: str, b: int, h: int,
+                                      act_bytes: int = 4) -> tuple[float, str]:
+    """mlp: Linear input + ReLU output saved (2*b*h); timed: the layer input (b*h)."""
+    if arch == "mlp":
+        return 2 * b * h * act_bytes, "2*b*h*act_bytes (Linear input + ReLU output)"
+    return b * h * act_bytes, "b*h*act_bytes (layer input)"

@@ -1,0 +1,313 @@
+"""predict(): memory, communication, step time and pipeline bubble of one configuration."""
+
+from __future__ import annotations
+
+from jobs import schedules
+from jobs.spec import JobSpec, SpecError, parse_spec
+
+from . import comm as C
+from .memory import MEMORY_MODELS, ZERO_FORMULAS, model_state_bytes, zero_table
+from .model import gpt_activation_bytes_per_layer, simple_activation_bytes_per_layer
+from .whatif import inputs_from_spec, parse_whatif
+
+GB = 1e9
+UNITS = "decimal GB = 1e9 bytes; bandwidth in GB/s = 1e9 bytes/s (as the seeds use)"
+MAX_SIM_ACTIONS = 200_000
+
+
+def fig(value, unit: str, formula: str, inputs: dict, convention: str) -> dict:
+    return {"value": value, "unit": unit, "formula": formula, "inputs": inputs,
+            "convention": convention}
+
+
+def predict(obj, **overrides) -> dict:
+    """Theory for a JobSpec, a job-spec dict (or preset), or a what-if dict with `params`.
+
+    `overrides` (JobSpec only): what-if fields such as bandwidth_GBps, compute_ms,
+    bubble_convention, comm_convention, memory_model. Raises SpecError (a ValueError) with
+    FastAPI-shaped errors on invalid input."""
+    if isinstance(obj, dict) and "params" not in obj:
+        obj = parse_spec(obj, max_world_size=1 << 30)
+    if isinstance(obj, JobSpec) and obj.kind == "collective_bench":
+        return _collective(obj)
+    if isinstance(obj, JobSpec):
+        w, kind = inputs_from_spec(obj, overrides), "spec"
+    elif isinstance(obj, dict) and "params" in obj:
+        if overrides:
+            raise TypeError("overrides only apply to a JobSpec; put them in the what-if dict")
+        w, kind = parse_whatif(obj), "whatif"
+        share = 1 / (w["tp"] * w["pp"])
+        w["rank_params"] = [w["params"] * share] * w["pp"]
+    else:
+        raise SpecError([{"loc": [], "msg": "must be a job spec or a what-if object with "
+                          "'params'", "type": "dict_type"}])
+    return _predict(w, kind)
+
+
+def _collective(spec: JobSpec) -> dict:
+    """A collective sweep has no model: its memory is the largest message's send and receive
+    buffers (nccl-tests S is the whole logical array)."""
+    buf = 2.0 * spec.collective.max_bytes
+    comps = {"params": 0.0, "grads": 0.0, "optimizer": 0.0, "activations": 0.0, "buffers": buf}
+    f = fig(buf, "bytes", "2*collective.max_bytes (input + output buffer of the largest message)",
+            {"max_bytes": spec.collective.max_bytes}, "nccl-tests: S = whole logical array")
+    return {"kind": "collective_bench", "inputs": {"world_size": spec.world_size},
+            "conventions": {"units": UNITS},
+            "memory": {"per_rank_bytes": buf, "per_rank_GB": buf / GB, "components": comps,
+                       "model_state_bytes": 0.0, "explain": {"per_rank_bytes": f}},
+            "comm": None, "step": None, "pipeline": None}
+
+
+def _predict(w: dict, kind: str) -> dict:
+    pipe = _pipeline(w)
+    mem = _memory(w, pipe)
+    com = _comm(w)
+    step = _step(w, pipe, com)
+    conv = {"memory_model": MEMORY_MODELS[w["memory_model"]]["label"],
+            "bubble": pipe["convention"], "comm": _comm_label(w["comm_convention"]),
+            "units": UNITS}
+    inputs = {k: v for k, v in w.items() if k != "rank_params"}
+    return {"kind": kind, "inputs": inputs, "conventions": conv,
+            "params": {"total": w["params"], "per_rank": max(w["rank_params"]),
+                       "per_pipeline_rank": w["rank_params"]},
+            "memory": mem, "comm": com, "step": step, "pipeline": pipe}
+
+
+def _comm_label(c: str) -> str:
+    return {"ring-exact": "bytes each rank sends, exact nccl-tests factors (jobs/commbytes.py): "
+            "DDP and ZeRO-1/2 2(N-1)/N*Ψ*b, ZeRO-3 1.5x",
+            "asymptotic": "N -> inf limit: 2Ψ*b (DDP, ZeRO-1/2), 3Ψ*b (ZeRO-3)",
+            "seed000-table": "seed 000's table: 2M baseline, 4M every ZeRO stage"}[c]
+
+
+# --- pipeline ------------------------------------------------------------------------------------
+
+def _stage_times(w: dict) -> tuple[float, float, float, str]:
+    if w["t_f"] is not None or w["t_b_input"] is not None or w["t_b_weight"] is not None:
+        return (w["t_f"] or 0.0, w["t_b_input"] or 0.0, w["t_b_weight"] or 0.0,
+                "given per-stage times")
+    if w["compute_ms"]:
+        n = w["dp"] * w["tp"] * w["pp"] * w["microbatches"] * w["virtual_stages"] * \
+            w["grad_accum"]
+        t = w["compute_ms"] / 1000 / n / 3
+        return t, t, t, "compute_ms split per stage and micro-batch, t_f = t_b_input = t_b_weight"
+    return 1.0, 1.0, 1.0, "unit times t_f = t_b_input = t_b_weight = 1"
+
+
+def _pipeline(w: dict) -> dict:
+    p, m, v, sched = w["pp"], w["microbatches"], w["virtual_stages"], w["pp_schedule"]
+    conv = w["bubble_convention"]
+    label = ("over total time: idle / step time, (p-1)/(v*m+p-1)" if conv == "total" else
+             "over ideal time: idle / busy time, (p-1)/(v*m) (seeds 000, 004: (p-1)/m)")
+    if p == 1:
+        return {"schedule": None, "p": 1, "m": m, "v": v, "bubble_fraction": 0.0,
+                "bubble_fraction_total": 0.0, "bubble_fraction_ideal": 0.0,
+                "convention": label, "source": "no pipeline", "simulation": None,
+                "explain": {"bubble_fraction": fig(0.0, "fraction", "0 (pp = 1)", {"p": 1},
+                                                   label)}}
+    tf, tb, tw, times_note = _stage_times(w)
+    closed_t = schedules.closed_form_bubble(sched, p, m, v, "total")
+    closed_i = schedules.closed_form_bubble(sched, p, m, v, "ideal")
+    sim = None
+    if p * m * v * 3 <= MAX_SIM_ACTIONS:
+        full = schedules.simulate(sched, p, m, v, tf, tb, tw)
+        sim = {"makespan_s": full["makespan_s"], "times_note": times_note,
+               "times": {"t_f": tf, "t_b_input": tb, "t_b_weight": tw},
+               "ranks": [{k: r[k] for k in ("rank", "busy_s", "idle_s", "idle_fraction",
+                                            "idle_over_busy", "peak_inflight_microbatches")}
+                         for r in full["ranks"]]}
+        total, ideal = full["bubble_fraction"], full["bubble_over_ideal"]
+        source = "schedule simulator (jobs/schedules.py)"
+    elif closed_t is not None:
+        total, ideal, source = closed_t, closed_i, "closed form"
+    else:  # zero-bubble, too large to simulate: ZB-H1 bubble (p-1)(t_F + t_B - t_W)
+        busy = m * (tf + tb + tw)
+        idle = max(0.0, (p - 1) * (tf + tb - tw))
+        total, ideal, source = idle / (busy + idle), idle / busy, "ZB-H1 closed form"
+    formula = {"total": "(p-1)/(v*m+p-1)", "ideal": "(p-1)/(v*m)"}[conv]
+    if sched == "naive":
+        formula = {"total": "(p-1)/p", "ideal": "p-1"}[conv]
+    if sched == "zero-bubble":
+        formula = "simulated ZB-H1 idle / " + ("step time" if conv == "total" else "busy time")
+    value = total if conv == "total" else ideal
+    inputs = {"p": p, "m": m, "v": v, "schedule": sched}
+    return {"schedule": sched, "p": p, "m": m, "v": v, "bubble_fraction": value,
+            "bubble_fraction_total": total, "bubble_fraction_ideal": ideal,
+            "closed_form": {"total": closed_t, "ideal": closed_i},
+            "convention": label, "source": source, "simulation": sim,
+            "explain": {"bubble_fraction": fig(value, "fraction", formula, inputs, label)}}
+
+
+# --- memory --------------------------------------------------------------------------------------
+
+def _activations(w: dict, pipe: dict) -> tuple[float, str, dict]:
+    dims = ("layers", "hidden", "micro_batch_size") + (("seq_len", "heads")
+                                                      if w["arch"] == "gpt" else ())
+    missing = [d for d in dims if w[d] is None]
+    if missing:
+        return 0.0, "not modeled: give " + ", ".join(missing), {}
+    p, v = w["pp"], w["virtual_stages"]
+    act_bytes = w["act_bytes"] or (4 if w["memory_model"] == "fp32" else 2)
+    b, h, L = w["micro_batch_size"], w["hidden"], w["layers"]
+    if w["arch"] == "gpt":
+        per_layer, f = gpt_activation_bytes_per_layer(
+            w["seq_len"], b, h, w["heads"], w["tp"], w["sequence_parallel"],
+            w["activation_checkpointing"], act_bytes)
+    else:
+        per_layer, f = simple_activation_bytes_per_layer(w["arch"], b, h, act_bytes)
+    layers_per_chunk = L / (p * v)
+    if pipe["simulation"] is not None:
+        chunks = max(r["peak_inflight_microbatches"] for r in pipe["simulation"]["ranks"]) * v
+    elif p == 1:
+        chunks = 1
+    else:
+        chunks = {"gpipe": w["microbatches"], "naive": 1}.get(pipe["schedule"],
+                                                             min(p, w["microbatches"])) * v
+    value = per_layer * layers_per_chunk * chunks
+    formula = f"per layer [{f}] x layers per chunk L/(p*v) x peak in-flight chunks (busiest rank)"
+    inputs = {"s": w["seq_len"], "b": b, "h": h, "a": w["heads"], "L": L, "t": w["tp"], "p": p,
+              "v": v, "peak_inflight_chunks": chunks, "act_bytes": act_bytes,
+              "per_layer_bytes": per_layer}
+    return value, formula, inputs
+
+
+def _memory(w: dict, pipe: dict) -> dict:
+    mm = MEMORY_MODELS[w["memory_model"]]
+    psi, n, z = max(w["rank_params"]), w["dp"], w["zero_stage"]
+    comps = model_state_bytes(psi, n, z, bytes_params=mm["params"], bytes_grads=mm["grads"],
+                              bytes_optimizer=mm["optimizer"])
+    act, act_formula, act_inputs = _activations(w, pipe)
+    comps["activations"] = act
+    total = sum(comps.values())
+    label = mm["label"]
+    ins = {"Ψ_rank": psi, "N": n, "zero_stage": z, "p": mm["params"], "g": mm["grads"],
+           "o": mm["optimizer"]}
+    share = "Ψ_rank = params/(tp*pp)" if w["rank_params"].count(psi) == len(w["rank_params"]) \
+        and w.get("strategy") is None else "Ψ_rank = parameters of the busiest (tp, pp) rank"
+    explain = {
+        "per_rank_bytes": fig(total, "bytes", "params + grads + optimizer + activations",
+                              {k: comps[k] for k in comps}, label),
+        "model_state_bytes": fig(total - act, "bytes", ZERO_FORMULAS[z] + f"; {share}", ins,
+                                 label),
+        "components.params": fig(comps["params"], "bytes",
+                                 "p*Ψ_rank" + ("/N" if z >= 3 else ""), ins, label),
+        "components.grads": fig(comps["grads"], "bytes", "g*Ψ_rank" + ("/N" if z >= 2 else ""),
+                                ins, label),
+        "components.optimizer": fig(comps["optimizer"], "bytes",
+                                    "o*Ψ_rank" + ("/N" if z >= 1 else ""), ins, label),
+        "components.activations": fig(act, "bytes", act_formula, act_inputs,
+                                      "Megatron (Korthikanti et al. 2022) estimate, 2-byte "
+                                      "activations scaled by act_bytes/2" if w["arch"] == "gpt"
+                                      else "saved layer inputs/outputs"),
+    }
+    by_stage = {str(k): v for k, v in zero_table(psi, n, w["memory_model"]).items()}
+    return {"per_rank_bytes": total, "per_rank_GB": total / GB, "components": comps,
+            "model_state_bytes": total - act, "by_zero_stage": by_stage,
+            "memory_model": w["memory_model"], "explain": explain}
+
+
+# --- communication -------------------------------------------------------------------------------
+
+def _comm(w: dict) -> dict:
+    psi = max(w["rank_params"])
+    gb = w["grad_bytes"] or MEMORY_MODELS[w["memory_model"]]["params"]
+    conv = w["comm_convention"]
+    label = _comm_label(conv)
+    dp = C.dp_bytes_per_rank(psi, w["dp"], w["zero_stage"], gb, w["dp_mode"], conv)
+    table = C.allreduce_algorithms(w["dp"], psi * gb)
+    algo = w["allreduce_algorithm"]
+    if w["zero_stage"] == 0 and w["dp_mode"] != "ps" and algo != "ring" and w["dp"] > 1:
+        row = next(r for r in table if r["algorithm"] == algo)
+        dp = {**dp, "value": row["max_per_worker"],
+              "formula": f"{algo} all-reduce, busiest worker (seed 000 table)"}
+    rounds = w["microbatches"] * w["grad_accum"]
+    act_bytes = w["act_bytes"] or (4 if w["memory_model"] == "fp32" else 2)
+    tp = pp = {"value": 0.0, "formula": "0", "ops": []}
+    s = w["seq_len"] or 1
+    if w["tp"] > 1 and None not in (w["hidden"], w["micro_batch_size"], w["layers"]):
+        tp = C.tp_bytes_per_microbatch(s, w["micro_batch_size"], w["hidden"],
+                                       w["layers"] // w["pp"], w["tp"], act_bytes,
+                                       w["sequence_parallel"])
+    elif w["tp"] > 1:
+        tp = {"value": 0.0, "formula": "not modeled: give hidden, micro_batch_size, layers "
+              "(and seq_len)", "ops": []}
+    if w["pp"] > 1 and None not in (w["hidden"], w["micro_batch_size"]):
+        elems = s * w["micro_batch_size"] * w["hidden"] / \
+            (w["tp"] if w["sequence_parallel"] else 1)
+        pp = C.pp_bytes_per_microbatch(elems, act_bytes, w["pp"], w["virtual_stages"])
+    elif w["pp"] > 1:
+        pp = {"value": 0.0, "formula": "not modeled: give hidden, micro_batch_size (and seq_len)",
+              "ops": []}
+    comps = {"dp": dp["value"], "tp": tp["value"] * rounds, "pp": pp["value"] * rounds}
+    total = sum(comps.values())
+    bw = w["bandwidth_GBps"]
+    t = total / (bw * GB) if bw else None
+    by_stage = {str(z): C.dp_bytes_per_rank(psi, w["dp"], z, gb, "ddp", conv)["value"]
+                for z in range(4)}
+    explain = {
+        "bytes_per_rank": fig(total, "bytes", "dp + tp + pp", comps, label),
+        "components.dp": fig(dp["value"], "bytes", dp["formula"], dp["inputs"], label),
+        "components.tp": fig(comps["tp"], "bytes", f"microbatches*grad_accum x [{tp['formula']}]",
+                             {"rounds": rounds}, label),
+        "components.pp": fig(comps["pp"], "bytes", f"microbatches*grad_accum x [{pp['formula']}]",
+                             {"rounds": rounds}, label),
+        "time_lower_bound_s": fig(t, "s", "bytes_per_rank / (bandwidth_GBps*1e9)" if bw else
+                                  "needs bandwidth_GBps", {"bytes_per_rank": total,
+                                                           "bandwidth_GBps": bw},
+                                  "one effective unidirectional bandwidth; latency ignored"),
+    }
+    return {"bytes_per_rank": total, "GB_per_rank": total / GB, "time_lower_bound_s": t,
+            "components": comps, "convention": conv,
+            "per_microbatch": {"tp": tp["value"], "pp": pp["value"]},
+            "dp_ops": [list(o) for o in dp["ops"]], "tp_ops_per_microbatch":
+            [list(o) for o in tp["ops"]], "pp_ops_per_microbatch": [list(o) for o in pp["ops"]],
+            "dp_by_zero_stage": by_stage, "allreduce_algorithms": table, "explain": explain}
+
+
+# --- step time -----------------------------------------------------------------------------------
+
+def _step(w: dict, pipe: dict, com: dict) -> dict:
+    n = w["dp"] * w["tp"] * w["pp"]
+    keys = ("compute_s", "per_rank_compute_s", "pipeline_compute_s", "time_no_overlap_s",
+            "time_full_overlap_s", "speedup_no_overlap", "speedup_full_overlap",
+            "efficiency_no_overlap", "efficiency_full_overlap")
+    out = dict.fromkeys(keys)
+    out["devices"] = n
+    sim = pipe.get("simulation")
+    if sim is not None and w["t_f"] is not None:
+        out["pipeline_compute_s"] = sim["makespan_s"] * w["grad_accum"]
+    conv = "lower bound: compute split evenly over dp*tp*pp devices, pipeline bubble over " \
+           "total time, comm at full bandwidth"
+    explain = {}
+    if w["compute_ms"] is not None:
+        c = w["compute_ms"] / 1000
+        per = c / n
+        pipe_t = per / (1 - pipe["bubble_fraction_total"]) if pipe["p"] > 1 else per
+        out.update(compute_s=c, per_rank_compute_s=per, pipeline_compute_s=pipe_t)
+        explain["pipeline_compute_s"] = fig(pipe_t, "s", "compute_ms/1000/(dp*tp*pp) / "
+                                            "(1 - bubble_total)", {"compute_s": c, "devices": n,
+                                            "bubble_total": pipe["bubble_fraction_total"]}, conv)
+    t = com["time_lower_bound_s"]
+    if out["pipeline_compute_s"] is not None and t is not None:
+        pt = out["pipeline_compute_s"]
+        out["time_no_overlap_s"] = pt + t
+        out["time_full_overlap_s"] = max(pt, t)
+        ins = {"pipeline_compute_s": pt, "comm_s": t, "compute_s": out["compute_s"],
+               "devices": n}
+        explain["time_no_overlap_s"] = fig(pt + t, "s", "compute + comm", ins, conv)
+        explain["time_full_overlap_s"] = fig(max(pt, t), "s", "max(compute, comm)", ins, conv)
+        if out["compute_s"] is not None:
+            c = out["compute_s"]
+            for mode, st in (("no_overlap", pt + t), ("full_overlap", max(pt, t))):
+                sp = c / st if st > 0 else None
+                out[f"speedup_{mode}"] = sp
+                out[f"efficiency_{mode}"] = sp / n if sp is not None else None
+                explain[f"speedup_{mode}"] = fig(sp, "x", f"compute_s / time_{mode}_s", ins,
+                                                 conv)
+                explain[f"efficiency_{mode}"] = fig(out[f"efficiency_{mode}"], "fraction",
+                                                    f"speedup_{mode} / (dp*tp*pp)", ins, conv)
+    missing = [k for k in ("compute_ms", "bandwidth_GBps") if w[k] is None]
+    if missing:
+        explain["note"] = "step times need " + " and ".join(missing)
+    out["explain"] = explain
+    return out

@@ -1,0 +1,400 @@
+"""The tracer: per-rank spans, communication records and memory samples as JSON lines.
+
+One `Tracer` per rank writes `trace-rank{R}.jsonl` (schema: docs/trace-schema.md). Records are
+buffered in memory and written by a daemon thread every `flush_interval_s`, on `flush()`,
+`close()`, SIGTERM/SIGINT and at interpreter exit, so a run that is cancelled, times out or hangs
+inside a collective (where Python signal handlers cannot run) keeps its trace up to the last
+fraction of a second: each rank's last completed collective per group is on disk.
+
+Times are integers in ns on an aligned clock: this rank's monotonic clock shifted onto rank 0's
+wall clock. The shift is measured with ping-pongs against rank 0 (Cristian's algorithm, best of
+several); the bound on its error (half the best round trip) goes into the `meta` record as
+`clock_error_ns`. On CUDA, `span(..., device=True)` and `comm(...)` time device work with CUDA
+events, resolved to the same clock at flush time.
+
+Bytes: every communication record carries the op and its logical payload S (nccl-tests
+convention); `bytes_sent` / `bytes_recv` are derived from it here, once, with the factors in
+`jobs.commbytes`. Where the backend moves more than the logical op needs (gloo runs
+reduce-scatter as a full all-reduce) the record also names `backend_op` and its bytes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+import weakref
+from pathlib import Path
+
+from jobs import commbytes
+
+SCHEMA_VERSION = 1
+
+# What the backend actually runs for a logical op (only where it differs from the logical op).
+BACKEND_OPS = {"gloo": {"reduce_scatter": "all_reduce"}}
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+_HANDLERS_INSTALLED = False
+
+
+def bytes_recv(op: str, payload_bytes: int, n: int, *, is_root: bool = False) -> float:
+    """Bytes one rank receives, from the same commbytes factors (the mirror of bytes_sent)."""
+    if n <= 1 or op == "barrier":
+        return 0.0
+    if op in commbytes.RING_OPS:
+        return commbytes.bytes_sent(op, payload_bytes, n)
+    if op in ("broadcast", "scatter"):
+        return 0.0 if is_root else commbytes.bytes_sent(op, payload_bytes, n, is_root=True)
+    if op in ("reduce", "gather"):
+        return (n - 1) * commbytes.bytes_sent(op, payload_bytes, n) if is_root else 0.0
+    if op in ("recv", "irecv", "send_recv"):
+        return commbytes.bytes_sent("send", payload_bytes, n)
+    if op in ("send", "isend"):
+        return 0.0
+    raise ValueError(f"unknown collective {op!r}")
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # pragma: no cover - non-Linux
+        return 0
+
+
+def _on_signal(signum, frame):  # pragma: no cover - exercised by the SIGTERM test in a child
+    for t in list(_LIVE):
+        t.close(reason=signal.Signals(signum).name)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_handlers() -> None:
+    global _HANDLERS_INSTALLED
+    if _HANDLERS_INSTALLED or threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        if signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler, None):
+            signal.signal(sig, _on_signal)
+    atexit.register(lambda: [t.close(reason="exit") for t in list(_LIVE)])
+    _HANDLERS_INSTALLED = True
+
+
+class _CommHandle:
+    """An issued, possibly asynchronous communication; `done()` records its completion."""
+
+    __slots__ = ("tracer", "rec", "t0", "ev0", "closed")
+
+    def __init__(self, tracer: Tracer, rec: dict, t0: int, ev0):
+        self.tracer, self.rec, self.t0, self.ev0, self.closed = tracer, rec, t0, ev0, False
+
+    def done(self, **extra) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.rec.update(extra)
+        rec = self.rec
+        g = rec["group"]
+        self.tracer._done[g] = max(self.tracer._done.get(g, -1), rec["seq"])
+        tot = self.tracer.comm_totals.setdefault(f"{g}/{rec['op']}", {
+            "group": g, "axis": rec["axis"], "op": rec["op"], "count": 0, "payload_bytes": 0,
+            "bytes_sent": 0.0, "bytes_recv": 0.0, "backend_bytes_sent": 0.0})
+        tot["count"] += 1
+        tot["payload_bytes"] += rec["payload_bytes"]
+        tot["bytes_sent"] += rec["bytes_sent"]
+        tot["bytes_recv"] += rec["bytes_recv"]
+        tot["backend_bytes_sent"] += rec.get("backend_bytes_sent", rec["bytes_sent"])
+        per = self.tracer.comm_by_step.setdefault(rec["axis"], {}).setdefault(
+            rec["step"], [0.0, 0.0])
+        per[0] += rec["bytes_sent"]
+        per[1] += rec["bytes_recv"]
+        self.tracer._finish(self.rec, self.t0, self.ev0)
+
+
+class Tracer:
+    """Per-rank trace writer. See the module docstring and docs/trace-schema.md."""
+
+    def __init__(self, out_dir: Path, rank: int, world_size: int, *, coords: dict | None = None,
+                 meta: dict | None = None, flush_interval_s: float = 0.25,
+                 sync_clock: bool = True, cuda_events: bool | None = None):
+        self.rank, self.world_size = rank, world_size
+        self.coords = dict(coords or {})
+        self.step: int = -1
+        self.microbatch: int | None = None
+        self.path = Path(out_dir) / f"trace-rank{rank}.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "w")  # noqa: SIM115 - closed in close()
+        self._buf: list[dict] = []
+        self._lock = threading.Lock()
+        self._seq: dict[str, int] = {}
+        self._done: dict[str, int] = {}
+        self.comm_totals: dict[str, dict] = {}  # "group/op" -> counts and bytes, this rank
+        self.comm_by_step: dict[str, dict] = {}  # axis -> step -> [bytes sent, bytes received]
+        self._closed = False
+        self._pending_cuda: list[tuple] = []
+        self.backend = meta.get("backend") if meta else None
+        self.stats = {"records": 0}
+        self._offset = time.time_ns() - time.perf_counter_ns()
+        self.clock_error_ns = 0
+        if sync_clock:
+            self._sync_clock()
+        import torch
+        self._torch = torch
+        self.cuda = torch.cuda.is_available() if cuda_events is None else cuda_events
+        self._ref_ev, self._ref_ns = None, 0
+        if self.cuda:
+            self._ref_ev = torch.cuda.Event(enable_timing=True)
+            self._ref_ev.record()
+            self._ref_ev.synchronize()
+            self._ref_ns = self.now()
+        self._emit({"type": "meta", "schema": SCHEMA_VERSION, "world_size": world_size,
+                    "coords": self.coords, "pid": os.getpid(), "t0_ns": self.now(),
+                    "clock": "cuda_event" if self.cuda else "host",
+                    "clock_offset_ns": self._offset, "clock_error_ns": self.clock_error_ns,
+                    **(meta or {})})
+        _LIVE.add(self)
+        _install_handlers()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._flusher, args=(flush_interval_s,),
+                                        name=f"tracer-flush-{rank}", daemon=True)
+        self._thread.start()
+
+    # --- clock ---------------------------------------------------------------------------------
+    def now(self) -> int:
+        """ns on the aligned clock."""
+        return time.perf_counter_ns() + self._offset
+
+    def _sync_clock(self, rounds: int = 8) -> None:
+        """Shift this rank's clock onto rank 0's: best-of-`rounds` ping-pong with rank 0."""
+        try:
+            import torch
+            import torch.distributed as dist
+        except ImportError:  # pragma: no cover
+            return
+        if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+            return
+        if dist.get_world_size() != self.world_size:
+            return
+        me = dist.get_rank()
+        dev = torch.device("cpu")
+        if dist.get_backend() == "nccl":
+            dev = torch.device("cuda", torch.cuda.current_device())
+        buf = torch.zeros(1, dtype=torch.int64, device=dev)
+        best = (None, 0)
+        for peer in range(1, dist.get_world_size()):
+            for _ in range(rounds):
+                if me == 0:
+                    dist.recv(buf, src=peer)
+                    buf.fill_(self.now())
+                    dist.send(buf, dst=peer)
+                elif me == peer:
+                    t0 = self.now()
+                    dist.send(buf, dst=0)
+                    dist.recv(buf, src=0)
+                    t1 = self.now()
+                    rtt = t1 - t0
+                    if best[0] is None or rtt < best[0]:
+                        best = (rtt, int(buf.item()) - (t0 + t1) // 2)
+        if me != 0 and best[0] is not None:
+            self._offset += best[1]
+            self.clock_error_ns = best[0] // 2
+        dist.barrier()
+
+    # --- records -------------------------------------------------------------------------------
+    def _emit(self, rec: dict) -> None:
+        rec.setdefault("rank", self.rank)
+        rec.setdefault("step", self.step)
+        rec.setdefault("microbatch", self.microbatch)
+        self._buf.append(rec)  # list.append is atomic under the GIL
+
+    def _event(self):
+        ev = self._torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def _finish(self, rec: dict, t0: int, ev0) -> None:
+        t1 = self.now()
+        rec["ts_ns"], rec["dur_ns"] = t0, t1 - t0
+        if ev0 is not None:
+            self._pending_cuda.append((rec, ev0, self._event()))
+            rec["host_ts_ns"], rec["host_dur_ns"] = t0, t1 - t0
+        self._emit(rec)
+
+    @contextlib.contextmanager
+    def span(self, name: str, cat: str = "compute", *, device: bool = True, **args):
+        """A timed span (device-timed with CUDA events on GPU unless device=False)."""
+        rec = {"type": "span", "name": name, "cat": cat, "step": self.step,
+               "microbatch": self.microbatch, **args}
+        ev0 = self._event() if (self.cuda and device) else None
+        t0 = self.now()
+        try:
+            yield rec
+        finally:
+            self._finish(rec, t0, ev0)
+
+    def comm_start(self, op: str, *, payload_bytes: int, group_size: int, axis: str = "dp",
+                   group: str | None = None, peer: int | None = None, is_root: bool = False,
+                   backend_op: str | None = None, backend_payload_bytes: int | None = None,
+                   **args) -> _CommHandle:
+        """Record the issue of a (possibly async) op; call `.done()` on completion."""
+        gkey = group or axis
+        seq = self._seq.get(gkey, 0)
+        self._seq[gkey] = seq + 1
+        rec = {"type": "comm", "op": op, "axis": axis, "group": gkey, "seq": seq,
+               "group_size": group_size, "payload_bytes": int(payload_bytes),
+               "bytes_sent": commbytes.bytes_sent(op, payload_bytes, group_size,
+                                                  is_root=is_root),
+               "bytes_recv": bytes_recv(op, payload_bytes, group_size, is_root=is_root),
+               "step": self.step, "microbatch": self.microbatch, **args}
+        if peer is not None:
+            rec["peer"] = peer
+        if is_root or op in commbytes.ROOTED_OPS:
+            rec["is_root"] = is_root
+        if backend_op is None and self.backend:
+            backend_op = BACKEND_OPS.get(self.backend, {}).get(op)
+        if backend_op is not None and backend_op != op:
+            bp = payload_bytes if backend_payload_bytes is None else backend_payload_bytes
+            rec["backend_op"], rec["backend_payload_bytes"] = backend_op, int(bp)
+            rec["backend_bytes_sent"] = commbytes.bytes_sent(backend_op, bp, group_size,
+                                                             is_root=is_root)
+        ev0 = self._event() if self.cuda else None
+        return _CommHandle(self, rec, self.now(), ev0)
+
+    @contextlib.contextmanager
+    def comm(self, op: str, *, payload_bytes: int, group_size: int, axis: str = "dp",
+             group: str | None = None, peer: int | None = None, is_root: bool = False, **args):
+        """A synchronous communication: the span of the `with` body."""
+        h = self.comm_start(op, payload_bytes=payload_bytes, group_size=group_size, axis=axis,
+                            group=group, peer=peer, is_root=is_root, **args)
+        try:
+            yield h.rec
+        finally:
+            h.done()
+
+    def memory(self, **bytes_by_component) -> dict:
+        """A memory sample: the given components (bytes) plus RSS / CUDA allocator figures."""
+        rec = {"type": "mem", "ts_ns": self.now(), "step": self.step,
+               "microbatch": self.microbatch, "rss_bytes": _rss_bytes(),
+               **{k: int(v) if isinstance(v, (int, float)) else v
+                  for k, v in bytes_by_component.items()}}
+        if self.cuda:
+            cuda = self._torch.cuda
+            rec["cuda_allocated_bytes"] = cuda.memory_allocated()
+            rec["cuda_peak_allocated_bytes"] = cuda.max_memory_allocated()
+            rec["cuda_reserved_bytes"] = cuda.memory_reserved()
+        self._emit(rec)
+        return rec
+
+    def instant(self, name: str, **args) -> None:
+        self._emit({"type": "instant", "name": name, "ts_ns": self.now(), "step": self.step,
+                    "microbatch": self.microbatch, **args})
+
+    def record(self, type: str, **fields) -> None:
+        """Any other record type (e.g. `summary`-like facts another module wants kept)."""
+        self._emit({"type": type, "ts_ns": self.now(), **fields})
+
+    # --- output --------------------------------------------------------------------------------
+    def _resolve_cuda(self) -> None:
+        if not self._pending_cuda:
+            return
+        pending, self._pending_cuda = self._pending_cuda, []
+        for rec, e0, e1 in pending:
+            e1.synchronize()
+            start = self._ref_ns + int(self._ref_ev.elapsed_time(e0) * 1e6)
+            rec["ts_ns"], rec["dur_ns"] = start, int(e0.elapsed_time(e1) * 1e6)
+
+    def flush(self) -> None:
+        if self.cuda and threading.current_thread() is threading.main_thread():
+            self._resolve_cuda()
+        with self._lock:
+            if self._f.closed:
+                return
+            n = len(self._buf)
+            if not n:
+                return
+            # records with unresolved CUDA events wait for a main-thread flush
+            pend = {id(r) for r, _, _ in self._pending_cuda}
+            out, keep = [], []
+            for r in self._buf[:n]:
+                (keep if id(r) in pend else out).append(r)
+            del self._buf[:n]
+            self._buf[:0] = keep
+            if out:
+                self._f.write("".join(json.dumps(r, default=str) + "\n" for r in out))
+                self._f.flush()
+                self.stats["records"] += len(out)
+
+    def _flusher(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                self.flush()
+            except Exception:  # noqa: BLE001 - never take the run down from the flusher
+                pass
+
+    def close(self, reason: str = "ok") -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._emit({"type": "end", "ts_ns": self.now(), "reason": reason,
+                    "issued": dict(self._seq), "last_completed_seq": dict(self._done)})
+        try:
+            self.flush()
+        finally:
+            with self._lock:
+                self._f.close()
+        _LIVE.discard(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close("ok" if exc is None else f"error: {exc_type.__name__}")
+
+
+class NullTracer:
+    """The Tracer surface doing nothing (strategies accept `tracer=None`)."""
+
+    step = -1
+    microbatch = None
+    backend = None
+
+    @contextlib.contextmanager
+    def span(self, name, cat="compute", **args):
+        yield {}
+
+    @contextlib.contextmanager
+    def comm(self, op, **kw):
+        yield {}
+
+    def comm_start(self, op, **kw):
+        return _NullHandle()
+
+    def memory(self, **kw):
+        return {}
+
+    def instant(self, name, **args):
+        pass
+
+    def record(self, type, **fields):
+        pass
+
+    def now(self) -> int:
+        return time.perf_counter_ns()
+
+    def flush(self):
+        pass
+
+    def close(self, reason="ok"):
+        pass
+
+
+class _NullHandle:
+    rec: dict = {}
+
+    def done(self, **extra):
+        pass

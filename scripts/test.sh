@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# `make test`: provision the servers, then run the whole suite. An empty selection fails.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PG_URL=$(bash scripts/provision.sh | tail -n 1) || { echo "provisioning failed" >&2; exit 1; }
+export PARALAB_TEST_PG_URL="$PG_URL"
+export PARALAB_TEST_REDIS_URL="${PARALAB_TEST_REDIS_URL:-redis://127.0.0.1:6379/0}"
+export OMP_NUM_THREADS=1
+mkdir -p test-artifacts
+.venv/bin/python -m pytest -p no:cacheprovider -q -rs "$@"
+rc=$?
+if [ "$rc" = 5 ]; then
+  echo "pytest collected no tests: failing (an empty selection is never green)" >&2
+  exit 1
+fi
+exit "$rc"

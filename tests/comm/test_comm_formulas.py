@@ -1,0 +1,81 @@
+"""nccl-tests bandwidth formulas against hand-computed numbers, and the sweep's pure helpers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from jobs import commbytes
+from jobs.comm import allreduce, sweep
+
+GB = 1e9
+
+
+@pytest.mark.parametrize(("op", "n", "busbw"), [
+    # S = 1 GB moved in a mean time of 1 s: algbw = 1 GB/s; busbw = factor.
+    ("all_reduce", 2, 1.0),      # 2(n-1)/n = 2*1/2
+    ("all_reduce", 4, 1.5),      # 2*3/4
+    ("all_reduce", 8, 1.75),     # 2*7/8
+    ("reduce_scatter", 4, 0.75),  # (n-1)/n
+    ("all_gather", 4, 0.75),
+    ("all_to_all", 4, 0.75),
+    ("reduce_scatter", 2, 0.5),
+    ("broadcast", 4, 1.0),
+    ("reduce", 4, 1.0),
+    ("send_recv", 2, 1.0),
+])
+def test_busbw_hand_computed(op, n, busbw):
+    # times over ranks and iterations: mean 1.0 s, min 0.5 s, max 1.5 s
+    row = sweep.summarize(op, 10**9, n, [0.5, 1.5, 1.0, 1.0], copy_Bps=4 * GB)
+    assert row["time_us_min"] == pytest.approx(0.5e6)
+    assert row["time_us_mean"] == pytest.approx(1.0e6)
+    assert row["time_us_max"] == pytest.approx(1.5e6)
+    assert row["algbw_GBps"] == pytest.approx(1.0)
+    assert row["busbw_GBps"] == pytest.approx(busbw)
+    assert row["busbw_frac_of_copy"] == pytest.approx(busbw / 4)
+
+
+def test_busbw_small_numbers():
+    # 16 MiB all-reduce on 2 ranks in 20 ms: algbw = 16777216 / 0.02 = 838.8608 MB/s = busbw.
+    row = sweep.summarize("all_reduce", 16 << 20, 2, [0.02])
+    assert row["algbw_GBps"] == pytest.approx(0.8388608)
+    assert row["busbw_GBps"] == pytest.approx(0.8388608)
+    # 1 MiB all-gather on 4 ranks in 1 ms: algbw 1.048576 GB/s, busbw * 3/4 = 0.786432.
+    row = sweep.summarize("all_gather", 1 << 20, 4, [0.001])
+    assert row["algbw_GBps"] == pytest.approx(1.048576)
+    assert row["busbw_GBps"] == pytest.approx(0.786432)
+    assert row["busbw_frac_of_copy"] is None
+    # the factors come from jobs.commbytes, nowhere else
+    assert commbytes.busbw_factor("all_reduce", 4) == pytest.approx(1.5)
+
+
+def test_sweep_sizes_like_nccl_tests():
+    assert sweep.sweep_sizes(8, 128, 2) == [8, 16, 32, 64, 128]
+    assert sweep.sweep_sizes(1024, 1 << 20, 32) == [1024, 32768, 1 << 20]
+    assert sweep.sweep_sizes(100, 1000, 4) == [100, 400]  # never past max
+    assert sweep.sweep_sizes(64, 64, 2) == [64]
+    with pytest.raises(ValueError):
+        sweep.sweep_sizes(128, 64, 2)
+
+
+def test_element_count_rounds_sharded_ops():
+    assert sweep.element_count("all_reduce", 10, 4, 4) == 2
+    assert sweep.element_count("all_reduce", 2, 4, 4) == 1  # at least one element
+    assert sweep.element_count("reduce_scatter", 1000, 4, 3) == 249  # multiple of n
+    assert sweep.element_count("all_gather", 4, 4, 4) == 4  # at least n
+    assert sweep.element_count("all_to_all", 64, 2, 4) == 32
+
+
+@pytest.mark.parametrize("dtype", list(sweep.DTYPES.values()))
+def test_pattern_sums_exactly(dtype):
+    total = sweep.pattern_sum(range(4), 1000, dtype, "cpu")
+    acc = sweep.pattern(0, 1000, dtype, "cpu")
+    for r in range(1, 4):
+        acc = acc + sweep.pattern(r, 1000, dtype, "cpu")
+    assert torch.equal(acc, total)
+    assert int(total.max()) <= 44
+
+
+def test_chunk_bounds_cover():
+    assert allreduce.chunk_bounds(10, 4) == [(0, 2), (2, 5), (5, 7), (7, 10)]
+    assert allreduce.chunk_bounds(2, 4) == [(0, 0), (0, 1), (1, 1), (1, 2)]

@@ -1,0 +1,108 @@
+"""Worker for test_pipeline.py. argv: OUT MODE
+  correct: every schedule x arch (gpt, mlp, timed) on p = world vs a single-process run
+  bubble:  timed layers that sleep; traces per schedule under OUT/<schedule>/ for bubbles.py
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from jobs.models import model_module
+from jobs.parallel.pipeline.runtime import PipelineRuntime
+from jobs.parallel.pipeline.stage import split_stages
+from jobs.spec import ModelSpec
+from jobs.trace import Tracer
+
+GB = 8
+
+
+def cases(p):
+    yield "naive", 1, 1
+    yield "gpipe", 4, 1
+    yield "1f1b", 4, 1
+    yield "interleaved", 4, 2
+    yield "zero-bubble", 4, 1
+
+
+def run_pipeline(ms, schedule, m, v, p, rank, steps, tracer=None):
+    mod = model_module(ms.arch)
+    full = mod.build(ms, 0)
+    names = {id(q): n for n, q in full.named_parameters()}
+    stages = split_stages(full, p, v, rank)
+    params = [q for st in stages.values() for q in st.parameters()]
+    mb = GB // m
+    shape = (mb, ms.seq_len, ms.hidden) if ms.arch == "gpt" else (mb, ms.hidden)
+    rt = PipelineRuntime(stages, schedule=schedule, p=p, m=m, v=v, rank=rank,
+                         pp_ranks=list(range(p)), loss_fn=mod.loss_fn, act_shape=shape,
+                         tracer=tracer)
+    opt = torch.optim.Adam(params, lr=1e-3)
+    for step in range(steps):
+        if tracer is not None:
+            tracer.step = step
+        x, y = mod.batch(ms, GB, 0, step)
+        opt.zero_grad()
+        rt.step(list(zip(x.chunk(m), y.chunk(m), strict=True)))
+        opt.step()
+    return {names[id(q)]: q.detach() for q in params}, rt.peak
+
+
+def reference(ms, steps):
+    mod = model_module(ms.arch)
+    model = mod.build(ms, 0)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for step in range(steps):
+        x, y = mod.batch(ms, GB, 0, step)
+        opt.zero_grad()
+        mod.loss_fn(model(x), y).backward()
+        opt.step()
+    return {n: q.detach() for n, q in model.named_parameters()}
+
+
+def rel_err(got, ref):
+    num = sum(float((g - ref[n]).pow(2).sum()) for n, g in got.items())
+    den = sum(float(ref[n].pow(2).sum()) for n in got)
+    return (num / den) ** 0.5
+
+
+def main(out: Path, mode: str):
+    dist.init_process_group("gloo")
+    rank, p = dist.get_rank(), dist.get_world_size()
+    res = {}
+    if mode == "correct":
+        specs = {"gpt": ModelSpec(arch="gpt", layers=4, hidden=16, heads=2, seq_len=8, vocab=32),
+                 "mlp": ModelSpec(arch="mlp", layers=4, hidden=16),
+                 "timed": ModelSpec(arch="timed", layers=4, hidden=16, t_forward=0.0,
+                                    t_backward_input=0.0, t_backward_weight=0.0)}
+        for arch, ms in specs.items():
+            ref = reference(ms, 3)
+            for schedule, m, v in cases(p):
+                if ms.layers % (p * v):
+                    continue
+                got, peak = run_pipeline(ms, schedule, m, v, p, rank, 3)
+                res[f"{arch}/{schedule}"] = {"err": rel_err(got, ref), **peak}
+    else:
+        t = float(mode.split(":")[1]) if ":" in mode else 0.04
+        for schedule, m, v in cases(p):
+            m = 2 if schedule == "naive" else 4
+            ms = ModelSpec(arch="timed", layers=p * v, hidden=8, t_forward=t,
+                           t_backward_input=t, t_backward_weight=t)
+            tracer = Tracer(out / schedule, rank, p, coords={"pp": rank, "dp": 0, "tp": 0},
+                            meta={"backend": "gloo", "m": m, "v": v})
+            _, peak = run_pipeline(ms, schedule, m, v, p, rank, 2, tracer)
+            tracer.close()
+            res[schedule] = {"m": m, "v": v, "t": t, **peak}
+    allres = [None] * p
+    dist.all_gather_object(allres, res)
+    if rank == 0:
+        (out / "result.json").write_text(json.dumps({"ranks": allres, "world": p}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2])

@@ -1,0 +1,122 @@
+"""The run lifecycle end to end on real components: the backend and a Celery worker as
+subprocesses, real Redis, real PostgreSQL, real torchrun with 2 gloo ranks.
+
+Process checks scan /proc for PARALAB_RUN_ID, which finds ranks even after they are
+re-parented to PID 1 (they are not in torchrun's process group)."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from tests.conftest import children_of, pids_with_run_id, wait_for
+
+pytestmark = pytest.mark.slow
+
+LONG = {"preset": "ddp", "name": "long", "train": {"steps": 1_000_000}}
+
+
+def wait_ranks_running(svc, run_id, n=3):
+    """torchrun + its ranks are up once n processes carry the run's ID."""
+    svc.wait_status(run_id, "running", 60)
+    return wait_for(lambda: len(p := pids_with_run_id(run_id)) >= n and p, 60,
+                    f"{n} processes of run {run_id}")
+
+
+def assert_no_process_left(run_id, within=5.0):
+    time.sleep(within)
+    left = pids_with_run_id(run_id)
+    assert left == [], f"processes of run {run_id} still alive: {left}"
+
+
+def test_ddp_run_succeeds_with_logs_traces_and_provenance(redis_service):
+    svc = redis_service
+    run = svc.submit({"preset": "ddp", "name": "e2e", "train": {"steps": 3},
+                      "tags": ["e2e"]})
+    assert run["status"] == "queued"
+    done = svc.wait_status(run["id"], ("succeeded", "failed"), 120)
+    assert done["status"] == "succeeded", done["error"]
+    assert done["exit_code"] == 0 and done["started_at"] and done["finished_at"]
+    assert len(done["summary"]["loss"]) == 3
+    prov = done["provenance"]
+    assert prov["torch"].startswith("2.13") and prov["python"] and prov["host"]
+    assert prov["paralab_commit"] and prov["device"]
+    files = {f["path"] for f in svc.http.get(f"/api/runs/{run['id']}/files").json()}
+    assert {"trace-rank0.jsonl", "trace-rank1.jsonl", "summary.json", "spec.json"} <= files
+    trace = svc.http.get(f"/api/runs/{run['id']}/files/trace-rank1.jsonl").text
+    assert trace.strip() and all(line.startswith("{") for line in trace.strip().splitlines())
+    log = svc.http.get(f"/api/runs/{run['id']}/logs").text
+    assert "[paralab] launching" in log and "finished: succeeded" in log
+    assert svc.http.get(f"/api/runs/{run['id']}/logs", params={"rank": 0}).text
+    health = svc.http.get("/api/health").json()
+    assert health["ok"] and health["checks"]["broker"]["ok"] and health["checks"]["workers"][
+        "count"] >= 1
+    workers = [w for w in svc.http.get("/api/workers").json() if w["queue"] == svc.queue]
+    assert workers[0]["slots"] == 1 and workers[0]["devices"][0]["memory_bytes"] > 0
+
+
+def test_cancel_stops_every_process(redis_service):
+    svc = redis_service
+    run = svc.submit(LONG)
+    pids = wait_ranks_running(svc, run["id"])
+    torchrun = min(pids)
+    ranks = children_of(torchrun)
+    assert len(ranks) >= 2 and set(ranks) <= set(pids), (ranks, pids)  # every child carries it
+    t0 = time.monotonic()
+    assert svc.http.post(f"/api/runs/{run['id']}/cancel").status_code == 200
+    done = svc.wait_status(run["id"], ("cancelled", "failed", "succeeded"), 10)
+    assert done["status"] == "cancelled" and time.monotonic() - t0 < 10
+    assert_no_process_left(run["id"])
+
+
+def test_timeout_is_enforced(redis_service):
+    svc = redis_service
+    run = svc.submit({**LONG, "runtime": {"timeout_s": 6}})
+    wait_ranks_running(svc, run["id"])
+    done = svc.wait_status(run["id"], ("timed_out", "failed", "succeeded"), 60)
+    assert done["status"] == "timed_out" and "timed out after 6 s" in done["error"]
+    assert_no_process_left(run["id"])
+
+
+def test_a_rank_that_raises_fails_the_run_with_its_error(redis_service):
+    svc = redis_service
+    # nccl on a host without CUDA: every rank raises inside init_process_group.
+    run = svc.submit({"preset": "ddp", "train": {"steps": 2}, "runtime": {"backend": "nccl"}})
+    done = svc.wait_status(run["id"], ("failed", "succeeded"), 120)
+    assert done["status"] == "failed" and done["exit_code"] != 0
+    assert "rank " in done["error"] and "Error" in done["error"], done["error"]
+    files = {f["path"] for f in svc.http.get(f"/api/runs/{run['id']}/files").json()}
+    assert any(p.startswith("error-rank") for p in files)
+    assert_no_process_left(run["id"], within=1)
+
+
+def test_worker_killed_outright(redis_service):
+    """kill -9 of the worker: the job dies with it (parent-death signal) and the run does not
+    stay running: the backend fails it as `worker lost` once heartbeats stop."""
+    svc = redis_service
+    run = svc.submit(LONG)
+    wait_ranks_running(svc, run["id"])
+    os.kill(svc.worker.pid, signal.SIGKILL)
+    svc.worker.wait()
+    assert_no_process_left(run["id"])
+    done = svc.wait_status(run["id"], ("failed", "succeeded", "cancelled"), 60)
+    assert done["status"] == "failed" and "worker lost" in done["error"], done
+    # A restarted worker that receives a redelivered message does not launch it again.
+    svc.start_worker()
+    time.sleep(3)
+    assert svc.run(run["id"])["status"] == "failed" and pids_with_run_id(run["id"]) == []
+
+
+def test_backend_restarted_while_a_run_is_going(redis_service):
+    svc = redis_service
+    run = svc.submit({"preset": "ddp", "train": {"steps": 1500}})
+    wait_ranks_running(svc, run["id"])
+    svc.stop(svc.backend)
+    time.sleep(3)  # heartbeats and log batches fail meanwhile; the worker keeps them
+    svc.start_backend()
+    done = svc.wait_status(run["id"], ("succeeded", "failed"), 180)
+    assert done["status"] == "succeeded", done["error"]
+    assert len(done["summary"]["loss"]) == 1500
+    log = svc.http.get(f"/api/runs/{run['id']}/logs").text
+    assert "finished: succeeded" in log and "step 1499" in log
