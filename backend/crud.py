@@ -180,7 +180,7 @@ def finish(db: Session, run_id: str, *, status: str, exit_code: int | None, erro
     assert status in FINISHED, status
     db.execute(update(Run).where(Run.id == run_id, Run.status == "running").values(
         status=status, exit_code=exit_code, error=error, summary=summary,
-        provenance=provenance, finished_at=utcnow()))
+        metrics=(summary or {}).get("headline"), provenance=provenance, finished_at=utcnow()))
     db.commit()
     return db.get(Run, run_id)
 

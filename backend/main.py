@@ -15,7 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
 from backend import crud
-from backend.api.routes import internal, meta, runs
+from backend.api.routes import analysis, internal, meta, predict, runs, views
 from backend.core.config import Settings, get_settings
 from backend.core.db import get_sessionmaker
 
@@ -69,6 +69,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(runs.router)
     app.include_router(meta.router)
     app.include_router(internal.router)
+    app.include_router(predict.router)
+    app.include_router(analysis.router)
+    app.include_router(views.router)
     app.mount("/static", StaticFiles(directory=FRONTEND / "static"), name="static")
 
     @app.get("/", include_in_schema=False)

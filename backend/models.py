@@ -80,6 +80,9 @@ class Run(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
     summary: Mapped[dict | None] = mapped_column(JSON)
+    # Headline figures (step time, peak memory, bubble, overlap, ...) copied from the summary's
+    # `headline` so the runs table never loads whole summaries.
+    metrics: Mapped[dict | None] = mapped_column(JSON)
     notes: Mapped[str] = mapped_column(Text, default="")
     provenance: Mapped[dict | None] = mapped_column(JSON)
 

@@ -24,6 +24,9 @@ if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
   for _ in $(seq 50); do redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 && break; sleep 0.2; done
 fi
 
+# --- Chromium (browser tests drive Debian's build through Playwright; no browser download) ---
+if ! command -v chromium >/dev/null; then apt_install chromium chromium-driver; fi
+
 # --- PostgreSQL ----------------------------------------------------------------------------------
 if ! command -v pg_ctlcluster >/dev/null; then apt_install postgresql; fi
 if ! pg_isready -h 127.0.0.1 -p 5432 -q; then

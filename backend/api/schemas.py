@@ -32,6 +32,7 @@ class RunOut(BaseModel):
     error: str | None
     tags: list[str]
     notes: str
+    metrics: dict[str, Any] | None = None
     spec: dict[str, Any] | None = None
     summary: dict[str, Any] | None = None
     provenance: dict[str, Any] | None = None

@@ -1,0 +1,50 @@
+"""POST /api/predict: the theory model for a job spec or a what-if, every figure with its
+formula, inputs and convention (jobs/theory)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, HTTPException
+
+from jobs.spec import SpecError
+from jobs.theory import predict as theory_predict
+
+router = APIRouter(prefix="/api", tags=["predict"])
+
+_EXAMPLES = [
+    {"params": 7.5e9, "dp": 64, "tp": 1, "pp": 1, "zero_stage": 1, "memory_model": "16psi"},
+    {"preset": "zero2"},
+    {"spec": {"preset": "pp-1f1b"}, "assumptions": {"bandwidth_GBps": 25, "compute_ms": 400}},
+]
+
+
+def run_predict(body: dict[str, Any]) -> dict:
+    """what-if (has `params`), `{"spec": ..., "assumptions": {...}}`, or a spec / preset."""
+    prefix: list = ["body"]
+    try:
+        if "spec" in body and "params" not in body:
+            extra = set(body) - {"spec", "assumptions"}
+            if extra:
+                raise SpecError([{"loc": [sorted(extra)[0]], "msg": "unknown field; allowed: "
+                                  "spec, assumptions", "type": "extra_forbidden"}])
+            assumptions = body.get("assumptions") or {}
+            if not isinstance(assumptions, dict):
+                raise SpecError([{"loc": ["assumptions"], "msg": "must be an object",
+                                  "type": "dict_type"}])
+            prefix = ["body", "spec"]
+            return theory_predict(body["spec"], **assumptions)
+        return theory_predict(body)
+    except SpecError as exc:
+        assumed = set(body.get("assumptions") or {}) if prefix[-1] == "spec" else set()
+        raise HTTPException(422, [
+            {**e, "loc": (["body", "assumptions"] if e["loc"] and e["loc"][0] in assumed
+                          else prefix) + list(e["loc"])} for e in exc.errors]) from exc
+    except TypeError as exc:  # an unknown assumption keyword
+        raise HTTPException(422, [{"loc": ["body", "assumptions"], "msg": str(exc),
+                                   "type": "value_error"}]) from exc
+
+
+@router.post("/predict")
+def predict(body: Annotated[dict[str, Any], Body(examples=_EXAMPLES)]) -> dict:
+    return run_predict(body)

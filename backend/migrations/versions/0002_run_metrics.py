@@ -1,0 +1,22 @@
+"""headline metrics of a run, for the runs table and compare view
+
+Revision ID: 0002
+Revises: 0001
+"""
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0002"
+down_revision = "0001"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("runs") as batch_op:
+        batch_op.add_column(sa.Column("metrics", sa.JSON(), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("runs") as batch_op:
+        batch_op.drop_column("metrics")
