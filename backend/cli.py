@@ -2,7 +2,7 @@
 
 Service commands: `up` (migrations + API + worker, what `make run` starts), `serve`, `worker`,
 `migrate`. Client commands talk HTTP to PARALAB_URL (default http://127.0.0.1:8000): `submit`,
-`runs`, `show`, `logs`, `cancel`. Tables for people, `--json` for scripts.
+`runs`, `show`, `logs`, `cancel`, `predict`, `export`. Tables for people, `--json` for scripts.
 """
 
 from __future__ import annotations
@@ -158,6 +158,51 @@ def cmd_cancel(a) -> int:
     return 0
 
 
+def cmd_predict(a) -> int:
+    body: dict = {}
+    if a.spec:
+        text = sys.stdin.read() if a.spec == "-" else Path(a.spec).read_text()
+        try:
+            body = json.loads(text)
+        except ValueError as exc:
+            raise CliError(f"{a.spec}: not valid JSON ({exc})") from exc
+    if a.preset:
+        body = {"preset": a.preset, **body}
+    if not body:
+        raise CliError("give a SPEC.json / what-if JSON, or --preset NAME")
+    out = _request("POST", "/api/predict", json=body)
+    if a.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    mem, comm, pipe = out.get("memory") or {}, out.get("comm") or {}, out.get("pipeline") or {}
+    gb = 1e9
+    print(f"memory model : {mem.get('memory_model')}")
+    print(f"per rank     : {mem.get('per_rank_bytes', 0) / gb:.3f} GB  "
+          + "  ".join(f"{k} {v / gb:.3f}" for k, v in (mem.get("components") or {}).items()))
+    if comm:
+        print(f"comm / rank  : {comm.get('bytes_per_rank', 0) / gb:.3f} GB per step "
+              f"({comm.get('convention')})")
+    if pipe:
+        print(f"bubble       : {pipe.get('bubble_fraction')} ({pipe.get('convention')})")
+    return 0
+
+
+def cmd_export(a) -> int:
+    params = {"format": a.format, **({"table": a.table} if a.table else {})}
+    try:
+        r = httpx.get(f"{_url()}/api/runs/{a.id}/export", params=params, timeout=120)
+    except httpx.TransportError as exc:
+        raise CliError(f"cannot reach paralab at {_url()} ({exc})", 3) from exc
+    if r.status_code >= 400:
+        raise CliError(f"error {r.status_code}: {r.text[:500]}")
+    default = {"perfetto": f"{a.id}.perfetto.json", "json": f"{a.id}.analysis.json",
+               "csv": f"{a.id}.{a.table or 'tables'}.csv"}[a.format]
+    out = Path(a.output or default)
+    out.write_bytes(r.content)
+    print(f"wrote {out} ({len(r.content)} bytes)")
+    return 0
+
+
 # -- service commands -----------------------------------------------------------------------------
 
 def cmd_migrate(a) -> int:
@@ -244,6 +289,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("id")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_cancel)
+    s = sub.add_parser("predict", help="memory / traffic / bubble prediction of a spec or what-if")
+    s.add_argument("spec", nargs="?", help="job spec or what-if JSON file ('-' for stdin)")
+    s.add_argument("--preset")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_predict)
+    s = sub.add_parser("export", help="download a run's Perfetto trace or analysis tables")
+    s.add_argument("id")
+    s.add_argument("--format", choices=["perfetto", "json", "csv"], default="perfetto")
+    s.add_argument("--table", help="one analysis table (csv/json)")
+    s.add_argument("-o", "--output")
+    s.set_defaults(fn=cmd_export)
     return p
 
 

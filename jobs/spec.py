@@ -216,6 +216,8 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
 # the reason, until their implementation lands.
 AVAILABLE: set[str] = {"single", "ddp", "dp-allreduce", "dp-ps", "zero1", "zero2", "zero3", "fsdp",
                        "collective-sweep"}
+AVAILABLE |= {"tp", "sp", "pp-gpipe", "pp-1f1b", "pp-interleaved", "pp-zb", "3d",
+              "ddp+tp", "ddp+sp"}  # model parallelism (issue 4)
 
 
 def derive_strategy(spec: JobSpec) -> str:

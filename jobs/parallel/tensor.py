@@ -149,9 +149,14 @@ def apply_native_tensor_parallel(model: nn.Module, tp_mesh, *,
                                  sequence_parallel: bool = False) -> nn.Module:
     """The same plan with DTensor: parallelize_module over a 1-D `tp_mesh`."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
-                                                   PrepareModuleOutput, RowwiseParallel,
-                                                   SequenceParallel, parallelize_module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
     row_out = Shard(1) if sequence_parallel else Replicate()
     for blk in getattr(model, "blocks", []):
         plan = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(),
