@@ -11,7 +11,8 @@ from sqlalchemy.orm import Session
 from backend import crud
 from backend.core.config import Settings
 from backend.models import Run
-from jobs.spec import SpecError, parse_spec
+from jobs.spec import JobSpec, SpecError, parse_spec
+from jobs.theory import predict
 from worker.app import enqueue_run, revoke_run
 
 log = logging.getLogger(__name__)
@@ -34,9 +35,36 @@ def _meta(body: dict[str, Any]) -> tuple[list[str], str, list[dict]]:
     return [t.strip() for t in tags], notes, errors
 
 
-def submit(db: Session, settings: Settings, body: dict[str, Any], *, owner: str) -> Run:
-    """Validate, store, then enqueue the run's ID. Nothing is stored when validation fails;
-    when the broker refuses the message, the stored run is removed again (503)."""
+def memory_gate(db: Session, settings: Settings, spec: JobSpec) -> dict | None:
+    """Refuse a spec whose predicted per-rank memory exceeds the device memory the workers of
+    its queue report, with the numbers, instead of an OOM later. None when it fits (or when no
+    worker of that queue has reported yet: nothing to compare with)."""
+    workers = [w for w in crud.list_workers(db, seen_within_s=3 * settings.worker_heartbeat_s)
+               if w.queue == spec.runtime.queue]
+    capacities = [d.get("memory_bytes") for w in workers for d in w.devices
+                  if d.get("memory_bytes")]
+    if not capacities:
+        return None
+    capacity = min(capacities)
+    if any(d.get("type") == "cpu" for w in workers for d in w.devices):
+        # CPU ranks share the host's memory.
+        capacity = capacity // max(1, spec.world_size)
+    pred = predict(spec)["memory"]
+    need = pred["per_rank_bytes"]
+    if need <= capacity:
+        return None
+    parts = ", ".join(f"{k} {v / 1e9:.3f} GB" for k, v in pred["components"].items())
+    return {"loc": ["body"], "type": "memory_gate",
+            "msg": f"predicted memory per rank {need / 1e9:.3f} GB ({parts}; memory model "
+                   f"{pred['memory_model']}) exceeds the {capacity / 1e9:.3f} GB per rank the "
+                   f"workers of queue {spec.runtime.queue!r} report; resubmit with "
+                   "?force=true to run it anyway"}
+
+
+def submit(db: Session, settings: Settings, body: dict[str, Any], *, owner: str,
+           force: bool = False) -> Run:
+    """Validate, gate on predicted memory, store, then enqueue the run's ID. Nothing is stored
+    when validation fails; when the broker refuses the message, the run is removed (503)."""
     body = dict(body)
     tags, notes, errors = _meta(body)
     try:
@@ -45,6 +73,8 @@ def submit(db: Session, settings: Settings, body: dict[str, Any], *, owner: str)
         errors += [{**e, "loc": ["body", *e["loc"]]} for e in exc.errors]
     if errors:
         raise HTTPException(422, errors)
+    if not force and (refusal := memory_gate(db, settings, spec)):
+        raise HTTPException(422, [refusal])
     run = crud.create_run(db, spec, owner=owner, tags=tags, notes=notes)
     try:
         enqueue_run(settings, run.id, run.queue)

@@ -24,6 +24,7 @@ from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
 from backend.core.config import Settings, get_settings
+from jobs.spec import parse_spec
 from worker.app import TASK_NAME
 from worker.client import BackendClient, BackendUnavailable
 from worker.launch import build_argv, build_env, job_timeout_s
@@ -141,7 +142,7 @@ class JobSupervisor:
             self.say(f"killed leftover processes {leftovers}")
         status = outcome or ("succeeded" if rc == 0 else "failed")
         error = reason if outcome else (None if rc == 0 else self._error_text(rc))
-        summary = self._summary()
+        summary = self._analyze(self._summary())
         self.say(f"finished: {status} (exit code {rc})")
         self._upload()
         self.logs.close()
@@ -201,6 +202,20 @@ class JobSupervisor:
         except ValueError as exc:
             self.say(f"summary.json is not valid JSON: {exc}")
             return None
+
+    def _analyze(self, summary: dict | None) -> dict | None:
+        """Per-run analysis (torch-free) next to the traces: analysis.json, the Perfetto trace,
+        and the headline figures the runs table shows. Partial traces still get analysed."""
+        if self.spec.get("kind") != "train" or not any(self.out.glob("trace-rank*.jsonl")):
+            return summary
+        try:
+            from jobs.analysis import write_analysis
+            headline = write_analysis(self.out, parse_spec(self.spec, max_world_size=1 << 30))
+        except Exception as exc:  # noqa: BLE001 - the run's outcome must still be reported
+            log.exception("analysis of run %s failed", self.run_id)
+            self.say(f"analysis failed: {type(exc).__name__}: {exc}")
+            return summary
+        return {**(summary or {}), "headline": headline}
 
     def _upload(self) -> None:
         files = [self.dir / "spec.json", *sorted(p for p in self.out.rglob("*") if p.is_file())]

@@ -185,59 +185,81 @@ def ring(tensor: torch.Tensor, group=None, tracer=None) -> None:
     Reduce-scatter step k: rank i sends chunk (i-k) mod N to i+1 and receives chunk
     (i-k-1) mod N from i-1, adding it in. After N-1 steps rank i owns the sum of chunk
     (i+1) mod N. All-gather step k: rank i forwards chunk (i+1-k) mod N and receives chunk
-    (i-k) mod N into place. Send and receive of a step are posted together; chunks travel in
-    segments so adding one received segment overlaps the transfer of the next."""
+    (i-k) mod N into place. In every step a rank sends the chunk it received in the step before.
+
+    Chunks travel in segments of RING_SEGMENT_BYTES, each step's receives and sends posted
+    together. With a tracer the steps run one after another, so each step's send and recv
+    records time that step alone; without one the ring is pipelined like gloo's own: a segment
+    is forwarded (next step's send) as soon as it has arrived and been added, and the next
+    step's receives are posted before the current one's are waited for."""
     c = _Ctx("ring", tensor, group, tracer)
-    n, i = c.size, c.rank
-    right, left = (i + 1) % n, (i - 1) % n
+    n = c.size
     bounds = chunk_bounds(tensor.numel(), n)
     seg = max(1, RING_SEGMENT_BYTES // c.elsize)
+    if tracer is None:
+        _ring_pipelined(c, tensor, bounds, seg)
+        return
+    i, right, left = c.rank, (c.rank + 1) % n, (c.rank - 1) % n
     scratch = workspace(max(hi - lo for lo, hi in bounds), tensor)
-    for k in range(n - 1):
-        slo, shi = bounds[(i - k) % n]
-        rlo, rhi = bounds[(i - k - 1) % n]
-        inbox = scratch[:rhi - rlo]
-        for (a, b), w in _ring_step(c, k, right, tensor[slo:shi], left, inbox, seg):
-            w.wait()
-            tensor[rlo + a:rlo + b].add_(inbox[a:b])
-    for k in range(n - 1):
-        slo, shi = bounds[(i + 1 - k) % n]
-        rlo, rhi = bounds[(i - k) % n]
-        for _, w in _ring_step(c, n - 1 + k, right, tensor[slo:shi], left, tensor[rlo:rhi], seg):
-            w.wait()
-
-
-def _ring_step(c: _Ctx, step: int, right: int, sbuf: torch.Tensor, left: int,
-               rbuf: torch.Tensor, seg: int) -> list:
-    """One ring step: send `sbuf` right and receive `rbuf` from the left, both in segments of
-    `seg` elements, all posted at once. Traced as one send and one recv of the whole chunk.
-    Waits for the sends; returns [((lo, hi), work)] for the receive segments, unwaited (waited
-    already when traced, so the record covers the whole step)."""
-    with contextlib.ExitStack() as stack:
-        c.record(stack, "send", right, sbuf.numel(), step)
-        c.record(stack, "recv", left, rbuf.numel(), step)
-        rsegs = _segments(rbuf.numel(), seg)
-        rworks = [((a, b), dist.irecv(rbuf[a:b], c.glob(left), group=c.group))
-                  for a, b in rsegs]
-        sworks = [dist.isend(sbuf[a:b], c.glob(right), group=c.group)
-                  for a, b in _segments(sbuf.numel(), seg)]
-        for w in sworks:
-            w.wait()
-        if c.tracer is not None:
-            for _, w in rworks:
+    for t in range(2 * (n - 1)):
+        slo, shi = bounds[_ring_sent(i, t, n)]
+        rlo, rhi = bounds[_ring_sent(i, t + 1, n)]
+        reduce = t < n - 1
+        rbuf = scratch[:rhi - rlo] if reduce else tensor[rlo:rhi]
+        with contextlib.ExitStack() as stack:
+            c.record(stack, "send", right, shi - slo, t)
+            c.record(stack, "recv", left, rhi - rlo, t)
+            works = _post(c, left, rbuf, seg, recv=True) + _post(c, right, tensor[slo:shi], seg)
+            for _, w in works:
                 w.wait()
-            return [(ab, _DONE) for ab, _ in rworks]
-    return rworks
+        if reduce:
+            tensor[rlo:rhi].add_(rbuf)
 
 
-class _Done:
-    """A work already waited for (a gloo work must not be waited twice)."""
+def _ring_sent(i: int, t: int, n: int) -> int:
+    """The chunk rank i sends in ring step t (reduce-scatter, then all-gather); the chunk it
+    receives in step t is the one it sends in step t + 1."""
+    return (i - t) % n if t < n - 1 else (i + 1 - (t - (n - 1))) % n
 
-    def wait(self) -> bool:
-        return True
+
+def _post(c: _Ctx, peer: int, buf: torch.Tensor, seg: int, *, recv: bool = False) -> list:
+    """isend / irecv `buf` in segments; [((lo, hi), work)]."""
+    op = dist.irecv if recv else dist.isend
+    return [((a, b), op(buf[a:b], c.glob(peer), group=c.group))
+            for a, b in _segments(buf.numel(), seg)]
 
 
-_DONE = _Done()
+def _ring_pipelined(c: _Ctx, tensor: torch.Tensor, bounds, seg: int) -> None:
+    n, i = c.size, c.rank
+    right, left = (i + 1) % n, (i - 1) % n
+    steps = 2 * (n - 1)
+    scratch = workspace(2 * max(hi - lo for lo, hi in bounds), tensor)
+    half = scratch.numel() // 2
+
+    def inbox(t):  # reduce-scatter receives into alternating halves of the scratch
+        lo, hi = bounds[_ring_sent(i, t + 1, n)]
+        return scratch[(t % 2) * half:(t % 2) * half + hi - lo] if t < n - 1 else tensor[lo:hi]
+
+    sends = _post(c, right, tensor.narrow(0, *_lo_len(bounds[i])), seg)
+    pending = _post(c, left, inbox(0), seg, recv=True)
+    for t in range(steps):
+        nxt = _post(c, left, inbox(t + 1), seg, recv=True) if t + 1 < steps else []
+        lo, _ = bounds[_ring_sent(i, t + 1, n)]
+        box = inbox(t)
+        for (a, b), w in pending:
+            w.wait()
+            if t < n - 1:
+                tensor[lo + a:lo + b].add_(box[a:b])
+            if t + 1 < steps:
+                sends.append(((a, b), dist.isend(tensor[lo + a:lo + b], c.glob(right),
+                                                  group=c.group)))
+        pending = nxt
+    for _, w in sends:
+        w.wait()
+
+
+def _lo_len(bound: tuple[int, int]) -> tuple[int, int]:
+    return bound[0], bound[1] - bound[0]
 
 
 def _log2_ceil(n: int) -> int:

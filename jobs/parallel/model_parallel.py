@@ -89,8 +89,11 @@ def act_shape(spec, dims, mb: int) -> tuple:
 
 def make_strategy(ctx, stages):
     """The DP-axis strategy over this rank's stages (jobs/train.py's dispatch)."""
-    from jobs.train import build_strategy
     model = stages[0] if len(stages) == 1 else nn.ModuleList(stages.values())
+    if ctx.spec.parallel.engine == "native":
+        from jobs.parallel.threed import NativeMP
+        return NativeMP(model, stages, ctx, lr=ctx.spec.train.lr)
+    from jobs.train import build_strategy
     return build_strategy(ctx, model)
 
 
@@ -104,11 +107,18 @@ def run(ctx) -> dict:
     m, accum = p.microbatches, spec.train.grad_accum
     mb = spec.train.global_batch // dims.dp // (m * accum)
     schedule = p.pp_schedule if dims.pp > 1 else "1f1b"
-    rt = PipelineRuntime(stages, schedule=schedule, p=dims.pp, m=m, v=p.virtual_stages,
-                         rank=c["pp"], pp_ranks=dims.group_ranks("pp", ctx.rank),
-                         loss_fn=mod.loss_fn, act_shape=act_shape(spec, dims, mb),
-                         tracer=tr, device=ctx.device)
-    rt.loss_scale = 1.0 / (m * accum)
+    if p.engine == "native" and dims.pp > 1:
+        from jobs.parallel.pipeline.native import NativePipeline
+        rt = NativePipeline(stages, schedule=schedule, p=dims.pp, m=m, v=p.virtual_stages,
+                            rank=c["pp"], pp_group=ctx.mesh["pp"].get_group(),
+                            loss_fn=mod.loss_fn, tracer=tr, device=ctx.device)
+        rt.loss_scale = 1.0 / accum
+    else:
+        rt = PipelineRuntime(stages, schedule=schedule, p=dims.pp, m=m, v=p.virtual_stages,
+                             rank=c["pp"], pp_ranks=dims.group_ranks("pp", ctx.rank),
+                             loss_fn=mod.loss_fn, act_shape=act_shape(spec, dims, mb),
+                             tracer=tr, device=ctx.device)
+        rt.loss_scale = 1.0 / (m * accum)
     tp_group = ctx.mesh["tp"].get_group() if dims.tp > 1 else None
     book = MemoryBook()
     losses, step_times = [], []
@@ -118,7 +128,7 @@ def run(ctx) -> dict:
         mbs = local_microbatches(spec, step, c["dp"], dims.dp, m * accum, ctx.device)
         strategy.zero_grad()
         total = None
-        with tr.span("step", cat="step"):
+        with tr.span("step", cat="step"), strategy.comm_context():
             with strategy.no_sync():
                 for a in range(accum):
                     loss = rt.step(mbs[a * m:(a + 1) * m])

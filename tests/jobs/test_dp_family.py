@@ -234,7 +234,8 @@ def test_activation_bytes_and_checkpointing():
     from jobs.models import gpt
     from jobs.train import apply_activation_checkpointing
     s = parse_spec({"model": {"arch": "gpt", "hidden": 16, "layers": 2, "heads": 2,
-                              "seq_len": 8, "vocab": 32}}, max_world_size=1 << 30)
+                              "seq_len": 8, "vocab": 32},
+                    "runtime": {"nproc_per_node": 1}}, max_world_size=1 << 30)
     counted = []
     for ckpt in (False, True):
         m = gpt.build(s.model, 0)

@@ -29,6 +29,10 @@ CASES = {
     "ddp+sp": {"preset": "sp", "model": GPT, "parallel": {"dp": 2},
                "runtime": {"nproc_per_node": 4}},
 }
+NATIVE = {f"native-{k}": {**v, "parallel": {**v.get("parallel", {}), "engine": "native"}}
+          for k, v in CASES.items() if k in ("tp", "sp", "pp-gpipe", "pp-1f1b", "pp-interleaved",
+                                              "pp-zb", "3d")}
+CASES.update(NATIVE)
 
 
 def launch(spec: dict, out) -> dict:

@@ -190,3 +190,20 @@ def test_reaper_fails_runs_whose_worker_went_silent(settings):
         run = db.get(Run, rid)
         db.refresh(run)
         assert run.status == "failed" and "worker lost" in run.error and "gone@host" in run.error
+
+
+def test_memory_gate_refuses_with_numbers_and_can_be_overridden(client, settings):
+    with get_sessionmaker(settings.db_url)() as db:
+        crud.upsert_worker(db, name="gpu0@h", host="h", queue="gpu0", slots=1, busy=0,
+                           devices=[{"type": "cuda", "index": 0, "name": "Tiny",
+                                     "memory_bytes": 1_000_000}], info={})
+    big = {"preset": "ddp", "model": {"hidden": 512, "layers": 8},
+           "runtime": {"queue": "gpu0"}}
+    r = client.post("/api/runs", json=big)
+    assert r.status_code == 422, r.text
+    msg = r.json()["detail"][0]["msg"]
+    assert "predicted memory per rank" in msg and "0.001 GB" in msg and "force=true" in msg
+    assert count_runs(client) == 0
+    assert client.post("/api/runs", json={**big, "model": {"hidden": 8, "layers": 1}}
+                       ).status_code == 201  # fits
+    assert client.post("/api/runs", params={"force": "true"}, json=big).status_code == 201

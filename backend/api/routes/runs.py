@@ -29,8 +29,10 @@ def submit_run(
         description="A job spec, or {\"preset\": NAME, ...overrides} (nested fields merged); "
                     "optional run metadata `tags` (list of strings) and `notes`.",
         examples=[_SPEC_EXAMPLE])],
+    force: bool = Query(False, description="submit even if predicted memory exceeds what the "
+                        "workers report"),
 ) -> RunOut:
-    run = services.submit(db, settings, body, owner=user)
+    run = services.submit(db, settings, body, owner=user, force=force)
     return RunOut.of(run)
 
 
