@@ -15,9 +15,12 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
 from backend import crud
-from backend.api.routes import analysis, internal, meta, predict, runs, views
+from backend.api.routes import analysis, history, internal, meta, predict, runs, users, views
+from backend.api.routes import auth as auth_routes
+from backend.auth import AuthMiddleware
 from backend.core.config import Settings, get_settings
 from backend.core.db import get_sessionmaker
+from backend.core.security import LoginThrottle, check_startup
 
 log = logging.getLogger(__name__)
 FRONTEND = Path(__file__).resolve().parent.parent / "frontend"
@@ -48,6 +51,9 @@ async def _reaper(app: FastAPI) -> None:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    # Team mode refuses to start without a real secret key (ConfigError); the bind address is
+    # checked where it is known (`paralab serve` / `paralab up`).
+    check_startup(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -59,6 +65,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   description="Launch, trace and compare parallel-training experiments.")
     app.state.settings = settings
     app.state.worker_token = settings.resolved_worker_token()
+    app.state.login_throttle = LoginThrottle(settings.login_max_failures,
+                                             settings.login_window_s)
+    # Identity on every request, deny by default in team mode (backend/auth.py).
+    app.add_middleware(AuthMiddleware, settings=settings)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_request, exc: RequestValidationError):
@@ -72,6 +82,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(predict.router)
     app.include_router(analysis.router)
     app.include_router(views.router)
+    app.include_router(auth_routes.router)
+    app.include_router(auth_routes.pages)
+    app.include_router(users.router)
+    app.include_router(history.router)
     app.mount("/static", StaticFiles(directory=FRONTEND / "static"), name="static")
 
     @app.get("/", include_in_schema=False)

@@ -135,3 +135,75 @@ class Worker(Base):
     devices: Mapped[list] = mapped_column(JSON)
     info: Mapped[dict] = mapped_column(JSON)
     last_seen: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+# -- accounts and the shared history (issue 8; migration 0003) -----------------------------------
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    username: Mapped[str] = mapped_column(String(64))
+    # argon2id; "!" for the implicit local-mode user, who never logs in.
+    password_hash: Mapped[str] = mapped_column(String(255))
+    role: Mapped[str] = mapped_column(String(16))
+    is_active: Mapped[bool] = mapped_column(Boolean, default=True)
+    # Per-user limits; None falls back to the Settings defaults.
+    max_concurrent_runs: Mapped[int | None] = mapped_column(Integer)
+    max_world_size: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    password_changed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+    __table_args__ = (UniqueConstraint("username", name="uq_users_username"),)
+
+
+class ApiToken(Base):
+    """Personal API tokens (kind "api") and browser sessions (kind "session"): random, shown
+    once, stored as SHA-256 only."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(String(100))
+    prefix: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+    __table_args__ = (UniqueConstraint("token_hash", name="uq_api_tokens_token_hash"),)
+
+
+class AuditEntry(Base):
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
+    ts: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
+    actor: Mapped[str] = mapped_column(String(100), index=True)
+    action: Mapped[str] = mapped_column(String(64), index=True)
+    target: Mapped[str | None] = mapped_column(String(200))
+    detail: Mapped[dict | None] = mapped_column(JSON)
+    client: Mapped[str | None] = mapped_column(String(100))
+
+
+class Star(Base):
+    __tablename__ = "stars"
+
+    user_id: Mapped[int] = mapped_column(
+        ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
+    run_id: Mapped[str] = mapped_column(
+        ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True, index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class SavedComparison(Base):
+    __tablename__ = "saved_comparisons"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    owner: Mapped[str] = mapped_column(String(100), index=True)
+    run_ids: Mapped[list] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -8,7 +8,8 @@ from typing import Any
 from fastapi import HTTPException
 from sqlalchemy.orm import Session
 
-from backend import crud
+from backend import crud, permissions
+from backend.auth import Principal, audit
 from backend.core.config import Settings
 from backend.models import Run
 from jobs.spec import JobSpec, SpecError, parse_spec
@@ -61,10 +62,16 @@ def memory_gate(db: Session, settings: Settings, spec: JobSpec) -> dict | None:
                    "?force=true to run it anyway"}
 
 
-def submit(db: Session, settings: Settings, body: dict[str, Any], *, owner: str,
-           force: bool = False) -> Run:
+def submit(db: Session, settings: Settings, body: dict[str, Any], *,
+           owner: str | Principal, force: bool = False, client: str | None = None) -> Run:
     """Validate, gate on predicted memory, store, then enqueue the run's ID. Nothing is stored
-    when validation fails; when the broker refuses the message, the run is removed (503)."""
+    when validation fails; when the broker refuses the message, the run is removed (503).
+    `owner` is the submitting Principal (its role and per-user limits are checked and the
+    submission is audited) or, for callers without accounts, a bare username."""
+    user = owner if isinstance(owner, Principal) else None
+    owner = user.username if user else owner
+    if user is not None:
+        permissions.require_submit(user)
     body = dict(body)
     tags, notes, errors = _meta(body)
     try:
@@ -73,6 +80,8 @@ def submit(db: Session, settings: Settings, body: dict[str, Any], *, owner: str,
         errors += [{**e, "loc": ["body", *e["loc"]]} for e in exc.errors]
     if errors:
         raise HTTPException(422, errors)
+    if user is not None:
+        permissions.check_submit_limits(db, user, spec.world_size)
     if not force and (refusal := memory_gate(db, settings, spec)):
         raise HTTPException(422, [refusal])
     run = crud.create_run(db, spec, owner=owner, tags=tags, notes=notes)
@@ -82,12 +91,19 @@ def submit(db: Session, settings: Settings, body: dict[str, Any], *, owner: str,
         log.exception("enqueue of run %s failed", run.id)
         crud.delete_run(db, run.id)
         raise HTTPException(503, f"the job queue is unavailable: {exc}") from exc
+    audit(db, owner, "run.submit", run.id, {"name": run.name, "strategy": run.strategy,
+                                            "world_size": run.world_size, "queue": run.queue,
+                                            **({"force": True} if force else {})}, client)
     return run
 
 
-def cancel(db: Session, settings: Settings, run: Run) -> Run:
+def cancel(db: Session, settings: Settings, run: Run, *, actor: str | None = None,
+           client: str | None = None) -> Run:
     was_queued = run.status == "queued"
     run = crud.request_cancel(db, run)
+    if actor is not None:
+        audit(db, actor, "run.cancel", run.id, {"owner": run.owner, "was": "queued" if
+                                                was_queued else "running"}, client)
     if was_queued:
         try:
             revoke_run(settings, run.id)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -56,6 +57,13 @@ def bytes_recv(op: str, payload_bytes: int, n: int, *, is_root: bool = False) ->
     if op in ("send", "isend"):
         return 0.0
     raise ValueError(f"unknown collective {op!r}")
+
+
+@functools.lru_cache(maxsize=4096)
+def _bytes(op: str, payload: int, n: int, is_root: bool) -> tuple[float, float]:
+    """(sent, received) for one op, cached: steps repeat the same sizes (Fractions are slow)."""
+    return (commbytes.bytes_sent(op, payload, n, is_root=is_root),
+            bytes_recv(op, payload, n, is_root=is_root))
 
 
 def _rss_bytes() -> int:
@@ -244,11 +252,10 @@ class Tracer:
         gkey = group or axis
         seq = self._seq.get(gkey, 0)
         self._seq[gkey] = seq + 1
+        sent, recv = _bytes(op, int(payload_bytes), group_size, bool(is_root))
         rec = {"type": "comm", "op": op, "axis": axis, "group": gkey, "seq": seq,
                "group_size": group_size, "payload_bytes": int(payload_bytes),
-               "bytes_sent": commbytes.bytes_sent(op, payload_bytes, group_size,
-                                                  is_root=is_root),
-               "bytes_recv": bytes_recv(op, payload_bytes, group_size, is_root=is_root),
+               "bytes_sent": sent, "bytes_recv": recv,
                "step": self.step, "microbatch": self.microbatch, **args}
         if peer is not None:
             rec["peer"] = peer
@@ -259,8 +266,8 @@ class Tracer:
         if backend_op is not None and backend_op != op:
             bp = payload_bytes if backend_payload_bytes is None else backend_payload_bytes
             rec["backend_op"], rec["backend_payload_bytes"] = backend_op, int(bp)
-            rec["backend_bytes_sent"] = commbytes.bytes_sent(backend_op, bp, group_size,
-                                                             is_root=is_root)
+            rec["backend_bytes_sent"] = _bytes(backend_op, int(bp), group_size,
+                                               bool(is_root))[0]
         ev0 = self._event() if self.cuda else None
         return _CommHandle(self, rec, self.now(), ev0)
 
@@ -362,6 +369,11 @@ class NullTracer:
     step = -1
     microbatch = None
     backend = None
+    clock_error_ns = 0
+
+    def __init__(self):
+        self.comm_totals: dict = {}
+        self.comm_by_step: dict = {}
 
     @contextlib.contextmanager
     def span(self, name, cat="compute", **args):

@@ -91,9 +91,10 @@ def train_loop(ctx: RunContext, strategy, loss_fn) -> dict:
     def sample(phase: str, **extra) -> None:
         s = {**strategy.state_bytes(), **extra}
         book.add(phase, tr.step, s)
-        tr.memory(phase=phase, **s, **process_memory())
+        tr.memory(phase=phase, **s)  # adds RSS / CUDA allocator figures
 
     sample("init")
+    params_seen = param_storages(strategy.model)
     prof = None
     if os.environ.get("PARALAB_PROFILE") == "1":  # an independent count of collectives (tests)
         from torch.profiler import ProfilerActivity, profile
@@ -110,7 +111,7 @@ def train_loop(ctx: RunContext, strategy, loss_fn) -> dict:
                 tr.microbatch = i
                 sync = strategy.no_sync() if i < rounds - 1 else contextlib.nullcontext()
                 with sync:
-                    saved.reset(param_storages(strategy.model))
+                    saved.reset(params_seen)
                     with tr.span("forward"), saved.hooks():
                         loss = loss_fn(strategy.forward(x).float(), y)
                     sample("after_forward", activations=saved.bytes)
@@ -125,7 +126,6 @@ def train_loop(ctx: RunContext, strategy, loss_fn) -> dict:
             sample("after_step")
         losses.append(loss_sum.item() / rounds)
         step_times.append((tr.now() - t0) / 1e9)
-        tr.flush()
     if prof is not None:
         prof.__exit__(None, None, None)
         counts: dict[str, int] = {}

@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import Depends, Header, HTTPException, Request
 from sqlalchemy.orm import Session
 
+from backend.auth import Principal, local_user, principal_of
 from backend.core.config import Settings
 from backend.core.db import get_sessionmaker
 from backend.models import Run
@@ -29,12 +30,25 @@ def get_db(settings: SettingsDep) -> Iterator[Session]:
 DbDep = Annotated[Session, Depends(get_db)]
 
 
-def current_user(settings: SettingsDep) -> str:
-    # Local mode: one implicit user. Team mode (accounts) replaces this dependency.
-    return "local"
+def current_user(request: Request, settings: SettingsDep) -> Principal:
+    """Who is calling. Team mode: the identity AuthMiddleware established (it already answered
+    401 when there was none). Local mode: the implicit admin `local`, a row created on first
+    use. Runs' `owner` is `user.username`."""
+    principal = getattr(request.state, "principal", None)
+    if principal is not None:
+        return principal
+    if settings.auth == "required":  # unreachable behind AuthMiddleware; fail closed anyway
+        raise HTTPException(401, "authentication required")
+    cached = getattr(request.app.state, "local_principal", None)
+    if cached is None:
+        with get_sessionmaker(settings.db_url)() as db:
+            cached = principal_of(local_user(db), settings, via="local")
+        cached = Principal(**{**cached.__dict__, "role": "admin"})
+        request.app.state.local_principal = cached
+    return cached
 
 
-UserDep = Annotated[str, Depends(current_user)]
+UserDep = Annotated[Principal, Depends(current_user)]
 
 
 def require_worker(request: Request,

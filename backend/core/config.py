@@ -12,6 +12,7 @@ import os
 import secrets
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -44,6 +45,33 @@ class Settings(BaseSettings):
     run_heartbeat_s: float = 1.0
     # SIGTERM to torchrun, then SIGKILL to everything carrying the run's ID after this grace.
     kill_grace_s: float = 5.0
+
+    # -- accounts (docs/security.md) --------------------------------------------------------
+    # "none": local mode, one implicit admin user `local`, loopback only. "required": team
+    # mode, every API call and page needs a session or a personal API token.
+    auth: Literal["none", "required"] = "none"
+    # Signs session cookies; team mode refuses to start without a strong one (>= 32 chars).
+    secret_key: str | None = None
+    session_ttl_s: float = Field(7 * 86400.0, gt=0)
+    # Secure flag on the session cookie: None = set it when the request came over https.
+    cookie_secure: bool | None = None
+    # Extra origins (scheme://host[:port]) accepted for cookie-authenticated writes, for a
+    # reverse proxy that rewrites the Host header. The request's own Host is always accepted.
+    trusted_origins: list[str] = []
+    # Login throttling: this many failures per username or per client address within the
+    # window, and further attempts are refused (429) until the window has passed.
+    login_max_failures: int = Field(10, ge=1)
+    login_window_s: float = Field(300.0, gt=0)
+    password_min_length: int = Field(10, ge=1)
+    # argon2id cost (RFC 9106 "second recommended option" by default).
+    argon2_time_cost: int = Field(3, ge=1)
+    argon2_memory_kib: int = Field(65536, ge=8)
+    argon2_parallelism: int = Field(4, ge=1)
+    # Per-user limits for users without their own (None: no limit beyond max_world_size).
+    default_max_concurrent_runs: int | None = Field(None, ge=0)
+    default_user_max_world_size: int | None = Field(None, ge=1)
+    # A token's last_used_at is written at most this often.
+    token_touch_s: float = Field(60.0, ge=0)
 
     @property
     def db_url(self) -> str:

@@ -30,12 +30,17 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-# Ring: a received chunk is split into segments so the reduction of one segment overlaps the
-# transfer of the next (what gloo's own ring does).
-RING_SEGMENT_BYTES = 1 << 20
-# Trace labels: the benchmark's ranks form one axis; point-to-point records get their own group
-# key so the per-group sequence numbers of the collectives stay aligned across ranks.
-AXIS, P2P_GROUP = "world", "p2p"
+# Ring: chunks travel in segments so that reducing and forwarding one segment overlaps the
+# transfer of the next (what gloo's own ring does). Larger segments mean fewer blocking waits,
+# which matters on an oversubscribed host: 4 MiB measured best of 1/2/4/unsegmented at 16 MiB.
+RING_SEGMENT_BYTES = 4 << 20
+# Trace labels (docs/trace-schema.md): the benchmark's ranks are the process group `pg:world`;
+# each point-to-point pair is its own sequence-number domain, `pg:world:p2p:<lo>-<hi>`.
+AXIS = "pg:world"
+
+
+def p2p_group(a: int, b: int) -> str:
+    return f"{AXIS}:p2p:{min(a, b)}-{max(a, b)}"
 
 # Receive buffers are views of one cached workspace per (dtype, device), grown on demand: a fresh
 # multi-MiB buffer per call costs its page faults (about 1.4 ms for 8 MiB on the dev host), which
@@ -75,8 +80,8 @@ class _Ctx:
     def record(self, stack: contextlib.ExitStack, op: str, peer: int, numel: int, step: int):
         if self.tracer is not None:
             stack.enter_context(self.tracer.comm(
-                op, payload_bytes=numel * self.elsize, group_size=2, axis=AXIS, group=P2P_GROUP,
-                peer=self.glob(peer),
+                op, payload_bytes=numel * self.elsize, group_size=2, axis=AXIS,
+                group=p2p_group(self.glob(self.rank), self.glob(peer)), peer=peer,
                 algorithm=self.algorithm, algo_step=step, **self.extra))
 
     def exchange(self, step: int, sends: list[tuple[int, torch.Tensor]],

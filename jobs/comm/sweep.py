@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from jobs import commbytes
 from jobs.comm import allreduce
-from jobs.comm.allreduce import AXIS, P2P_GROUP
+from jobs.comm.allreduce import AXIS, p2p_group
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "float64": torch.float64, "int32": torch.int32}
@@ -185,9 +185,11 @@ def _send_recv_case(count, S, dtype, device, group, rank, n, mine) -> Case:
         with contextlib.ExitStack() as st:
             if tr is not None:
                 st.enter_context(tr.comm("send", payload_bytes=S, group_size=2, axis=AXIS,
-                                         group=P2P_GROUP, peer=glob(right), algorithm="builtin"))
+                                         group=p2p_group(glob(rank), glob(right)), peer=right,
+                                         algorithm="builtin"))
                 st.enter_context(tr.comm("recv", payload_bytes=S, group_size=2, axis=AXIS,
-                                         group=P2P_GROUP, peer=glob(left), algorithm="builtin"))
+                                         group=p2p_group(glob(rank), glob(left)), peer=left,
+                                         algorithm="builtin"))
             works = [dist.irecv(out, glob(left), group=group),
                      dist.isend(mine, glob(right), group=group)]
             for w in works:

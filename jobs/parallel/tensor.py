@@ -162,11 +162,13 @@ def apply_native_tensor_parallel(model: nn.Module, tp_mesh, *,
         plan = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(),
                 "attn.v": ColwiseParallel(), "attn.proj": RowwiseParallel(output_layouts=row_out),
                 "mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel(output_layouts=row_out)}
+        # The attention / MLP input as one DTensor: q, k and v then share a single backward
+        # all-reduce (f) instead of one each (DTensor sums their Partial gradients first).
+        src = Shard(1) if sequence_parallel else Replicate()
+        to_rep = PrepareModuleInput(input_layouts=(src,), desired_input_layouts=(Replicate(),))
+        plan.update({"attn": to_rep, "mlp": to_rep})
         if sequence_parallel:
-            to_rep = PrepareModuleInput(input_layouts=(Shard(1),),
-                                        desired_input_layouts=(Replicate(),))
-            plan.update({"ln1": SequenceParallel(), "ln2": SequenceParallel(),
-                         "attn": to_rep, "mlp": to_rep})
+            plan.update({"ln1": SequenceParallel(), "ln2": SequenceParallel()})
         parallelize_module(blk, tp_mesh, plan)
     if sequence_parallel:
         if getattr(model, "embed", None) is not None:

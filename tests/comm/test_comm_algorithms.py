@@ -92,7 +92,8 @@ def test_seed_table_from_records(fake_runs, case):
     assert_seed_table(recs, name, world, numel * 4, placement)
     for rank_recs in recs.values():
         for r in rank_recs:
-            assert r["group_size"] == 2 and r["axis"] == "world" and r["group"] == "p2p"
+            assert r["group_size"] == 2 and r["axis"] == "pg:world"
+            assert r["group"].startswith("pg:world:p2p:")
             assert (r.get("placement") == placement) == (name == "ps")
 
 
@@ -108,3 +109,68 @@ def test_errors(fake_runs):
     assert "power-of-two" in errors[1] and "got 6" in errors[1]
     assert "dedicated parameter server needs >= 3 ranks" in errors[2]
     assert "placement" in errors[3]
+
+
+GLOO_SCRIPT = r"""
+import contextlib, sys
+import torch, torch.distributed as dist
+from jobs.comm import allreduce
+
+class Null:
+    @contextlib.contextmanager
+    def comm(self, op, **kw):
+        yield
+    @contextlib.contextmanager
+    def span(self, name, cat="compute", **kw):
+        yield
+
+dist.init_process_group("gloo")
+r = dist.get_rank()
+n = dist.get_world_size()
+bad = []
+def check(name, x, tracer=None, **kw):
+    ref = x.clone()
+    dist.all_reduce(ref)
+    fn = allreduce.get_algorithm(name, **kw)
+    fn(x, tracer=tracer)
+    if not torch.equal(x, ref):
+        bad.append((name, tuple(x.shape), kw, tracer is not None, allreduce.RING_SEGMENT_BYTES))
+
+for seg in (4, 64, 4096):  # many segments per chunk: the pipelined ring's forwarding
+    allreduce.RING_SEGMENT_BYTES = seg
+    for numel in (1, 2, 7, 1000, 12289):
+        if seg == 4 and numel > 1000:
+            continue
+        for traced in (None, Null()):
+            x = (torch.arange(numel, dtype=torch.float32) * 7 + r * 3) % 11 + 1
+            check("ring", x, traced)
+for name, kw in [("naive", {}), ("tree", {}), ("ring", {}), ("ps", {"ps_placement": "rank0"}),
+                 ("ps", {"ps_placement": "dedicated"})]:
+    for dtype in (torch.float32, torch.bfloat16, torch.int32):
+        x = ((torch.arange(60) * 7 + r * 3) % 11 + 1).to(dtype).view(6, 10).t()  # not contiguous
+        if name == "ps" and kw["ps_placement"] == "dedicated" and r == n - 1:
+            x.zero_()
+        check(name, x, **kw)
+        assert x.stride() == (1, 10)
+print("BAD", bad, flush=True)
+dist.destroy_process_group()
+sys.exit(1 if bad else 0)
+"""
+
+
+def test_on_gloo_segments_layouts_and_dtypes(tmp_path):
+    """Real data on 3 gloo ranks: the pipelined ring with many segments per chunk (traced and
+    untraced), and every algorithm on non-contiguous bf16 / int32 / fp32 tensors."""
+    script = tmp_path / "worker.py"
+    script.write_text(GLOO_SCRIPT)
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3",
+         "--master-addr", "127.0.0.1", "--master-port", str(port), str(script)],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("BAD []") == 3

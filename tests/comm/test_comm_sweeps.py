@@ -22,9 +22,11 @@ from jobs import commbytes
 from jobs.collective_bench import main as bench_main
 from jobs.spec import COLLECTIVE_OPS
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 # 3072 B and 196608 B of float32: 768 and 49152 elements, divisible by 2, 3 and 4
-SWEEP = {"min_bytes": 3072, "max_bytes": 196608, "factor": 64, "warmup": 1, "iters": 2}
+SWEEP = {"min_bytes": 3072, "max_bytes": 196608, "factor": 64, "warmup": 0, "iters": 2}
 ALGOS = ["builtin", "naive", "ps", "ring", "tree", "butterfly"]
 
 

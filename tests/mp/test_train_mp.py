@@ -98,4 +98,6 @@ def test_preset_matches_single_process(name, tmp_path):
     axes = set().union(*(v.keys() for v in summary["bytes_by_axis"].values()))
     want = {a for a, n in (("tp", spec.parallel.tp), ("pp", spec.parallel.pp),
                            ("dp", spec.parallel.dp)) if n > 1}
+    if spec.parallel.engine == "native" and spec.parallel.pp > 1:
+        want.discard("dp")  # FSDP2 traffic is not captured under pipelining (threed.py)
     assert want <= axes

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from jobs.models import gpt
 from jobs.parallel import tensor
+from jobs.parallel.threed import FuncolRecorder
 from jobs.spec import ModelSpec
 from jobs.trace import Tracer
 
@@ -48,7 +49,6 @@ def main(out: Path):
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     group = dist.new_group(list(range(size)))
-    ref = train(gpt.build(MS, 0), None or [], lambda: None) if False else None
     m0 = gpt.build(MS, 0)
     train(m0, m0.parameters(), lambda: None)
     ref_sd = {k: v.detach() for k, v in m0.named_parameters()}
@@ -65,9 +65,11 @@ def main(out: Path):
         from torch.distributed.device_mesh import init_device_mesh
         mesh = init_device_mesh("cpu", (size,), mesh_dim_names=("tp",))
         m = tensor.apply_native_tensor_parallel(gpt.build(MS, 0), mesh, sequence_parallel=sp)
-        train(m, m.parameters(), lambda: None)
+        tracer = Tracer(out / ("native-" + name), rank, size, meta={"backend": "gloo"})
+        with FuncolRecorder(tracer, "tp"):
+            train(m, m.parameters(), lambda: None)
+        tracer.close()
         res["native-" + name] = rel_err(m, ref_sd, rank, size)
-    del ref
     allres = [None] * size
     dist.all_gather_object(allres, res)
     if rank == 0:

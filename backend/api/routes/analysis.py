@@ -1,5 +1,89 @@
-"""Analysis of finished runs: metrics tables and trace export (filled in by issue 5)."""
+"""Analysis of finished runs: metrics tables and trace export (issue 5).
 
-from fastapi import APIRouter
+The worker runs `jobs.analysis.write_analysis` after the job and uploads `analysis.json` and
+`trace.perfetto.json` with the run's other files; these routes serve them. Definitions of every
+table and metric: docs/analysis.md.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from fastapi import APIRouter, HTTPException, Query
+from fastapi.responses import FileResponse, Response
+
+from backend.api.deps import RunDep, SettingsDep
+from backend.storage import resolve_run_path
+from jobs.analysis import ANALYSIS_FILE, PERFETTO_FILE, TABLES, tables_to_csv
 
 router = APIRouter(prefix="/api", tags=["analysis"])
+
+_TABLE_DOC = f"one table: {', '.join(TABLES)}"
+
+
+def _bad_query(field: str, msg: str) -> HTTPException:
+    return HTTPException(422, [{"loc": ["query", field], "msg": msg, "type": "value_error"}])
+
+
+def _check_table(table: str | None) -> None:
+    if table is not None and table not in TABLES:
+        raise _bad_query("table", f"unknown table {table!r} (tables: {', '.join(TABLES)})")
+
+
+def _run_file(settings, run, name: str, what: str):
+    path = resolve_run_path(settings.runs_dir, run.id, name)
+    if not path.is_file():
+        raise HTTPException(404, f"run {run.id} has no {what} yet (status {run.status}): the "
+                                 "worker writes it when the job ends")
+    return path
+
+
+def load_analysis(settings, run) -> dict:
+    path = _run_file(settings, run, ANALYSIS_FILE, "analysis")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise HTTPException(500, f"run {run.id}: stored analysis is unreadable ({exc})") from exc
+
+
+@router.get("/runs/{run_id}/metrics")
+def get_metrics(run: RunDep, settings: SettingsDep,
+                table: str | None = Query(None, description=_TABLE_DOC)) -> dict:
+    """The run's analysis (headline, tables, warnings), or one table's rows with `?table=`."""
+    _check_table(table)
+    analysis = load_analysis(settings, run)
+    if table is None:
+        return analysis
+    return {"run_id": run.id, "table": table,
+            "rows": (analysis.get("tables") or {}).get(table, [])}
+
+
+@router.get("/runs/{run_id}/export")
+def export_run(run: RunDep, settings: SettingsDep,
+               format: Literal["perfetto", "json", "csv"] = Query(
+                   "perfetto", description="perfetto: Chrome-trace JSON of the whole run; json: "
+                   "the tables (or one); csv: one table"),
+               table: str | None = Query(None, description=_TABLE_DOC + " (required for csv)"),
+               ) -> Response:
+    """Download the Perfetto trace, the tables as JSON, or one table as CSV."""
+    _check_table(table)
+    if format == "perfetto":
+        path = _run_file(settings, run, PERFETTO_FILE, "Perfetto trace")
+        return FileResponse(path, media_type="application/json",
+                            filename=f"paralab-{run.id}.perfetto.json")
+    if format == "csv" and table is None:
+        raise _bad_query("table", "required for format=csv: " + _TABLE_DOC)
+    analysis = load_analysis(settings, run)
+    tables = analysis.get("tables") or {}
+    if format == "csv":
+        body, media, name = tables_to_csv({table: tables.get(table, [])}, table), "text/csv", \
+            f"paralab-{run.id}-{table}.csv"
+    elif table is not None:
+        body, media, name = json.dumps(tables.get(table, [])), "application/json", \
+            f"paralab-{run.id}-{table}.json"
+    else:
+        body, media, name = json.dumps(analysis), "application/json", \
+            f"paralab-{run.id}-analysis.json"
+    return Response(body, media_type=media,
+                    headers={"Content-Disposition": f'attachment; filename="{name}"'})

@@ -1,30 +1,81 @@
-"""Runs: submit, list, inspect, cancel, logs (text and SSE), files."""
+"""Runs: submit, list, inspect, edit, cancel, delete, star, logs (text and SSE), files.
+Who may do what is decided in backend/permissions.py."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, HTTPException, Query, Request
 from fastapi.responses import FileResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from backend import crud, services
+from backend import crud, permissions, services
 from backend.api.deps import DbDep, RunDep, SettingsDep, UserDep
-from backend.api.schemas import FileOut, RunOut, RunPage
+from backend.api.schemas import FileOut, RunOut
+from backend.auth import Principal, audit, client_address
 from backend.core.db import get_sessionmaker
-from backend.models import FINISHED
+from backend.models import FINISHED, Run, RunTag, Star
 from backend.storage import resolve_run_path
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
+
+
+class RunView(RunOut):
+    """A run as the caller sees it: `can_modify` says whether they may cancel, edit and delete
+    it (the dashboard shows those buttons only then); `starred` is their own star."""
+
+    can_modify: bool = False
+    starred: bool = False
+
+
+class RunViewPage(BaseModel):
+    items: list[RunView]
+    next_cursor: str | None = Field(None, description="pass as ?cursor= for the next page")
+
+
+class RunPatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = Field(None, min_length=1, max_length=200)
+    tags: list[str] | None = Field(None, max_length=20)
+    notes: str | None = Field(None, max_length=100_000)
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, v):
+        if v is None:
+            return v
+        v = [t.strip() for t in v]
+        if not all(1 <= len(t) <= 64 for t in v):
+            raise ValueError("tags: must be a list of at most 20 strings of 1-64 characters")
+        return list(dict.fromkeys(v))
+
+
+def _starred(db: Session, user: Principal, run_ids: list[str]) -> set[str]:
+    if not run_ids:
+        return set()
+    return set(db.scalars(select(Star.run_id).where(Star.user_id == user.id,
+                                                    Star.run_id.in_(run_ids))))
+
+
+def view(db: Session, user: Principal, run: Run, *, full: bool = True,
+         starred: set[str] | None = None) -> RunView:
+    if starred is None:
+        starred = _starred(db, user, [run.id])
+    return RunView(**RunOut.of(run, full=full).model_dump(),
+                   can_modify=permissions.can_modify_run(user, run), starred=run.id in starred)
 
 _SPEC_EXAMPLE = {"preset": "ddp", "name": "my first run", "train": {"steps": 5},
                  "tags": ["demo"], "notes": ""}
 
 
-@router.post("", status_code=201, response_model=RunOut)
+@router.post("", status_code=201, response_model=RunView)
 def submit_run(
-    db: DbDep, settings: SettingsDep, user: UserDep,
+    request: Request, db: DbDep, settings: SettingsDep, user: UserDep,
     body: Annotated[dict[str, Any], Body(
         description="A job spec, or {\"preset\": NAME, ...overrides} (nested fields merged); "
                     "optional run metadata `tags` (list of strings) and `notes`.",
@@ -32,13 +83,14 @@ def submit_run(
     force: bool = Query(False, description="submit even if predicted memory exceeds what the "
                         "workers report"),
 ) -> RunOut:
-    run = services.submit(db, settings, body, owner=user, force=force)
-    return RunOut.of(run)
+    run = services.submit(db, settings, body, owner=user, force=force,
+                          client=client_address(request))
+    return view(db, user, run, starred=set())
 
 
-@router.get("", response_model=RunPage)
+@router.get("", response_model=RunViewPage)
 def list_runs(
-    db: DbDep,
+    db: DbDep, user: UserDep,
     status: str | None = Query(None, description="comma-separated statuses"),
     strategy: str | None = Query(None, description="comma-separated strategy labels"),
     owner: str | None = None,
@@ -47,26 +99,95 @@ def list_runs(
     sort: str = Query("-created_at", pattern=r"^-?(created_at|name|status|strategy|world_size)$"),
     cursor: str | None = None,
     limit: int = Query(50, ge=1, le=500),
-) -> RunPage:
+) -> RunViewPage:
     f = crud.RunFilter(status=status, strategy=strategy, owner=owner, tag=tag, q=q)
     try:
         rows, nxt = crud.list_runs(db, f, sort=sort, cursor=cursor, limit=limit)
     except ValueError as exc:
         raise HTTPException(422, [{"loc": ["query", "cursor"], "msg": str(exc),
                                    "type": "value_error"}]) from exc
-    return RunPage(items=[RunOut.of(r, full=False) for r in rows], next_cursor=nxt)
+    starred = _starred(db, user, [r.id for r in rows])
+    return RunViewPage(items=[view(db, user, r, full=False, starred=starred) for r in rows],
+                       next_cursor=nxt)
 
 
-@router.get("/{run_id}", response_model=RunOut)
-def get_run(run: RunDep) -> RunOut:
-    return RunOut.of(run)
+@router.get("/{run_id}", response_model=RunView)
+def get_run(db: DbDep, run: RunDep, user: UserDep) -> RunView:
+    return view(db, user, run)
 
 
-@router.post("/{run_id}/cancel", response_model=RunOut)
-def cancel_run(db: DbDep, run: RunDep, settings: SettingsDep) -> RunOut:
+@router.patch("/{run_id}", response_model=RunView)
+def edit_run(request: Request, db: DbDep, run: RunDep, user: UserDep, body: RunPatch) -> RunView:
+    """Change a run's name, tags or notes (stored and returned literally)."""
+    permissions.require_modify_run(user, run, "edit")
+    changes = body.model_dump(exclude_unset=True, exclude_none=True)
+    before = {k: ([t.tag for t in run.tags] if k == "tags" else getattr(run, k))
+              for k in changes}
+    if "name" in changes:
+        run.name = changes["name"]
+    if "notes" in changes:
+        run.notes = changes["notes"]
+    if "tags" in changes:
+        want = changes["tags"]
+        for t in list(run.tags):
+            if t.tag not in want:
+                run.tags.remove(t)
+        have = {t.tag for t in run.tags}
+        run.tags.extend(RunTag(tag=t) for t in want if t not in have)
+    audit(db, user.username, "run.edit", run.id,
+          {"owner": run.owner, "fields": sorted(changes),
+           **({"tags": {"before": before["tags"], "after": changes["tags"]}}
+              if "tags" in changes else {}),
+           **({"name": {"before": before["name"], "after": changes["name"]}}
+              if "name" in changes else {})},
+          client_address(request), commit=False)
+    db.commit()
+    db.refresh(run)
+    return view(db, user, run)
+
+
+@router.delete("/{run_id}", status_code=204)
+def delete_run(request: Request, db: DbDep, run: RunDep, user: UserDep,
+               settings: SettingsDep) -> None:
+    """Remove a finished run from the history, with its logs and files."""
+    permissions.require_modify_run(user, run, "delete")
+    if run.status not in FINISHED:
+        raise HTTPException(409, f"run {run.id} is {run.status}; cancel it first")
+    run_id, detail = run.id, {"owner": run.owner, "name": run.name, "status": run.status}
+    audit(db, user.username, "run.delete", run_id, detail, client_address(request),
+          commit=False)
+    db.commit()
+    crud.delete_run(db, run_id)
+    folder = (settings.runs_dir / run_id).resolve()
+    if folder.parent == settings.runs_dir and folder.is_dir():
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@router.put("/{run_id}/star")
+def star_run(db: DbDep, run: RunDep, user: UserDep) -> dict:
+    if db.get(Star, (user.id, run.id)) is None:
+        db.add(Star(user_id=user.id, run_id=run.id))
+        db.commit()
+    return {"run_id": run.id, "starred": True}
+
+
+@router.delete("/{run_id}/star")
+def unstar_run(db: DbDep, run: RunDep, user: UserDep) -> dict:
+    star = db.get(Star, (user.id, run.id))
+    if star is not None:
+        db.delete(star)
+        db.commit()
+    return {"run_id": run.id, "starred": False}
+
+
+@router.post("/{run_id}/cancel", response_model=RunView)
+def cancel_run(request: Request, db: DbDep, run: RunDep, settings: SettingsDep,
+               user: UserDep) -> RunView:
+    permissions.require_modify_run(user, run, "cancel")
     if run.status in FINISHED:
         raise HTTPException(409, f"run {run.id} already {run.status}")
-    return RunOut.of(services.cancel(db, settings, run))
+    run = services.cancel(db, settings, run, actor=user.username, client=client_address(request))
+    return view(db, user, run)
 
 
 @router.get("/{run_id}/logs", response_class=PlainTextResponse)

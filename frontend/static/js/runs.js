@@ -1,80 +1,143 @@
-// The runs page: submit form, live table, log of the selected run. Only textContent is used
-// for data, so names and logs are always shown literally.
-import { api, formatErrors } from "./api.js";
+// The runs page: the shared history with filters, text search, sort, cursor paging, selection
+// for compare and cancel. Filters and sort live in the URL, so a filtered view can be shared.
+import { api } from "./api.js";
+import { $, degrees, el, fmtBytes, fmtDate, fmtPct, fmtSeconds, headline, statusBadge }
+  from "./dom.js";
 
-const tbody = document.querySelector("#runs tbody");
-let stream = null;
+const tbody = $("#runs tbody");
+const selected = new Map(); // id -> name
+const params = new URLSearchParams(location.search);
+const state = {
+  q: params.get("q") || "", status: params.get("status") || "",
+  strategy: params.get("strategy") || "", owner: params.get("owner") || "",
+  tag: params.get("tag") || "", sort: params.get("sort") || "-created_at",
+  limit: Number(params.get("limit")) || 50,
+};
+let cursors = [null]; // cursor of each page visited; the last one is the current page
+let nextCursor = null;
 
-function cell(text, cls) {
-  const td = document.createElement("td");
-  td.textContent = text ?? "";
-  if (cls) td.className = cls;
+function syncUrl() {
+  const p = new URLSearchParams();
+  for (const [k, v] of Object.entries(state)) {
+    if (v && !(k === "sort" && v === "-created_at") && !(k === "limit" && v === 50)) p.set(k, v);
+  }
+  history.replaceState(null, "", p.toString() ? `/?${p}` : "/");
+}
+
+function cell(content, cls) {
+  const td = el("td", { class: cls });
+  td.append(content instanceof Node ? content : document.createTextNode(content ?? ""));
   return td;
 }
 
-async function loadPresets() {
-  const sel = document.getElementById("preset");
-  for (const p of await api.presets()) {
-    const opt = document.createElement("option");
-    opt.value = p.name;
-    opt.textContent = `${p.name} — ${p.title}${p.available ? "" : " (not available yet)"}`;
-    opt.disabled = !p.available;
-    sel.appendChild(opt);
+function row(r) {
+  const h = headline(r);
+  const check = el("input", { type: "checkbox", "aria-label": `select run ${r.id}`,
+    class: "pick", dataset: { runId: r.id } });
+  check.checked = selected.has(r.id);
+  check.addEventListener("change", () => {
+    if (check.checked) selected.set(r.id, r.name); else selected.delete(r.id);
+    updateCompare();
+  });
+  const name = el("a", { href: `/runs/${encodeURIComponent(r.id)}`, class: "run-name",
+    text: r.name });
+  const tags = el("span", {}, ...r.tags.map((t) => el("span", { class: "tag", text: t })));
+  const actions = el("td");
+  if (r.status === "queued" || r.status === "running") {
+    actions.append(el("button", { type: "button", class: "small cancel", text: "cancel",
+      onclick: async (ev) => {
+        ev.target.disabled = true;
+        try { await api.cancel(r.id); } catch (e) { $("#list-error").textContent = e.message; }
+        load();
+      } }));
   }
-  sel.value = "ddp";
+  const tr = el("tr", { dataset: { runId: r.id, status: r.status } },
+    cell(check), cell(el("span", {}, name, el("span", { class: "muted id", text: ` ${r.id}` }))),
+    cell(statusBadge(r.status)), cell(r.strategy), cell(`${degrees(r)} (${r.world_size})`),
+    cell(r.owner), cell(tags), cell(fmtSeconds(h.step_time_s), "num"),
+    cell(fmtBytes(h.peak_memory_bytes), "num"), cell(fmtPct(h.bubble_fraction, true), "num"),
+    cell(fmtPct(h.overlap_pct), "num"), cell(fmtDate(r.created_at)), actions);
+  return tr;
 }
 
-async function refresh() {
-  const page = await api.runs({ limit: 50 });
-  tbody.replaceChildren(...page.items.map((r) => {
-    const tr = document.createElement("tr");
-    tr.dataset.runId = r.id;
-    tr.append(cell(r.id), cell(r.name), cell(r.strategy), cell(r.world_size),
-      cell(r.status, `status status-${r.status}`), cell(new Date(r.created_at).toLocaleString()));
-    const actions = document.createElement("td");
-    const show = document.createElement("button");
-    show.textContent = "log";
-    show.addEventListener("click", () => showRun(r.id, r.name));
-    actions.appendChild(show);
-    if (r.status === "queued" || r.status === "running") {
-      const cancel = document.createElement("button");
-      cancel.textContent = "cancel";
-      cancel.addEventListener("click", async () => { await api.cancel(r.id); refresh(); });
-      actions.appendChild(cancel);
-    }
-    tr.appendChild(actions);
-    return tr;
-  }));
+function updateCompare() {
+  const btn = $("#compare-btn");
+  const n = selected.size;
+  btn.disabled = n < 2 || n > 4;
+  btn.textContent = n ? `Compare selected (${n})` : "Compare selected";
+  btn.title = "select 2 to 4 runs";
 }
 
-function showRun(id, name) {
-  document.getElementById("run-detail").hidden = false;
-  document.getElementById("detail-title").textContent = `Run ${id}: ${name}`;
-  const pre = document.getElementById("detail-log");
-  pre.textContent = "";
-  if (stream) stream.close();
-  stream = api.logStream(id);
-  stream.onmessage = (ev) => { pre.textContent += ev.data + "\n"; };
-  stream.addEventListener("end", () => { stream.close(); refresh(); });
-}
-
-document.getElementById("new-run").addEventListener("submit", async (ev) => {
-  ev.preventDefault();
-  const err = document.getElementById("form-error");
-  err.textContent = "";
-  const spec = { preset: document.getElementById("preset").value,
-    train: { steps: Number(document.getElementById("steps").value) } };
-  const name = document.getElementById("run-name").value.trim();
-  if (name) spec.name = name;
+async function load() {
+  const cursor = cursors[cursors.length - 1];
+  const query = { ...state, cursor };
+  const t0 = performance.now();
   try {
-    const run = await api.submit(spec);
-    await refresh();
-    showRun(run.id, run.name);
+    const page = await api.runs(query);
+    tbody.replaceChildren(...page.items.map(row));
+    if (!page.items.length) {
+      tbody.append(el("tr", {}, el("td", { colspan: 13, class: "muted", text: "no runs" })));
+    }
+    nextCursor = page.next_cursor;
+    $("#list-error").textContent = "";
+    $("#page-info").textContent = `page ${cursors.length} · ${page.items.length} runs · ` +
+      `${Math.round(performance.now() - t0)} ms`;
   } catch (e) {
-    err.textContent = formatErrors(e.detail);
+    $("#list-error").textContent = e.message;
   }
-});
+  $("#next").disabled = !nextCursor;
+  $("#prev").disabled = $("#first").disabled = cursors.length < 2;
+  for (const th of document.querySelectorAll("th[data-sort]")) {
+    const key = th.dataset.sort;
+    th.classList.toggle("sorted", state.sort.replace("-", "") === key);
+    th.dataset.dir = state.sort === key ? "asc" : state.sort === `-${key}` ? "desc" : "";
+  }
+}
 
-await loadPresets();
-await refresh();
-setInterval(refresh, 2000);
+function restart() {
+  cursors = [null];
+  syncUrl();
+  load();
+}
+
+async function init() {
+  const strategies = new Set(["single"]);
+  try { for (const p of await api.presets()) strategies.add(p.strategy); } catch { /* offline */ }
+  const sel = $("#f-strategy");
+  for (const s of [...strategies].sort()) sel.append(el("option", { value: s, text: s }));
+  $("#q").value = state.q;
+  $("#f-status").value = state.status;
+  sel.value = state.strategy;
+  $("#f-owner").value = state.owner;
+  $("#f-tag").value = state.tag;
+  $("#limit").value = String(state.limit);
+  $("#filters").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    Object.assign(state, { q: $("#q").value.trim(), status: $("#f-status").value,
+      strategy: sel.value, owner: $("#f-owner").value.trim(), tag: $("#f-tag").value.trim() });
+    restart();
+  });
+  for (const id of ["#f-status", "#f-strategy"]) {
+    $(id).addEventListener("change", () => $("#filters").requestSubmit());
+  }
+  $("#limit").addEventListener("change", () => { state.limit = Number($("#limit").value); restart(); });
+  for (const th of document.querySelectorAll("th[data-sort]")) {
+    th.tabIndex = 0;
+    th.addEventListener("click", () => {
+      const key = th.dataset.sort;
+      state.sort = state.sort === `-${key}` ? key : `-${key}`;
+      restart();
+    });
+  }
+  $("#next").addEventListener("click", () => { if (nextCursor) { cursors.push(nextCursor); load(); } });
+  $("#prev").addEventListener("click", () => { if (cursors.length > 1) { cursors.pop(); load(); } });
+  $("#first").addEventListener("click", () => { cursors = [null]; load(); });
+  $("#compare-btn").addEventListener("click", () => {
+    location.href = `/compare?ids=${[...selected.keys()].map(encodeURIComponent).join(",")}`;
+  });
+  updateCompare();
+  await load();
+  setInterval(() => { if (!document.hidden) load(); }, 4000);
+}
+
+init();

@@ -1,0 +1,201 @@
+"""Login, logout, who am I, personal API tokens, own password; and the /login page."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from backend import auth
+from backend.api.deps import DbDep, SettingsDep, UserDep
+from backend.core import security
+from backend.models import ApiToken, User
+
+router = APIRouter(prefix="/api/auth", tags=["accounts"])
+pages = APIRouter(include_in_schema=False)
+LOGIN_PAGE = Path(__file__).resolve().parents[3] / "frontend" / "templates" / "login.html"
+_FAILED = "invalid username or password"
+
+
+class LoginIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    username: str = Field(min_length=1, max_length=200)
+    password: str = Field(min_length=1, max_length=1024)
+    next: str | None = Field(None, max_length=2000)
+
+
+class TokenIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=100)
+    expires_days: float | None = Field(None, gt=0, le=3650)
+
+
+class TokenOut(BaseModel):
+    id: int
+    name: str
+    prefix: str
+    created_at: datetime
+    last_used_at: datetime | None
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    username: str | None = None
+
+    @classmethod
+    def of(cls, row: ApiToken, username: str | None = None) -> TokenOut:
+        return cls(id=row.id, name=row.name, prefix=row.prefix, created_at=row.created_at,
+                   last_used_at=row.last_used_at, expires_at=row.expires_at,
+                   revoked_at=row.revoked_at, username=username)
+
+
+class NewTokenOut(TokenOut):
+    token: str = Field(description="shown once; store it now (e.g. PARALAB_TOKEN)")
+
+
+class PasswordIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    current_password: str = Field(min_length=1, max_length=1024)
+    new_password: str = Field(min_length=1, max_length=1024)
+
+
+def _cookie_secure(request: Request, settings) -> bool:
+    if settings.cookie_secure is not None:
+        return settings.cookie_secure
+    return request.url.scheme == "https"
+
+
+@router.post("/login")
+async def login(request: Request, body: LoginIn, settings: SettingsDep) -> JSONResponse:
+    """Start a browser session (HttpOnly, SameSite=Strict cookie). Failures say the same thing
+    whether or not the user exists; repeated failures per username or address are throttled."""
+    if settings.auth != "required":
+        return JSONResponse({"username": auth.LOCAL_USERNAME, "role": "admin", "mode": "local",
+                             "next": auth.safe_next(body.next)})
+    if security.origin_allowed(dict(request.headers), request.url.scheme,
+                               settings.trusted_origins) is False:
+        raise HTTPException(403, "cross-site login refused (Origin)")
+    throttle: security.LoginThrottle = request.app.state.login_throttle
+    client = auth.client_address(request)
+    keys = [f"user:{body.username.strip().lower()}", f"addr:{client}"]
+    wait = throttle.retry_after(keys)
+    if wait > 0:
+        return JSONResponse({"detail": "too many failed logins; try again later"}, 429,
+                            headers={"Retry-After": str(int(wait) + 1)})
+    result = await run_in_threadpool(_check_login, settings, body, client)
+    if result is None:
+        throttle.failed(keys)
+        return JSONResponse({"detail": _FAILED}, 401)
+    throttle.succeeded([keys[0]])
+    raw, user = result
+    resp = JSONResponse({"username": user.username, "role": user.role, "mode": "team",
+                         "next": auth.safe_next(body.next)})
+    resp.set_cookie(security.SESSION_COOKIE, security.sign_cookie(settings.secret_key, raw),
+                    max_age=int(settings.session_ttl_s), path="/", httponly=True,
+                    samesite="strict", secure=_cookie_secure(request, settings))
+    return resp
+
+
+def _check_login(settings, body: LoginIn, client: str) -> tuple[str, User] | None:
+    from backend.core.db import get_sessionmaker
+    with get_sessionmaker(settings.db_url)() as db:
+        name = body.username.strip().lower()
+        user = auth.get_user(db, name)
+        usable = user is not None and user.is_active and user.password_hash.startswith("$")
+        ok = security.verify_password(settings, user.password_hash if usable else None,
+                                      body.password)
+        if not ok:
+            # The entry names what was typed, never whether such a user exists.
+            auth.audit(db, "anonymous", "auth.login_failed", None,
+                       {"username": body.username[:100]}, client)
+            return None
+        if security.needs_rehash(settings, user.password_hash):
+            user.password_hash = security.hash_password(settings, body.password)
+        raw, _ = auth.create_credential(db, user, kind="session", name=f"session {client}",
+                                        ttl_s=settings.session_ttl_s)
+        return raw, user
+
+
+@router.post("/logout", status_code=204)
+def logout(request: Request, db: DbDep, settings: SettingsDep, user: UserDep) -> Response:
+    """End this browser session (the server forgets it; the cookie is cleared)."""
+    if user.via == "session" and user.credential_id is not None:
+        row = db.get(ApiToken, user.credential_id)
+        if row is not None:
+            auth.revoke_credential(db, row)
+    resp = Response(status_code=204)
+    resp.delete_cookie(security.SESSION_COOKIE, path="/", httponly=True, samesite="strict",
+                       secure=_cookie_secure(request, settings))
+    return resp
+
+
+@router.get("/me")
+def me(user: UserDep, settings: SettingsDep) -> dict:
+    """The caller: username, role, per-user limits, and what the role allows."""
+    from backend import permissions
+    return {**user.public(), "mode": "team" if settings.auth == "required" else "local",
+            "can_submit": permissions.can_submit(user),
+            "is_admin": permissions.at_least(user, "admin")}
+
+
+@router.post("/password", status_code=204)
+def change_password(request: Request, db: DbDep, settings: SettingsDep, user: UserDep,
+                    body: PasswordIn) -> Response:
+    row = db.get(User, user.id)
+    if settings.auth != "required" or row is None or not security.verify_password(
+            settings, row.password_hash if row.password_hash.startswith("$") else None,
+            body.current_password):
+        raise HTTPException(403, "current password does not match")
+    try:
+        auth.set_password(db, settings, row, body.new_password, actor=user.username,
+                          client=auth.client_address(request))
+    except ValueError as exc:
+        raise HTTPException(422, [{"loc": ["body", "new_password"], "msg": str(exc),
+                                   "type": "value_error"}]) from exc
+    return Response(status_code=204)
+
+
+@router.get("/tokens", response_model=list[TokenOut])
+def list_tokens(db: DbDep, user: UserDep) -> list[TokenOut]:
+    """Your personal API tokens (never the tokens themselves: only their prefix)."""
+    return [TokenOut.of(t) for t in auth.list_tokens(db, user.id)]
+
+
+@router.post("/tokens", status_code=201, response_model=NewTokenOut)
+def create_token(request: Request, db: DbDep, user: UserDep, body: TokenIn) -> NewTokenOut:
+    """A personal API token for the CLI and scripts (`Authorization: Bearer <token>`), with
+    your role. It is shown in this response only."""
+    row_user = db.get(User, user.id)
+    ttl = body.expires_days * 86400 if body.expires_days else None
+    raw, row = auth.create_credential(db, row_user, kind="api", name=body.name, ttl_s=ttl)
+    auth.audit(db, user.username, "token.create", f"token {row.id}",
+               {"name": row.name, "prefix": row.prefix}, auth.client_address(request))
+    return NewTokenOut(**TokenOut.of(row).model_dump(), token=raw)
+
+
+@router.delete("/tokens/{token_id}", status_code=204)
+def revoke_token(request: Request, db: DbDep, user: UserDep, token_id: int) -> Response:
+    """Revoke a token at once. Your own; admins may revoke anyone's."""
+    from backend import permissions
+    row = db.get(ApiToken, token_id)
+    if row is None or row.kind != "api" or (
+            row.user_id != user.id and not permissions.at_least(user, "admin")):
+        raise HTTPException(404, f"no token {token_id}")
+    auth.revoke_credential(db, row)
+    auth.audit(db, user.username, "token.revoke", f"token {row.id}",
+               {"name": row.name, "prefix": row.prefix, "user_id": row.user_id},
+               auth.client_address(request))
+    return Response(status_code=204)
+
+
+@pages.get("/login")
+def login_page(settings: SettingsDep):
+    if settings.auth != "required":
+        return RedirectResponse("/", 303)
+    return FileResponse(LOGIN_PAGE, headers={
+        "Cache-Control": "no-store",
+        "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
+                                   "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; "
+                                   "form-action 'self'"})

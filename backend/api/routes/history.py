@@ -1,0 +1,138 @@
+"""The shared history around runs: stars, saved comparisons with a shareable link, the audit
+log (admins) and run notes rendered from a safe Markdown subset."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response
+from fastapi.responses import HTMLResponse
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from sqlalchemy import select
+
+from backend import auth, permissions
+from backend.api.deps import DbDep, RunDep, UserDep
+from backend.core.security import render_notes
+from backend.models import Run, SavedComparison, Star
+
+router = APIRouter(prefix="/api", tags=["history"])
+
+
+class ComparisonIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200)
+    run_ids: list[str] = Field(min_length=2, max_length=4)
+
+    @field_validator("run_ids")
+    @classmethod
+    def _distinct(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("run_ids: each run at most once")
+        if not all(1 <= len(x) <= 32 for x in v):
+            raise ValueError("run_ids: run IDs are 1-32 characters")
+        return v
+
+
+class ComparisonOut(BaseModel):
+    id: str
+    name: str
+    owner: str
+    run_ids: list[str]
+    created_at: datetime
+    url: str = Field(description="shareable dashboard link: /compare?ids=...&saved=<id>")
+
+    @classmethod
+    def of(cls, c: SavedComparison) -> ComparisonOut:
+        ids = ",".join(quote(x, safe="") for x in c.run_ids)
+        return cls(id=c.id, name=c.name, owner=c.owner, run_ids=list(c.run_ids),
+                   created_at=c.created_at, url=f"/compare?ids={ids}&saved={c.id}")
+
+
+class AuditOut(BaseModel):
+    id: int
+    ts: datetime
+    actor: str
+    action: str
+    target: str | None
+    detail: dict[str, Any] | None
+    client: str | None
+
+
+@router.get("/stars", response_model=list[str])
+def my_stars(db: DbDep, user: UserDep) -> list[str]:
+    """IDs of the runs you starred, newest star first (PUT/DELETE /api/runs/{id}/star)."""
+    return list(db.scalars(select(Star.run_id).where(Star.user_id == user.id)
+                           .order_by(Star.created_at.desc())))
+
+
+@router.post("/comparisons", status_code=201, response_model=ComparisonOut)
+def save_comparison(db: DbDep, user: UserDep, body: ComparisonIn) -> ComparisonOut:
+    """Save 2-4 runs side by side under a name; `url` is the link to share."""
+    found = set(db.scalars(select(Run.id).where(Run.id.in_(body.run_ids))))
+    missing = [x for x in body.run_ids if x not in found]
+    if missing:
+        raise HTTPException(422, [{"loc": ["body", "run_ids"], "type": "value_error",
+                                   "msg": f"no such runs: {', '.join(missing)}"}])
+    c = SavedComparison(id=secrets.token_hex(8), name=body.name, owner=user.username,
+                        run_ids=body.run_ids)
+    db.add(c)
+    db.commit()
+    return ComparisonOut.of(c)
+
+
+@router.get("/comparisons", response_model=list[ComparisonOut])
+def list_comparisons(db: DbDep, owner: str | None = None,
+                     limit: int = Query(100, ge=1, le=500)) -> list[ComparisonOut]:
+    stmt = select(SavedComparison)
+    if owner:
+        stmt = stmt.where(SavedComparison.owner == owner)
+    rows = db.scalars(stmt.order_by(SavedComparison.created_at.desc()).limit(limit))
+    return [ComparisonOut.of(c) for c in rows]
+
+
+@router.get("/comparisons/{comparison_id}", response_model=ComparisonOut)
+def get_comparison(db: DbDep, comparison_id: str) -> ComparisonOut:
+    c = db.get(SavedComparison, comparison_id)
+    if c is None:
+        raise HTTPException(404, f"no saved comparison {comparison_id!r}")
+    return ComparisonOut.of(c)
+
+
+@router.delete("/comparisons/{comparison_id}", status_code=204)
+def delete_comparison(db: DbDep, user: UserDep, comparison_id: str) -> Response:
+    c = db.get(SavedComparison, comparison_id)
+    if c is None:
+        raise HTTPException(404, f"no saved comparison {comparison_id!r}")
+    if c.owner != user.username:
+        permissions.require_admin(user, "deleting another user's comparison")
+    db.delete(c)
+    db.commit()
+    return Response(status_code=204)
+
+
+@router.get("/audit", response_model=list[AuditOut])
+def audit_log(db: DbDep, user: UserDep,
+              action: str | None = Query(None, description="comma-separated actions"),
+              actor: str | None = None,
+              before: int | None = Query(None, description="entries with a smaller id"),
+              limit: int = Query(100, ge=1, le=1000)) -> list[AuditOut]:
+    """Submissions, cancellations, edits, deletions, user and role changes, tokens and failed
+    logins, newest first (admins only)."""
+    permissions.require_admin(user, "reading the audit log")
+    return [AuditOut(id=e.id, ts=e.ts, actor=e.actor, action=e.action, target=e.target,
+                     detail=e.detail, client=e.client)
+            for e in auth.list_audit(db, action=action, actor=actor, before_id=before,
+                                     limit=limit)]
+
+
+@router.get("/runs/{run_id}/notes.html", response_class=HTMLResponse)
+def notes_html(run: RunDep, request: Request) -> HTMLResponse:
+    """The run's notes as HTML from a Markdown subset (paragraphs, emphasis, code, http(s)
+    links). Everything is escaped before markup is added; served with a CSP that forbids
+    scripts, so even opened directly it cannot run anything."""
+    return HTMLResponse(render_notes(run.notes), headers={
+        "Content-Security-Policy": "default-src 'none'; sandbox",
+        "Cache-Control": "no-store"})

@@ -1,0 +1,119 @@
+"""Users (admin only): create, list, change role / limits / active, reset a password, and see
+or revoke anyone's API tokens. Every change is in the audit log."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from fastapi import APIRouter, HTTPException, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from backend import auth, permissions
+from backend.api.deps import DbDep, SettingsDep, UserDep
+from backend.api.routes.auth import TokenOut
+from backend.models import User
+
+router = APIRouter(prefix="/api/users", tags=["accounts"])
+
+
+class UserOut(BaseModel):
+    username: str
+    role: str
+    is_active: bool
+    max_concurrent_runs: int | None
+    max_world_size: int | None
+    created_at: datetime
+
+    @classmethod
+    def of(cls, u: User) -> UserOut:
+        return cls(username=u.username, role=u.role, is_active=u.is_active,
+                   max_concurrent_runs=u.max_concurrent_runs, max_world_size=u.max_world_size,
+                   created_at=u.created_at)
+
+
+class UserIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    username: str = Field(min_length=1, max_length=64)
+    password: str = Field(min_length=1, max_length=1024)
+    role: str = Field("member", pattern="^(viewer|member|admin)$")
+    max_concurrent_runs: int | None = Field(None, ge=0)
+    max_world_size: int | None = Field(None, ge=1)
+
+
+class UserPatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: str | None = Field(None, pattern="^(viewer|member|admin)$")
+    is_active: bool | None = None
+    max_concurrent_runs: int | None = Field(None, ge=0)
+    max_world_size: int | None = Field(None, ge=1)
+    password: str | None = Field(None, min_length=1, max_length=1024)
+
+
+def _user_or_404(db, username: str) -> User:
+    user = auth.get_user(db, username)
+    if user is None or user.username == auth.LOCAL_USERNAME:
+        raise HTTPException(404, f"no user {username!r}")
+    return user
+
+
+@router.get("", response_model=list[UserOut])
+def list_users(db: DbDep, user: UserDep) -> list[UserOut]:
+    permissions.require_admin(user, "listing users")
+    return [UserOut.of(u) for u in auth.list_users(db)]
+
+
+@router.post("", status_code=201, response_model=UserOut)
+def create_user(request: Request, db: DbDep, settings: SettingsDep, user: UserDep,
+                body: UserIn) -> UserOut:
+    permissions.require_admin(user, "creating users")
+    try:
+        new = auth.create_user(db, settings, body.username, body.password, role=body.role,
+                               max_concurrent_runs=body.max_concurrent_runs,
+                               max_world_size=body.max_world_size, actor=user.username,
+                               client=auth.client_address(request))
+    except ValueError as exc:
+        field = str(exc).split(":", 1)[0]
+        raise HTTPException(422, [{"loc": ["body", field], "msg": str(exc),
+                                   "type": "value_error"}]) from exc
+    return UserOut.of(new)
+
+
+@router.get("/{username}", response_model=UserOut)
+def get_user(db: DbDep, user: UserDep, username: str) -> UserOut:
+    if username != user.username:
+        permissions.require_admin(user, "reading other users")
+    return UserOut.of(_user_or_404(db, username))
+
+
+@router.patch("/{username}", response_model=UserOut)
+def update_user(request: Request, db: DbDep, settings: SettingsDep, user: UserDep,
+                username: str, body: UserPatch) -> UserOut:
+    """Role, limits (null in the body clears a limit), active flag, password reset."""
+    permissions.require_admin(user, "changing users")
+    target = _user_or_404(db, username)
+    changes = body.model_dump(exclude_unset=True)
+    password = changes.pop("password", None)
+    for k in ("role", "is_active"):
+        if k in changes and changes[k] is None:
+            changes.pop(k)
+    if target.username == user.username and (changes.get("role", "admin") != "admin"
+                                              or changes.get("is_active") is False):
+        raise HTTPException(409, "an admin cannot demote or deactivate themselves")
+    client = auth.client_address(request)
+    try:
+        if changes:
+            auth.update_user(db, target, changes, actor=user.username, client=client)
+        if password is not None:
+            auth.set_password(db, settings, target, password, actor=user.username,
+                              client=client)
+    except ValueError as exc:
+        raise HTTPException(422, [{"loc": ["body", str(exc).split(":", 1)[0]],
+                                   "msg": str(exc), "type": "value_error"}]) from exc
+    return UserOut.of(target)
+
+
+@router.get("/{username}/tokens", response_model=list[TokenOut])
+def user_tokens(db: DbDep, user: UserDep, username: str) -> list[TokenOut]:
+    permissions.require_admin(user, "listing other users' tokens")
+    target = _user_or_404(db, username)
+    return [TokenOut.of(t, target.username) for t in auth.list_tokens(db, target.id)]

@@ -1,0 +1,73 @@
+"""Who may do what: the one place roles are interpreted.
+
+viewer: read everything (runs, logs, files, comparisons), star runs, save comparisons, manage
+        their own API tokens.
+member: also submit runs; cancel, edit and delete their own runs.
+admin:  everything, including other people's runs, users and the audit log.
+
+Per-user limits (concurrent queued+running runs, maximum world size) are checked at submit.
+"""
+
+from __future__ import annotations
+
+from fastapi import HTTPException
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from backend.auth import Principal
+from backend.models import Run, User
+
+RANK = {"viewer": 0, "member": 1, "admin": 2}
+ACTIVE = ("queued", "running")
+
+
+def at_least(user: Principal, role: str) -> bool:
+    return RANK.get(user.role, -1) >= RANK[role]
+
+
+def can_submit(user: Principal) -> bool:
+    return at_least(user, "member")
+
+
+def can_modify_run(user: Principal, run: Run) -> bool:
+    """Cancel, edit (name, tags, notes) and delete."""
+    return at_least(user, "admin") or (at_least(user, "member") and run.owner == user.username)
+
+
+def require_role(user: Principal, role: str, what: str) -> None:
+    if not at_least(user, role):
+        raise HTTPException(403, f"{what} needs the {role} role (you are {user.role})")
+
+
+def require_submit(user: Principal) -> None:
+    require_role(user, "member", "submitting runs")
+
+
+def require_modify_run(user: Principal, run: Run, action: str) -> None:
+    if not can_modify_run(user, run):
+        if not at_least(user, "member"):
+            raise HTTPException(403, f"{action} needs the member role (you are {user.role})")
+        raise HTTPException(403, f"only the run's owner ({run.owner}) or an admin may {action} "
+                                 f"run {run.id}")
+
+
+def require_admin(user: Principal, what: str) -> None:
+    require_role(user, "admin", what)
+
+
+def check_submit_limits(db: Session, user: Principal, world_size: int) -> None:
+    """403 naming the limit when this submission would exceed the user's own limits."""
+    if user.max_world_size is not None and world_size > user.max_world_size:
+        raise HTTPException(403, f"per-user limit max_world_size={user.max_world_size}: this "
+                                 f"run needs world size {world_size} (ask an admin to raise it)")
+    if user.max_concurrent_runs is not None:
+        if db.bind is not None and db.bind.dialect.name == "postgresql":
+            # Serialise concurrent submissions of one user, so two at once cannot both pass.
+            db.execute(select(User.id).where(User.id == user.id).with_for_update())
+        active = db.scalar(select(func.count()).select_from(Run).where(
+            Run.owner == user.username, Run.status.in_(ACTIVE)))
+        if active >= user.max_concurrent_runs:
+            raise HTTPException(403, f"per-user limit max_concurrent_runs="
+                                     f"{user.max_concurrent_runs}: you already have {active} "
+                                     "queued or running runs; wait for one to finish or "
+                                     "cancel one")

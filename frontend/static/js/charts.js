@@ -1,0 +1,34 @@
+// Plotly defaults shared by every chart (plotly.js is served locally as a classic script).
+export const Plotly = window.Plotly;
+
+export const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948",
+  "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
+export const COMPONENT_COLORS = { params: "#4e79a7", grads: "#f28e2b", optim: "#59a14f",
+  optimizer: "#59a14f", activations: "#e15759", gathered: "#b07aa1", buffers: "#76b7b2" };
+
+export function layout(title, xTitle, yTitle, extra = {}) {
+  return {
+    title: { text: title, font: { size: 15 } },
+    margin: { l: 70, r: 20, t: 45, b: 80 },
+    xaxis: { title: { text: xTitle }, automargin: true, ...(extra.xaxis || {}) },
+    yaxis: { title: { text: yTitle }, automargin: true, ...(extra.yaxis || {}) },
+    legend: { orientation: "h", y: -0.3, yanchor: "top", ...(extra.legend || {}) },
+    hoverlabel: { namelength: -1 },
+    ...Object.fromEntries(Object.entries(extra).filter(([k]) => !["xaxis", "yaxis",
+      "legend"].includes(k))),
+  };
+}
+
+export const CONFIG = { responsive: true, displaylogo: false };
+
+export async function plot(div, data, lay, config = {}) {
+  await Plotly.react(div, data, lay, { ...CONFIG, ...config });
+  div.dataset.ready = "1";
+  return div;
+}
+
+export function emptyChart(div, message) {
+  div.replaceChildren();
+  div.classList.add("empty");
+  div.textContent = message;
+}

@@ -1,0 +1,77 @@
+// DOM and formatting helpers. Data only ever reaches the page through textContent / attributes;
+// `esc` is for strings placed into Plotly text (which renders a subset of HTML).
+
+export function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === "class") node.className = v;
+    else if (k === "text") node.textContent = v;
+    else if (k === "dataset") Object.assign(node.dataset, v);
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return node;
+}
+
+export const $ = (sel, root = document) => root.querySelector(sel);
+
+export function esc(s) {
+  return String(s ?? "").replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+}
+
+export function fmtBytes(b) {
+  if (b === null || b === undefined || Number.isNaN(b)) return "–";
+  const u = ["B", "KB", "MB", "GB", "TB"];
+  let i = 0;
+  let v = Number(b);
+  while (Math.abs(v) >= 1000 && i < u.length - 1) { v /= 1000; i++; }
+  return `${v.toFixed(v >= 100 || i === 0 ? 0 : 2)} ${u[i]}`;
+}
+
+export function fmtSeconds(s) {
+  if (s === null || s === undefined) return "–";
+  if (s >= 1) return `${s.toFixed(2)} s`;
+  if (s >= 1e-3) return `${(s * 1e3).toFixed(2)} ms`;
+  return `${(s * 1e6).toFixed(1)} µs`;
+}
+
+export const fmtPct = (x, isFraction = false) =>
+  (x === null || x === undefined ? "–" : `${(isFraction ? x * 100 : x).toFixed(1)} %`);
+
+export const fmtNum = (x, d = 2) => (x === null || x === undefined ? "–" : Number(x).toFixed(d));
+
+export function fmtDate(iso) {
+  if (!iso) return "–";
+  const d = new Date(iso);
+  return d.toLocaleString(undefined, { dateStyle: "short", timeStyle: "medium" });
+}
+
+export function statusBadge(status) {
+  return el("span", { class: `badge status-${status}`, text: status, dataset: { status } });
+}
+
+export function degrees(r) {
+  return `dp${r.dp}·tp${r.tp}·pp${r.pp}`;
+}
+
+export function showError(target, e) {
+  target.replaceChildren(el("p", { class: "error", role: "alert", text: e?.message || String(e) }));
+}
+
+// Metric headline values: the run's metrics (analysis) with the summary as a fallback.
+export function headline(run) {
+  const m = run.metrics || {};
+  const s = run.summary || {};
+  return {
+    step_time_s: m.step_time_s ?? s.mean_step_time_s ?? null,
+    tokens_per_s: m.tokens_per_s ?? s.tokens_per_s ?? null,
+    peak_memory_bytes: m.peak_memory_bytes ?? null,
+    bubble_fraction: m.bubble_fraction ?? null,
+    overlap_pct: m.overlap_pct ?? null,
+  };
+}

@@ -1,0 +1,65 @@
+// Memory per rank, stacked by component, measured next to predicted, with the error.
+import { api } from "./api.js";
+import { COMPONENT_COLORS, emptyChart, layout, plot } from "./charts.js";
+import { el, esc, fmtBytes, fmtPct } from "./dom.js";
+
+export function memoryTotals(rows) {
+  const by = new Map();
+  for (const r of rows) {
+    const t = by.get(r.rank) || { rank: r.rank, measured: 0, predicted: 0, hasPred: false };
+    t.measured += r.measured_bytes || 0;
+    if (r.predicted_bytes !== null && r.predicted_bytes !== undefined) {
+      t.predicted += r.predicted_bytes;
+      t.hasPred = true;
+    }
+    by.set(r.rank, t);
+  }
+  return [...by.values()].sort((a, b) => a.rank - b.rank);
+}
+
+export async function mountMemory(runId, div, table) {
+  let res;
+  try { res = await api.memory(runId); } catch (e) { emptyChart(div, e.message); return null; }
+  const rows = res?.rows || [];
+  if (!rows.length) { emptyChart(div, "no memory samples in this run's trace"); return null; }
+  const ranks = [...new Set(rows.map((r) => r.rank))].sort((a, b) => a - b);
+  const comps = [...new Set(rows.map((r) => r.component))];
+  const xr = [];
+  const xk = [];
+  for (const r of ranks) { xr.push(`rank ${r}`, `rank ${r}`); xk.push("measured", "predicted"); }
+  const traces = comps.map((c) => {
+    const y = [];
+    const text = [];
+    for (const r of ranks) {
+      const row = rows.find((x) => x.rank === r && x.component === c);
+      y.push((row?.measured_bytes ?? 0) / 1e6, (row?.predicted_bytes ?? 0) / 1e6);
+      const err = row?.error_pct;
+      const t = `${esc(c)} rank ${r}<br>measured ${fmtBytes(row?.measured_bytes)}<br>` +
+        `predicted ${fmtBytes(row?.predicted_bytes)}<br>error ${fmtPct(err)}`;
+      text.push(t, t);
+    }
+    return { type: "bar", name: esc(c), x: [xr, xk], y, text, textposition: "none",
+      hovertemplate: "%{text}<extra></extra>", marker: { color: COMPONENT_COLORS[c] } };
+  });
+  const totals = memoryTotals(rows);
+  const annotations = totals.map((t) => ({
+    x: [`rank ${t.rank}`, "predicted"], y: Math.max(t.measured, t.predicted) / 1e6,
+    text: t.hasPred && t.predicted ? `${(100 * (t.measured - t.predicted) / t.predicted)
+      .toFixed(1)} %` : "", showarrow: false, yanchor: "bottom", font: { size: 11 },
+  }));
+  const lay = layout("Peak memory per rank: measured vs predicted (error above)", "rank",
+    "memory (MB)", { barmode: "stack", annotations });
+  await plot(div, traces, lay);
+  div.dataset.ranks = String(ranks.length);
+  div.dataset.source = res.source || "";
+  if (table) {
+    table.replaceChildren(el("thead", {}, el("tr", {}, ...["rank", "component", "measured",
+      "predicted", "error"].map((h) => el("th", { text: h })))),
+    el("tbody", {}, ...rows.map((r) => el("tr", { dataset: { rank: r.rank } },
+      el("td", { text: r.rank }), el("td", { text: r.component }),
+      el("td", { class: "num", text: fmtBytes(r.measured_bytes) }),
+      el("td", { class: "num", text: fmtBytes(r.predicted_bytes) }),
+      el("td", { class: "num", text: fmtPct(r.error_pct) })))));
+  }
+  return rows;
+}

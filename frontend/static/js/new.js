@@ -1,0 +1,236 @@
+// New run: a form generated from the spec's field documentation (GET /api/spec), presets,
+// clone-and-edit (?clone=ID), and a live prediction panel (predict.js) that also reports
+// invalid combinations inline before submit.
+import { api, formatErrors } from "./api.js";
+import { $, el } from "./dom.js";
+import { renderPrediction } from "./predict.js";
+
+const SECTIONS = [["", "Job"], ["model", "Model"], ["parallel", "Parallel layout"],
+  ["train", "Training"], ["runtime", "Runtime"], ["collective", "Collective sweep"]];
+const SKIP = new Set(["version", "name"]);
+let fields = {};
+let presets = [];
+let spec = {};
+let base = {}; // the preset / cloned spec, to highlight what the user changed
+let timer = null;
+let seq = 0;
+let valid = false;
+
+const getPath = (obj, path) => path.split(".").reduce((o, k) => (o == null ? o : o[k]), obj);
+function setPath(obj, path, value) {
+  const parts = path.split(".");
+  let o = obj;
+  for (const k of parts.slice(0, -1)) o = o[k] ??= {};
+  o[parts[parts.length - 1]] = value;
+}
+
+function input(path, doc) {
+  const id = `f-${path.replace(/\./g, "-")}`;
+  const value = getPath(spec, path);
+  let control;
+  if (doc.type === "tuple") {
+    control = el("div", { class: "checks", id });
+    for (const c of doc.choices || []) {
+      const box = el("input", { type: "checkbox", value: c, dataset: { path } });
+      box.checked = (value || []).includes(c);
+      control.append(el("label", {}, box, ` ${c}`));
+    }
+  } else if (doc.choices) {
+    control = el("select", { id, dataset: { path } },
+      ...doc.choices.map((c) => el("option", { value: c, text: String(c) })));
+    control.value = value;
+  } else if (doc.type === "bool") {
+    control = el("input", { id, type: "checkbox", dataset: { path } });
+    control.checked = Boolean(value);
+  } else if (doc.type === "int" || doc.type === "float") {
+    control = el("input", { id, type: "number", step: doc.type === "int" ? 1 : "any",
+      min: doc.ge, max: doc.le, value, dataset: { path } });
+  } else {
+    control = el("input", { id, value: value ?? "", maxlength: 200, dataset: { path } });
+  }
+  const wrap = el("div", { class: "field", dataset: { field: path }, title: doc.doc },
+    el("label", { for: id, text: path.split(".").pop() }), control,
+    el("div", { class: "msg", "aria-live": "polite" }));
+  return wrap;
+}
+
+function readControl(node) {
+  const path = node.dataset.path;
+  const doc = fields[path];
+  if (doc.type === "tuple") {
+    return [...document.querySelectorAll(`input[data-path="${path}"]`)]
+      .filter((b) => b.checked).map((b) => b.value);
+  }
+  if (doc.type === "bool") return node.checked;
+  if (doc.type === "int") return node.value === "" ? null : Number.parseInt(node.value, 10);
+  if (doc.type === "float") return node.value === "" ? null : Number(node.value);
+  return node.value;
+}
+
+function buildForm() {
+  const box = $("#fields");
+  box.replaceChildren();
+  for (const [prefix, title] of SECTIONS) {
+    const paths = Object.keys(fields).filter((p) => !SKIP.has(p) &&
+      (prefix ? p.startsWith(prefix + ".") : !p.includes(".")));
+    if (!paths.length) continue;
+    box.append(el("fieldset", { dataset: { section: prefix || "job" } },
+      el("legend", { text: title }), el("div", { class: "msg error", dataset: { sectionMsg: prefix } }),
+      el("div", { class: "fields" }, ...paths.map((p) => input(p, fields[p])))));
+  }
+  box.addEventListener("input", onEdit);
+  box.addEventListener("change", onEdit);
+  refreshSections();
+}
+
+function onEdit(ev) {
+  const node = ev.target.closest("[data-path]");
+  if (!node) return;
+  setPath(spec, node.dataset.path, readControl(node));
+  if (node.dataset.path === "kind") refreshSections();
+  markChanged();
+  schedulePredict();
+}
+
+function refreshSections() {
+  const bench = spec.kind === "collective_bench";
+  for (const fs of document.querySelectorAll("fieldset[data-section]")) {
+    const s = fs.dataset.section;
+    fs.hidden = bench ? ["model", "parallel", "train"].includes(s) : s === "collective";
+  }
+}
+
+function markChanged() {
+  for (const f of document.querySelectorAll(".field[data-field]")) {
+    const path = f.dataset.field;
+    f.classList.toggle("changed",
+      JSON.stringify(getPath(spec, path)) !== JSON.stringify(getPath(base, path)));
+  }
+}
+
+function showErrors(errors) {
+  for (const f of document.querySelectorAll(".field")) {
+    f.classList.remove("invalid");
+    f.querySelector(".msg").textContent = "";
+  }
+  for (const m of document.querySelectorAll("[data-section-msg]")) m.textContent = "";
+  const general = [];
+  for (const e of errors) {
+    const loc = (e.loc || []).filter((x) => x !== "body" && x !== "spec");
+    const path = loc.join(".");
+    const field = document.querySelector(`.field[data-field="${CSS.escape(path)}"]`);
+    const section = document.querySelector(`[data-section-msg="${CSS.escape(path)}"]`);
+    if (field) {
+      field.classList.add("invalid");
+      field.querySelector(".msg").textContent = e.msg;
+    } else if (section) {
+      section.textContent += (section.textContent ? "\n" : "") + e.msg;
+    } else {
+      general.push(`${path || "spec"}: ${e.msg}`);
+    }
+  }
+  $("#form-error").textContent = errors.length
+    ? `Not valid yet (${errors.length}):\n` + errors.map((e) =>
+      `• ${(e.loc || []).filter((x) => x !== "body" && x !== "spec").join(".")}: ${e.msg}`)
+      .join("\n")
+    : general.join("\n");
+}
+
+function schedulePredict() {
+  clearTimeout(timer);
+  $("#pred-status").textContent = "updating…";
+  timer = setTimeout(predictNow, 250);
+}
+
+async function predictNow() {
+  const mine = ++seq;
+  const body = { ...spec, name: $("#name").value || "run" };
+  try {
+    const pred = await api.predict(body);
+    if (mine !== seq) return;
+    valid = true;
+    showErrors([]);
+    $("#pred-status").textContent = "";
+    renderPrediction(pred, Number($("#device-gb").value) * 1e9);
+  } catch (e) {
+    if (mine !== seq) return;
+    valid = e.status !== 422;
+    showErrors(e.status === 422 && Array.isArray(e.detail) ? e.detail : []);
+    $("#pred-status").textContent = e.status === 422 ? "fix the highlighted fields"
+      : `prediction unavailable: ${e.message}`;
+  }
+  $("#submit").disabled = !valid;
+}
+
+function usePreset(name) {
+  const p = presets.find((x) => x.name === name);
+  if (!p) return;
+  spec = structuredClone(p.spec);
+  base = structuredClone(p.spec);
+  $("#name").value = p.name;
+  $("#preset-title").textContent = p.title + (p.available ? "" : " (not available yet)");
+  buildForm();
+  markChanged();
+  schedulePredict();
+}
+
+async function init() {
+  const params = new URLSearchParams(location.search);
+  const [doc, pres, workers] = await Promise.all([api.specFields(), api.presets(),
+    api.workers().catch(() => [])]);
+  fields = doc.fields;
+  presets = pres;
+  const mem = workers.flatMap((w) => w.devices || []).map((d) => d.memory_bytes).find(Boolean);
+  if (mem) $("#device-gb").value = (mem / 1e9).toFixed(1);
+  const sel = $("#preset");
+  sel.append(el("option", { value: "", text: "— custom —" }));
+  for (const p of presets) {
+    sel.append(el("option", { value: p.name, disabled: !p.available,
+      text: `${p.name} — ${p.title}${p.available ? "" : " (not available)"}` }));
+  }
+  sel.addEventListener("change", () => usePreset(sel.value));
+  $("#device-gb").addEventListener("input", schedulePredict);
+  $("#name").addEventListener("input", schedulePredict);
+  const clone = params.get("clone");
+  if (clone) {
+    const run = await api.run(clone);
+    spec = structuredClone(run.spec);
+    base = structuredClone(run.spec);
+    sel.value = "";
+    $("#name").value = `${run.name} (clone)`;
+    $("#tags").value = run.tags.join(", ");
+    $("#notes").value = run.notes || "";
+    $("#form-title").textContent = `Clone of ${run.name}`;
+    buildForm();
+    schedulePredict();
+  } else {
+    const name = params.get("preset") || "ddp";
+    sel.value = name;
+    usePreset(name);
+  }
+  if (params.get("queue")) {
+    setPath(spec, "runtime.queue", params.get("queue"));
+    const q = $("#f-runtime-queue");
+    if (q) q.value = params.get("queue");
+  }
+  $("#new-run").addEventListener("submit", submit);
+}
+
+async function submit(ev) {
+  ev.preventDefault();
+  const btn = $("#submit");
+  btn.disabled = true;
+  const body = { ...spec, name: $("#name").value.trim() || "run",
+    tags: $("#tags").value.split(",").map((t) => t.trim()).filter(Boolean),
+    notes: $("#notes").value };
+  try {
+    const run = await api.submit(body);
+    location.href = `/runs/${encodeURIComponent(run.id)}`;
+  } catch (e) {
+    if (e.status === 422 && Array.isArray(e.detail)) showErrors(e.detail);
+    else $("#form-error").textContent = formatErrors(e.detail) || e.message;
+    btn.disabled = false;
+  }
+}
+
+init().catch((e) => { $("#form-error").textContent = e.message; });

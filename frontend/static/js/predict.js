@@ -1,0 +1,86 @@
+// The live prediction panel of the new-run form: memory per rank by component against the
+// device memory, communication per step by mesh axis, bubble fraction, and the formula behind
+// every figure (POST /api/predict).
+import { COMPONENT_COLORS, layout, plot } from "./charts.js";
+import { $, el, esc, fmtBytes, fmtPct, fmtSeconds } from "./dom.js";
+
+function card(label, value, sub, bad = false) {
+  return el("div", { class: `card${bad ? " bad" : ""}`, dataset: { card: label } },
+    el("div", { class: "label", text: label }), el("div", { class: "value", text: value }),
+    sub ? el("div", { class: "sub", text: sub }) : null);
+}
+
+function formulaRows(pred) {
+  const rows = [];
+  for (const section of ["memory", "comm", "step", "pipeline"]) {
+    const explain = pred[section]?.explain || {};
+    for (const [key, f] of Object.entries(explain)) {
+      if (!f || typeof f !== "object" || !("formula" in f)) continue;
+      const value = f.value === null || f.value === undefined ? "–"
+        : f.unit === "bytes" ? fmtBytes(f.value)
+          : f.unit === "s" ? fmtSeconds(f.value)
+            : f.unit === "fraction" ? fmtPct(f.value, true) : `${Number(f.value).toPrecision(4)} ${f.unit || ""}`;
+      const inputs = Object.entries(f.inputs || {}).map(([k, v]) =>
+        `${k}=${typeof v === "number" ? Number(v.toPrecision(6)) : JSON.stringify(v)}`).join(", ");
+      rows.push(el("tr", { title: f.convention || "" }, el("td", { text: `${section}.${key}` }),
+        el("td", { class: "num", text: value }), el("td", { text: f.formula }),
+        el("td", { text: inputs })));
+    }
+  }
+  return rows;
+}
+
+export function renderPrediction(pred, deviceBytes) {
+  const mem = pred.memory || {};
+  const perRank = mem.per_rank_bytes;
+  const over = deviceBytes > 0 && perRank > deviceBytes;
+  const comm = pred.comm;
+  const pipe = pred.pipeline;
+  const cards = [
+    card("memory per rank", fmtBytes(perRank),
+      deviceBytes > 0 ? `${fmtPct((100 * perRank) / deviceBytes)} of ${fmtBytes(deviceBytes)}`
+        : null, over),
+    comm ? card("comm per step (rank)", fmtBytes(comm.bytes_per_rank),
+      comm.time_lower_bound_s ? `≥ ${fmtSeconds(comm.time_lower_bound_s)}` : comm.convention)
+      : null,
+    pipe?.p > 1 ? card("bubble fraction", fmtPct(pipe.bubble_fraction, true),
+      `${pipe.schedule}, p=${pipe.p} m=${pipe.m} v=${pipe.v}`) : null,
+    pred.step?.time_no_overlap_s ? card("step time", fmtSeconds(pred.step.time_no_overlap_s),
+      "no overlap") : null,
+    card("parameters", Number(pred.params?.total ?? 0).toLocaleString(),
+      pred.params?.per_rank ? `${Number(pred.params.per_rank).toLocaleString()} per rank` : null),
+  ];
+  $("#pred-cards").replaceChildren(...cards.filter(Boolean));
+  if (over) {
+    $("#pred-cards").append(el("p", { class: "error", role: "alert",
+      text: `Predicted ${fmtBytes(perRank)} per rank exceeds the device's ${fmtBytes(deviceBytes)}.` }));
+  }
+
+  const comps = Object.entries(mem.components || {});
+  const memTraces = comps.map(([name, bytes]) => ({
+    type: "bar", orientation: "h", name: esc(name), y: ["busiest rank"], x: [bytes / 1e9],
+    marker: { color: COMPONENT_COLORS[name] },
+    hovertemplate: `${esc(name)}: %{x:.4g} GB<extra></extra>`,
+  }));
+  const memLayout = layout("Memory per rank by component", "memory (GB)", "", {
+    barmode: "stack", margin: { l: 90, r: 10, t: 35, b: 90 },
+    shapes: deviceBytes > 0 ? [{ type: "line", x0: deviceBytes / 1e9, x1: deviceBytes / 1e9,
+      y0: -0.5, y1: 0.5, line: { color: "#b00020", dash: "dash", width: 2 } }] : [],
+    annotations: deviceBytes > 0 ? [{ x: deviceBytes / 1e9, y: 0.5, text: "device memory",
+      showarrow: false, yanchor: "bottom", font: { color: "#b00020", size: 11 } }] : [],
+    xaxis: { range: [0, Math.max(perRank || 0, deviceBytes || 0) / 1e9 * 1.08] },
+  });
+  plot($("#pred-memory"), memTraces, memLayout);
+
+  const axes = Object.entries(comm?.components || {});
+  if (axes.length) {
+    plot($("#pred-comm"), [{ type: "bar", x: axes.map(([a]) => a), y: axes.map(([, b]) => b / 1e6),
+      name: "bytes sent per rank", marker: { color: "#4e79a7" },
+      hovertemplate: "%{x}: %{y:.4g} MB<extra></extra>" }],
+    layout("Communication per step by mesh axis", "mesh axis", "MB sent per rank",
+      { margin: { l: 60, r: 10, t: 35, b: 90 }, showlegend: false }));
+  } else {
+    $("#pred-comm").replaceChildren();
+  }
+  $("#pred-formulas tbody").replaceChildren(...formulaRows(pred));
+}

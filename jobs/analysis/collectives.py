@@ -1,0 +1,184 @@
+"""Per logical collective: bytes, duration, algbw / busbw (nccl-tests factors from
+jobs.commbytes), waiting for the last rank vs transfer; the straggler rank per step.
+
+Matching across ranks (docs/analysis.md):
+  collectives  (group, seq) inside one process group; ranks of a group share every mesh
+               coordinate except the group's axis, so (group, other coordinates, seq) keys one
+               logical instance even when several TP / DP groups share the name `tp` / `dp`.
+  send / recv  (sender, receiver, step, k) where k counts the messages of that step in that
+               direction, in issue order on each side (FIFO per pair).
+
+For one instance with arrival (issue) times a_r and completion times e_r:
+  last_rank   argmax a_r;  wait_s = a_last − min a_r  (the first rank's wait for the last)
+  duration_s  e_last − a_last: the transfer, timed on the last-arriving rank; for send / recv
+              max e_r − a_last (an isend completes at issue on the sender)
+  algbw       payload / duration;  busbw = algbw · busbw_factor(op, n)
+Standard library only.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from jobs import commbytes
+
+from .load import Traces
+
+NS = 1e9
+P2P = set(commbytes.P2P_OPS)
+
+
+def _other_coords(coords: dict, axis: str) -> tuple:
+    return tuple(sorted((k, v) for k, v in coords.items() if k != axis))
+
+
+def _by_coords(tr: Traces) -> dict[tuple, int]:
+    return {tuple(sorted(tr.coords(r).items())): r for r in tr.ranks if tr.coords(r)}
+
+
+def resolve_peer(tr: Traces, rank: int, rec: dict, index: dict) -> int | None:
+    """The global rank of a point-to-point record's peer (`peer` may be global or a rank in
+    the axis group: whichever names a rank that differs from this one on that axis only)."""
+    q, axis = rec.get("peer"), rec.get("axis")
+    if not isinstance(q, int):
+        return None
+    mine = tr.coords(rank)
+    if not mine or axis not in mine:
+        return q
+    if q in tr.ranks and _other_coords(tr.coords(q), axis) == _other_coords(mine, axis):
+        return q
+    other = dict(mine, **{axis: q})
+    return index.get(tuple(sorted(other.items())), q)
+
+
+def match(tr: Traces) -> list[list[tuple[int, dict]]]:
+    """Instances: each a list of (rank, comm record) of one logical operation."""
+    inst: dict[tuple, list] = defaultdict(list)
+    index = _by_coords(tr)
+    for rank, recs in sorted(tr.ranks.items()):
+        counters: dict[tuple, int] = defaultdict(int)
+        for r in recs:
+            if r.get("type") != "comm":
+                continue
+            op = r.get("op")
+            if op in P2P:
+                peer = resolve_peer(tr, rank, r, index)
+                send = op in ("send", "isend")
+                pair = (rank, peer) if send else (peer, rank)
+                k = (pair, r.get("step"))
+                key = ("p2p", pair, r.get("step"), counters[k])
+                counters[k] += 1
+            else:
+                axis = r.get("axis", "")
+                key = ("coll", r.get("group", axis), _other_coords(tr.coords(rank), axis),
+                       r.get("seq"))
+            inst[key].append((rank, r))
+    return list(inst.values())
+
+
+def instance_row(parts: list[tuple[int, dict]], clock_err: dict[int, int]) -> dict:
+    recs = [r for _, r in parts]
+    first = recs[0]
+    op = first.get("op", "?")
+    p2p = op in P2P
+    if p2p:
+        op = "send_recv"
+    n = int(first.get("group_size") or len(parts))
+    arrive = {rank: r["ts_ns"] for rank, r in parts}
+    end = {rank: r["ts_ns"] + r.get("dur_ns", 0) for rank, r in parts}
+    last = max(arrive, key=lambda k: (arrive[k], k))
+    a_last = arrive[last]
+    dur_ns = (max(end.values()) if p2p else end[last]) - a_last
+    payload = int(first.get("payload_bytes") or 0)
+    dur = max(dur_ns, 0) / NS
+    expected = 2 if p2p else n
+    row = {"step": min(r.get("step", -1) for r in recs), "op": op, "axis": first.get("axis"),
+           "group": first.get("group"), "seq": first.get("seq"), "group_size": n,
+           "ranks": sorted(arrive), "complete": len(parts) >= expected,
+           "payload_bytes": payload,
+           "bytes_sent": max(float(r.get("bytes_sent", 0.0)) for r in recs),
+           "backend_op": first.get("backend_op"),
+           "start_ns": min(arrive.values()), "last_rank": last,
+           "wait_s": (a_last - min(arrive.values())) / NS, "duration_s": dur,
+           "span_s": (max(end.values()) - min(arrive.values())) / NS,
+           "clock_error_s": max(clock_err.get(k, 0) for k in arrive) / NS,
+           "algbw_GBps": None, "busbw_GBps": None}
+    if dur > 0 and payload:
+        bw_op = "send" if p2p else op
+        try:
+            row["algbw_GBps"] = commbytes.algbw(payload, dur) / 1e9
+            row["busbw_GBps"] = commbytes.busbw(bw_op, payload, dur, n) / 1e9
+        except ValueError:
+            pass
+    for k in ("phase", "bucket", "unit", "microbatch"):
+        if first.get(k) is not None:
+            row[k] = first[k]
+    return row
+
+
+def collectives_table(tr: Traces) -> list[dict]:
+    clock_err = {r: int(m.get("clock_error_ns") or 0) for r, m in tr.meta.items()}
+    rows = [instance_row(p, clock_err) for p in match(tr)]
+    rows.sort(key=lambda r: (r["start_ns"], str(r["group"]), r["seq"] or 0))
+    incomplete = sum(not r["complete"] for r in rows)
+    if incomplete:
+        tr.warnings.append(f"{incomplete} communication instance(s) seen on fewer ranks than "
+                           "their group size (missing ranks, or a cancelled run)")
+    return rows
+
+
+def stragglers_table(coll_rows: list[dict], step_rows: list[dict]) -> list[dict]:
+    """Per step: the rank the others waited for longest (sum of wait_s over the step's
+    instances where it arrived last); without multi-rank instances, the rank with the
+    longest compute."""
+    caused: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    times_last: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for r in coll_rows:
+        if r["step"] >= 0 and len(r["ranks"]) >= 2:
+            caused[r["step"]][r["last_rank"]] += r["wait_s"]
+            times_last[r["step"]][r["last_rank"]] += 1
+    compute: dict[int, dict[int, float]] = defaultdict(dict)
+    for r in step_rows:
+        compute[r["step"]][r["rank"]] = r["compute_s"]
+    rows = []
+    for step in sorted(set(caused) | set(compute)):
+        if caused.get(step):
+            c = caused[step]
+            rank = max(c, key=lambda k: (c[k], -k))
+            rows.append({"step": step, "rank": rank, "basis": "last arrival",
+                         "caused_wait_s": c[rank], "times_last": times_last[step][rank]})
+        elif len(compute.get(step, {})) >= 2:
+            c = compute[step]
+            rank = max(c, key=lambda k: (c[k], -k))
+            rows.append({"step": step, "rank": rank, "basis": "longest compute",
+                         "caused_wait_s": None, "times_last": 0})
+    return rows
+
+
+def axis_bytes_table(tr: Traces) -> list[dict]:
+    """Per rank and mesh axis: bytes sent / received over the training steps (setup, step -1,
+    apart), and per step."""
+    acc: dict[tuple, list] = {}
+    steps: dict[int, set] = defaultdict(set)
+    for rank, recs in sorted(tr.ranks.items()):
+        for r in recs:
+            st = r.get("step", -1)
+            if r.get("type") == "span" and r.get("cat") == "step" and st >= 0:
+                steps[rank].add(st)
+            if r.get("type") != "comm":
+                continue
+            a = acc.setdefault((rank, r.get("axis", "?")), [0.0, 0.0, 0.0, set()])
+            if st >= 0:
+                a[0] += float(r.get("bytes_sent", 0.0))
+                a[1] += float(r.get("bytes_recv", 0.0))
+                a[3].add(st)
+            else:
+                a[2] += float(r.get("bytes_sent", 0.0))
+    rows = []
+    for (rank, axis), (sent, recv, setup, st) in sorted(acc.items()):
+        n = len(steps[rank] | st)
+        rows.append({"rank": rank, "axis": axis, "coords": tr.coords(rank), "bytes_sent": sent,
+                     "bytes_recv": recv, "setup_bytes_sent": setup, "steps": n,
+                     "bytes_sent_per_step": sent / n if n else None,
+                     "bytes_recv_per_step": recv / n if n else None})
+    return rows

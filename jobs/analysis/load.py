@@ -1,0 +1,135 @@
+"""Read a run's per-rank trace files (docs/trace-schema.md) into plain per-rank record lists.
+
+Tolerant by design: a cancelled, failed or killed run may have torn last lines, missing ranks,
+no `end` record or no `meta` line. Whatever is missing goes into `warnings` instead of raising.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_RANK_RE = re.compile(r"trace-rank(\d+)\.jsonl$")
+
+
+@dataclass
+class Traces:
+    """Records per rank (sorted by `ts_ns`), meta per rank, and what was found missing."""
+
+    ranks: dict[int, list[dict]] = field(default_factory=dict)
+    meta: dict[int, dict] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    summary: dict | None = None
+
+    @property
+    def world_size(self) -> int:
+        sizes = [m.get("world_size") for m in self.meta.values() if m.get("world_size")]
+        return int(max(sizes)) if sizes else (max(self.ranks) + 1 if self.ranks else 0)
+
+    def coords(self, rank: int) -> dict:
+        c = (self.meta.get(rank) or {}).get("coords")
+        return dict(c) if isinstance(c, dict) else {}
+
+    def spec_dict(self) -> dict | None:
+        for m in self.meta.values():
+            if isinstance(m.get("spec"), dict):
+                return m["spec"]
+        return None
+
+    def t0_ns(self) -> int:
+        """Earliest timestamp of any record (the export's time origin)."""
+        ts = [r["ts_ns"] for recs in self.ranks.values() for r in recs[:1] if "ts_ns" in r]
+        ts += [m["t0_ns"] for m in self.meta.values() if isinstance(m.get("t0_ns"), int)]
+        return min(ts) if ts else 0
+
+
+def _valid_timed(r: dict) -> bool:
+    ts, dur = r.get("ts_ns"), r.get("dur_ns", 0)
+    return isinstance(ts, int | float) and isinstance(dur, int | float) and dur >= 0
+
+
+def parse_lines(lines, rank: int, warnings: list[str]) -> tuple[list[dict], dict]:
+    """Records and the meta record of one rank from an iterable of JSON lines."""
+    recs, meta, bad = [], {}, 0
+    for line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            bad += 1
+            continue
+        if not isinstance(r, dict):
+            bad += 1
+            continue
+        t = r.get("type")
+        if t == "meta":
+            meta = r
+            continue
+        if t in ("span", "comm", "mem", "instant", "end") and not _valid_timed(r):
+            bad += 1
+            continue
+        recs.append(r)
+    if bad:
+        warnings.append(f"rank {rank}: {bad} unreadable or untimed line(s) skipped")
+    if not meta:
+        warnings.append(f"rank {rank}: no meta record (coordinates unknown)")
+    recs.sort(key=lambda r: r.get("ts_ns", 0))
+    if not any(r.get("type") == "end" for r in recs):
+        warnings.append(f"rank {rank}: no end record (the process was killed or is still "
+                        "running); its trace stops at the last flush")
+    else:
+        reason = next(r.get("reason") for r in reversed(recs) if r.get("type") == "end")
+        if reason not in ("ok", None):
+            warnings.append(f"rank {rank}: ended with reason {reason!r}")
+    return recs, meta
+
+
+def from_records(per_rank: dict[int, list[dict]], summary: dict | None = None) -> Traces:
+    """Traces from in-memory records (what tests and benchmarks build)."""
+    tr = Traces(summary=summary)
+    for rank in sorted(per_rank):
+        lines = (json.dumps(r) for r in per_rank[rank])
+        tr.ranks[rank], tr.meta[rank] = parse_lines(lines, rank, tr.warnings)
+    _check_ranks(tr)
+    return tr
+
+
+def load_run_dir(out_dir: Path) -> Traces:
+    """Every `trace-rank*.jsonl` (and `summary.json` if present) of a run folder."""
+    out_dir = Path(out_dir)
+    tr = Traces()
+    paths = sorted(out_dir.glob("trace-rank*.jsonl"))
+    if not paths:
+        tr.warnings.append(f"no trace-rank*.jsonl files in {out_dir.name or out_dir}")
+    for path in paths:
+        m = _RANK_RE.search(path.name)
+        if not m:
+            continue
+        rank = int(m.group(1))
+        try:
+            with open(path, errors="replace") as f:
+                recs, meta = parse_lines(f, rank, tr.warnings)
+        except OSError as exc:
+            tr.warnings.append(f"rank {rank}: cannot read {path.name} ({exc})")
+            continue
+        tr.ranks[rank], tr.meta[rank] = recs, meta
+    summ = out_dir / "summary.json"
+    if summ.is_file():
+        try:
+            tr.summary = json.loads(summ.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            tr.warnings.append(f"summary.json unreadable ({exc})")
+    _check_ranks(tr)
+    return tr
+
+
+def _check_ranks(tr: Traces) -> None:
+    world = tr.world_size
+    missing = [r for r in range(world) if r not in tr.ranks]
+    if missing:
+        tr.warnings.append(f"no trace for rank(s) {missing} of world size {world}")

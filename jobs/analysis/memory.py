@@ -1,0 +1,103 @@
+"""Memory measured vs predicted per rank and component, with the error in %.
+
+Measured: the peak over a rank's `mem` records of each component (`params`, `grads`, `optim`,
+`activations`, and ZeRO-3's `gathered_peak`); where the trace's samples carry no model state
+(the model-parallel runner samples activations only) the rank's `summary.json` peaks are used
+(`source` says which). Predicted: jobs.theory (see predicted.py). `formula_bytes` is the seeds'
+formula on the measured Ψ (summary.json `formula_check`, data-parallel strategies), which a
+reference engine matches exactly; `padding_elems` is the shard padding (ZeRO), reported apart.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+from . import predicted as P
+from .load import Traces
+
+STATE = ("params", "grads", "optim")
+EXTRA = ("activations", "gathered_peak")
+
+
+def measured(tr: Traces, rank: int) -> tuple[dict, str]:
+    peak: dict[str, int] = {}
+    for r in tr.ranks.get(rank, []):
+        if r.get("type") != "mem":
+            continue
+        for k in STATE + EXTRA:
+            v = r.get(k)
+            if isinstance(v, int | float):
+                peak[k] = max(peak.get(k, 0), int(v))
+    source = "trace"
+    if not any(k in peak for k in STATE):
+        srank = _summary_rank(tr.summary, rank)
+        pb = ((srank or {}).get("memory") or {}).get("peak_bytes") or {}
+        for k in STATE + EXTRA:
+            if isinstance(pb.get(k), int | float):
+                peak[k] = max(peak.get(k, 0), int(pb[k]))
+        source = "summary" if pb else "none"
+    return peak, source
+
+
+def _summary_rank(summary: dict | None, rank: int) -> dict | None:
+    for r in (summary or {}).get("ranks") or []:
+        if isinstance(r, dict) and r.get("rank") == rank:
+            return r
+    return None
+
+
+def _formula(summary: dict | None, rank: int) -> dict:
+    for r in ((summary or {}).get("formula_check") or {}).get("ranks") or []:
+        if r.get("rank") == rank:
+            return r.get("memory_formula") or {}
+    return {}
+
+
+def _err(m, p):
+    return 100.0 * (m - p) / p if m is not None and p else None
+
+
+def memory_table(tr: Traces, spec, pred: dict | None) -> list[dict]:
+    rows = []
+    act_pred = P.activations(pred)
+    for rank in sorted(tr.ranks):
+        coords = tr.coords(rank)
+        peak, source = measured(tr, rank)
+        if source == "none":
+            tr.warnings.append(f"rank {rank}: no memory samples")
+        want = P.rank_model_state(pred, spec, int(coords.get("pp", 0) or 0))
+        formula = _formula(tr.summary, rank)
+        layout = (_summary_rank(tr.summary, rank) or {}).get("layout") or {}
+        pad = layout.get("padding_elems")
+        for comp in STATE + EXTRA:
+            m = peak.get(comp)
+            p = want.get(comp) if comp in STATE else (act_pred if comp == "activations" else None)
+            if m is None and p is None:
+                continue
+            rows.append({"rank": rank, "coords": coords, "component": comp, "measured_bytes": m,
+                         "predicted_bytes": p, "error_pct": _err(m, p),
+                         "formula_bytes": formula.get(comp), "padding_elems": pad,
+                         "source": source})
+        ms = [peak.get(k) for k in STATE]
+        if all(v is not None for v in ms):
+            p = sum(want.values()) if want else None
+            f = sum(formula[k] for k in STATE) if all(k in formula for k in STATE) else None
+            rows.append({"rank": rank, "coords": coords, "component": "model_state",
+                         "measured_bytes": sum(ms), "predicted_bytes": p,
+                         "error_pct": _err(sum(ms), p), "formula_bytes": f,
+                         "padding_elems": pad, "source": source})
+    return rows
+
+
+def peak_bytes(tr: Traces) -> int | None:
+    """Max over ranks of model state + activations (+ ZeRO-3 gathered parameters): the largest
+    single sample where samples carry model state, else the sum of the rank's peaks."""
+    best = None
+    for rank, recs in tr.ranks.items():
+        sums = [sum(int(r.get(k) or 0) for k in STATE + ("activations", "gathered"))
+                for r in recs if r.get("type") == "mem" and any(k in r for k in STATE)]
+        if not sums:
+            peak, _ = measured(tr, rank)
+            sums = [sum(peak.get(k, 0) for k in STATE + ("activations",))] if peak else []
+        if sums:
+            best = max(sums) if best is None else max(best, max(sums))
+    return best

@@ -1,0 +1,66 @@
+"""The theory model's numbers for a run, per rank (jobs.theory, no torch): model-state memory
+by component, activations, bytes per mesh axis per step, pipeline bubble.
+
+`predict(spec)` gives the busiest rank's figures; per rank, model state is recomputed with the
+same formula (jobs.theory.model_state_bytes) on that rank's pipeline-stage parameter count
+(`params.per_pipeline_rank[pp]`). Activations and per-axis bytes stay the busiest rank's.
+"""
+
+from __future__ import annotations
+
+from jobs.spec import JobSpec, parse_spec
+
+COMPONENTS = {"params": "params", "grads": "grads", "optim": "optimizer"}
+
+
+def spec_of(spec: JobSpec | dict | None, warnings: list[str]) -> JobSpec | None:
+    if spec is None or isinstance(spec, JobSpec):
+        return spec
+    try:
+        return parse_spec(spec, max_world_size=1 << 30)
+    except (ValueError, TypeError) as exc:
+        warnings.append(f"spec in the trace does not parse ({exc}); no predictions")
+        return None
+
+
+def theory(spec: JobSpec | None, warnings: list[str]) -> dict | None:
+    if spec is None or spec.kind != "train":
+        return None
+    try:
+        from jobs.theory import predict
+        return predict(spec)
+    except Exception as exc:  # noqa: BLE001 - a theory gap must not lose the analysis
+        warnings.append(f"theory prediction failed ({type(exc).__name__}: {exc})")
+        return None
+
+
+def rank_model_state(pred: dict | None, spec: JobSpec | None, pp_coord: int) -> dict:
+    """{"params", "grads", "optim"} predicted bytes for a rank at pipeline coordinate pp."""
+    if not pred or spec is None:
+        return {}
+    from jobs.theory import MEMORY_MODELS, model_state_bytes
+    per = pred["params"].get("per_pipeline_rank") or [pred["params"]["per_rank"]]
+    psi = per[min(max(pp_coord, 0), len(per) - 1)]
+    mm = MEMORY_MODELS[pred["memory"]["memory_model"]]
+    c = model_state_bytes(psi, spec.parallel.dp, spec.parallel.zero_stage,
+                          bytes_params=mm["params"], bytes_grads=mm["grads"],
+                          bytes_optimizer=mm["optimizer"])
+    return {k: c[v] for k, v in COMPONENTS.items()}
+
+
+def activations(pred: dict | None) -> float | None:
+    if not pred:
+        return None
+    a = pred["memory"]["components"].get("activations")
+    return a or None
+
+
+def axis_bytes_per_step(pred: dict | None) -> dict:
+    """axis -> predicted bytes sent per step by the busiest rank."""
+    if not pred or not pred.get("comm"):
+        return {}
+    return dict(pred["comm"].get("components") or {})
+
+
+def pipeline(pred: dict | None) -> dict | None:
+    return (pred or {}).get("pipeline")

@@ -1,0 +1,161 @@
+"""A finished (or partial) run's analysis: tables, headline, files. Standard library only.
+
+`analyze_run_dir` never raises on a partial trace: each table is computed on its own, and a
+table that cannot be computed is left empty with the reason in `warnings`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from . import collectives as C
+from . import memory as M
+from . import pipeline as PL
+from . import predicted as P
+from . import steps as S
+from .export import to_perfetto
+from .load import Traces, load_run_dir
+
+SCHEMA = 1
+TABLES = ("step_rank", "collectives", "stragglers", "axis_bytes", "memory", "stage_bubbles",
+          "throughput")
+ANALYSIS_FILE = "analysis.json"
+PERFETTO_FILE = "trace.perfetto.json"
+
+
+def _safe(tr: Traces, name: str, fn, default):
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - a partial trace degrades, never raises
+        tr.warnings.append(f"{name}: not computed ({type(exc).__name__}: {exc})")
+        return default
+
+
+def _axis_predictions(rows: list[dict], pred: dict | None, summary: dict | None) -> None:
+    """Add predicted_bytes (theory, busiest rank, per step), formula_bytes (seeds' formula on
+    the measured Ψ, per rank, data-parallel only) and error_pct to the axis_bytes rows."""
+    per_axis = P.axis_bytes_per_step(pred)
+    formula = {r.get("rank"): r.get("bytes_sent_formula")
+               for r in ((summary or {}).get("formula_check") or {}).get("ranks") or []}
+    for r in rows:
+        p = per_axis.get(r["axis"])
+        r["predicted_bytes"] = p
+        r["formula_bytes"] = formula.get(r["rank"]) if r["axis"] == "dp" else None
+        m = r["bytes_sent_per_step"]
+        r["error_pct"] = 100.0 * (m - p) / p if p and m is not None else None
+
+
+def _headline(tables: dict, pred: dict | None, pp: int) -> dict:
+    sr = tables["step_rank"]
+    per_step: dict[str, dict[int, list]] = defaultdict(lambda: defaultdict(list))
+    for r in sr:
+        for k in ("exposed_comm_s", "comm_s", "overlap_s"):
+            per_step[k][r["step"]].append(r[k])
+    steady = [s for s in per_step["comm_s"] if s >= 1] or list(per_step["comm_s"])
+    comm = sum(sum(per_step["comm_s"][s]) for s in steady)
+    over = sum(sum(per_step["overlap_s"][s]) for s in steady)
+    thr = tables["throughput"]
+    step_time = S.median_after_first({r["step"]: r["step_s"] for r in thr})
+    tokens = next((r["tokens"] for r in thr if r.get("tokens")), None)
+    sent: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    for r in tables["axis_bytes"]:
+        sent[r["rank"]][0] += r["bytes_sent_per_step"] or 0.0
+    strag = Counter(r["rank"] for r in tables["stragglers"] if r["step"] >= 1) or \
+        Counter(r["rank"] for r in tables["stragglers"])
+    errs = [abs(r["error_pct"]) for r in tables["memory"]
+            if r["error_pct"] is not None and r["component"] in M.STATE + ("model_state",)]
+    bub = [r["measured_idle_fraction"] for r in tables["stage_bubbles"]]
+    return {
+        "step_time_s": step_time,
+        "tokens_per_s": tokens / step_time if tokens and step_time else None,
+        "peak_memory_bytes": tables.pop("_peak", None),
+        "bubble_fraction": (sum(bub) / len(bub) if bub else None) if pp > 1 else None,
+        "overlap_pct": 100.0 * over / comm if comm else None,
+        "exposed_comm_s": S.median_after_first(
+            {s: sum(v) / len(v) for s, v in per_step["exposed_comm_s"].items()}),
+        "comm_bytes_per_rank": max((v[0] for v in sent.values()), default=None),
+        "straggler_rank": strag.most_common(1)[0][0] if strag else None,
+        "memory_error_pct": max(errs) if errs else None,
+        "predicted_comm_bytes_per_rank": ((pred or {}).get("comm") or {}).get("bytes_per_rank"),
+        "predicted_bubble_fraction": (((pred or {}).get("pipeline") or {}).get("bubble_fraction")
+                                      if pp > 1 else None),
+        "steps": len(thr), "ranks": len({r["rank"] for r in sr}),
+    }
+
+
+def _finite(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def analyze(tr: Traces, spec=None) -> dict:
+    """Tables + headline of loaded traces (see analyze_run_dir)."""
+    sp = P.spec_of(spec if spec is not None else tr.spec_dict(), tr.warnings)
+    spec_dict = sp.to_dict() if sp is not None else tr.spec_dict()
+    pred = _safe(tr, "theory", lambda: P.theory(sp, tr.warnings), None)
+    t: dict = {}
+    t["step_rank"] = _safe(tr, "step_rank", lambda: S.step_rank_table(tr), [])
+    t["collectives"] = _safe(tr, "collectives", lambda: C.collectives_table(tr), [])
+    t["stragglers"] = _safe(tr, "stragglers",
+                            lambda: C.stragglers_table(t["collectives"], t["step_rank"]), [])
+    t["axis_bytes"] = _safe(tr, "axis_bytes", lambda: C.axis_bytes_table(tr), [])
+    _safe(tr, "axis_bytes predictions",
+          lambda: _axis_predictions(t["axis_bytes"], pred, tr.summary), None)
+    t["memory"] = _safe(tr, "memory", lambda: M.memory_table(tr, sp, pred), [])
+    t["stage_bubbles"] = _safe(tr, "stage_bubbles", lambda: PL.stage_bubbles_table(
+        tr, sp, P.pipeline(pred)), [])
+    t["throughput"] = _safe(tr, "throughput", lambda: S.throughput_table(
+        t["step_rank"], spec_dict, tr.summary), [])
+    t["_peak"] = _safe(tr, "peak memory", lambda: M.peak_bytes(tr), None)
+    pp = sp.parallel.pp if sp is not None else max(
+        [tr.coords(r).get("pp", 0) for r in tr.ranks] or [0]) + 1
+    headline = _safe(tr, "headline", lambda: _headline(t, pred, pp), {})
+    t.pop("_peak", None)
+    strategy = (tr.summary or {}).get("strategy") or (sp.strategy if sp is not None else None)
+    run = {"world_size": tr.world_size, "ranks": sorted(tr.ranks), "strategy": strategy,
+           "engine": sp.parallel.engine if sp is not None else None,
+           "coords": {str(r): tr.coords(r) for r in sorted(tr.ranks)}}
+    return _finite({"schema": SCHEMA, "run": run, "spec": spec_dict, "headline": headline,
+                    "tables": t, "warnings": list(tr.warnings)})
+
+
+def analyze_run_dir(out_dir: Path, spec=None) -> dict:
+    """{"schema", "run", "spec", "headline", "tables": {name: [rows]}, "warnings"} of a run
+    folder (`trace-rank*.jsonl`, `summary.json` if present). `spec`: a JobSpec or spec dict; default
+    the one in the traces' meta record."""
+    tr = load_run_dir(Path(out_dir))
+    return analyze(tr, spec)
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_name(path.name + ".part")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, separators=(",", ":"), allow_nan=False)
+    os.replace(tmp, path)
+
+
+def write_analysis(out_dir: Path, spec=None) -> dict:
+    """Analyze `out_dir`, write `analysis.json` and `trace.perfetto.json` there, return the
+    headline. Never raises (failures land in the analysis' warnings or the returned
+    headline's `analysis_error`)."""
+    out_dir = Path(out_dir)
+    try:
+        tr = load_run_dir(out_dir)
+        result = analyze(tr, spec)
+        try:
+            _write_json(out_dir / PERFETTO_FILE, _finite(to_perfetto(tr, result["spec"])))
+        except Exception as exc:  # noqa: BLE001
+            result["warnings"].append(f"perfetto export failed ({type(exc).__name__}: {exc})")
+        _write_json(out_dir / ANALYSIS_FILE, result)
+        return result["headline"]
+    except Exception as exc:  # noqa: BLE001 - the worker must finish the run regardless
+        return {"analysis_error": f"{type(exc).__name__}: {exc}"}
