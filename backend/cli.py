@@ -31,7 +31,14 @@ def _url() -> str:
     return os.environ.get("PARALAB_URL", "http://127.0.0.1:8000").rstrip("/")
 
 
+def _auth_headers(extra: dict | None = None) -> dict:
+    """`Authorization: Bearer $PARALAB_TOKEN` when set (team mode; `paralab token create`)."""
+    token = os.environ.get("PARALAB_TOKEN", "").strip()
+    return {**(extra or {}), **({"Authorization": f"Bearer {token}"} if token else {})}
+
+
 def _request(method: str, path: str, **kw):
+    kw["headers"] = _auth_headers(kw.get("headers"))
     try:
         r = httpx.request(method, _url() + path, timeout=kw.pop("timeout", 30), **kw)
     except httpx.TransportError as exc:
@@ -129,7 +136,7 @@ def cmd_logs(a) -> int:
         headers = {"Last-Event-ID": last} if last else {}
         try:
             with httpx.stream("GET", f"{_url()}/api/runs/{a.id}/logs/stream", params=params,
-                              headers=headers, timeout=None) as r:
+                              headers=_auth_headers(headers), timeout=None) as r:
                 if r.status_code >= 400:
                     raise CliError(f"error {r.status_code}: {r.read().decode()}")
                 event, data = "message", []
@@ -190,7 +197,8 @@ def cmd_predict(a) -> int:
 def cmd_export(a) -> int:
     params = {"format": a.format, **({"table": a.table} if a.table else {})}
     try:
-        r = httpx.get(f"{_url()}/api/runs/{a.id}/export", params=params, timeout=120)
+        r = httpx.get(f"{_url()}/api/runs/{a.id}/export", params=params, timeout=120,
+                      headers=_auth_headers())
     except httpx.TransportError as exc:
         raise CliError(f"cannot reach paralab at {_url()} ({exc})", 3) from exc
     if r.status_code >= 400:
@@ -216,9 +224,16 @@ def cmd_serve(a) -> int:
     import uvicorn
 
     from backend.core.config import get_settings
+    from backend.core.security import ConfigError, check_startup
     from backend.main import create_app
     settings = get_settings()
-    uvicorn.run(create_app(settings), host=a.host or settings.host, port=a.port or settings.port,
+    host = a.host or settings.host
+    try:
+        check_startup(settings, host)  # secret key in team mode; loopback only in local mode
+        app = create_app(settings)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from exc
+    uvicorn.run(app, host=host, port=a.port or settings.port,
                 log_level="info", timeout_graceful_shutdown=5)
     return 0
 
@@ -237,6 +252,20 @@ def cmd_worker(a) -> int:
                      "--queues", settings.queue, "--hostname", worker_name(settings),
                      "--loglevel", "INFO", "--without-gossip", "--without-mingle"])
     return 0
+
+
+def cmd_users(a) -> int:
+    from backend.auth import cli_users
+    try:
+        return cli_users(a)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+
+
+def cmd_token(a) -> int:
+    """Personal API tokens over HTTP, as the PARALAB_TOKEN user or after a password login."""
+    from backend.auth import cli_token
+    return cli_token(a, _url(), _auth_headers(), CliError)
 
 
 def cmd_up(a) -> int:
@@ -262,6 +291,35 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--slots", type=int)
     s.set_defaults(fn=cmd_worker)
     sub.add_parser("migrate", help="apply database migrations").set_defaults(fn=cmd_migrate)
+    s = sub.add_parser("users", help="accounts, on the backend host's database (operators)")
+    us = s.add_subparsers(dest="users_cmd", required=True)
+    u = us.add_parser("create", help="create a user (the first admin: --admin)")
+    u.add_argument("name")
+    u.add_argument("--admin", action="store_true", help="same as --role admin")
+    u.add_argument("--role", choices=["viewer", "member", "admin"], default="member")
+    u.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
+    us.add_parser("list", help="list users")
+    u = us.add_parser("set", help="change a user's role, limits, active flag or password")
+    u.add_argument("name")
+    u.add_argument("--role", choices=["viewer", "member", "admin"])
+    u.add_argument("--max-concurrent-runs", type=int)
+    u.add_argument("--max-world-size", type=int)
+    u.add_argument("--active", choices=["yes", "no"])
+    u.add_argument("--password-stdin", action="store_true", help="new password from stdin")
+    s.set_defaults(fn=cmd_users)
+    s = sub.add_parser("token", help="personal API tokens (for PARALAB_TOKEN)")
+    ts = s.add_subparsers(dest="token_cmd", required=True)
+    t = ts.add_parser("create", help="create a token; it is printed once")
+    t.add_argument("--name", default="cli")
+    t.add_argument("--expires-days", type=float)
+    t.add_argument("--user", help="log in as this user (else PARALAB_TOKEN is used)")
+    t.add_argument("--password-stdin", action="store_true")
+    ts.add_parser("list", help="your tokens (prefix, last used)")
+    t = ts.add_parser("revoke", help="revoke a token by its id")
+    t.add_argument("id", type=int)
+    for t in ts.choices.values():
+        t.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_token)
 
     s = sub.add_parser("submit", help="submit a run: SPEC.json and/or --preset NAME")
     s.add_argument("spec", nargs="?", help="job spec JSON file ('-' for stdin)")

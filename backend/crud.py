@@ -176,11 +176,17 @@ def logs_after(db: Session, run_id: str, after: int = -1, *, rank: int | None = 
 
 def finish(db: Session, run_id: str, *, status: str, exit_code: int | None, error: str | None,
            summary: dict | None, provenance: dict | None) -> Run | None:
-    """running -> a final status. Idempotent: a retried report of a finished run is a no-op."""
+    """running -> a final status. Idempotent: a retried report changes nothing, except that a
+    report of the same outcome may add the summary a first, early report did not have yet."""
     assert status in FINISHED, status
-    db.execute(update(Run).where(Run.id == run_id, Run.status == "running").values(
-        status=status, exit_code=exit_code, error=error, summary=summary,
-        metrics=(summary or {}).get("headline"), provenance=provenance, finished_at=utcnow()))
+    values = dict(status=status, exit_code=exit_code, error=error, summary=summary,
+                  metrics=(summary or {}).get("headline"), provenance=provenance)
+    res = db.execute(update(Run).where(Run.id == run_id, Run.status == "running")
+                     .values(**values, finished_at=utcnow()))
+    if res.rowcount == 0 and summary is not None:
+        db.execute(update(Run).where(Run.id == run_id, Run.status == status,
+                                     Run.summary.is_(None))
+                   .values(summary=summary, metrics=values["metrics"], provenance=provenance))
     db.commit()
     return db.get(Run, run_id)
 

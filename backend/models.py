@@ -79,12 +79,12 @@ class Run(Base):
     task_id: Mapped[str | None] = mapped_column(String(200))
     exit_code: Mapped[int | None] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
-    summary: Mapped[dict | None] = mapped_column(JSON)
+    summary: Mapped[dict | None] = mapped_column(JSON(none_as_null=True))
     # Headline figures (step time, peak memory, bubble, overlap, ...) copied from the summary's
     # `headline` so the runs table never loads whole summaries.
-    metrics: Mapped[dict | None] = mapped_column(JSON)
+    metrics: Mapped[dict | None] = mapped_column(JSON(none_as_null=True))
     notes: Mapped[str] = mapped_column(Text, default="")
-    provenance: Mapped[dict | None] = mapped_column(JSON)
+    provenance: Mapped[dict | None] = mapped_column(JSON(none_as_null=True))
 
     tags: Mapped[list[RunTag]] = relationship(
         cascade="all, delete-orphan", lazy="selectin", order_by="RunTag.tag")

@@ -247,7 +247,7 @@ class Tracer:
     def comm_start(self, op: str, *, payload_bytes: int, group_size: int, axis: str = "dp",
                    group: str | None = None, peer: int | None = None, is_root: bool = False,
                    backend_op: str | None = None, backend_payload_bytes: int | None = None,
-                   **args) -> _CommHandle:
+                   device: bool = True, **args) -> _CommHandle:
         """Record the issue of a (possibly async) op; call `.done()` on completion."""
         gkey = group or axis
         seq = self._seq.get(gkey, 0)
@@ -268,7 +268,7 @@ class Tracer:
             rec["backend_op"], rec["backend_payload_bytes"] = backend_op, int(bp)
             rec["backend_bytes_sent"] = _bytes(backend_op, int(bp), group_size,
                                                bool(is_root))[0]
-        ev0 = self._event() if self.cuda else None
+        ev0 = self._event() if (self.cuda and device) else None  # async: host timing
         return _CommHandle(self, rec, self.now(), ev0)
 
     @contextlib.contextmanager

@@ -105,7 +105,7 @@ def train_loop(ctx: RunContext, strategy, loss_fn) -> dict:
         t0 = tr.now()
         mbs = local_microbatches(spec, step, dp_rank, ctx.dims.dp, rounds, ctx.device)
         strategy.zero_grad()
-        loss_sum = torch.zeros((), dtype=torch.float64)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
         with tr.span("step", cat="step"), strategy.comm_context():
             for i, (x, y) in enumerate(mbs):
                 tr.microbatch = i
@@ -126,6 +126,8 @@ def train_loop(ctx: RunContext, strategy, loss_fn) -> dict:
             sample("after_step")
         losses.append(loss_sum.item() / rounds)
         step_times.append((tr.now() - t0) / 1e9)
+        if getattr(tr, "cuda", False):
+            tr.flush()  # CUDA-event records resolve on the main thread only
     if prof is not None:
         prof.__exit__(None, None, None)
         counts: dict[str, int] = {}

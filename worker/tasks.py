@@ -142,15 +142,22 @@ class JobSupervisor:
             self.say(f"killed leftover processes {leftovers}")
         status = outcome or ("succeeded" if rc == 0 else "failed")
         error = reason if outcome else (None if rc == 0 else self._error_text(rc))
-        summary = self._analyze(self._summary())
         self.say(f"finished: {status} (exit code {rc})")
+        if outcome:
+            # Someone is waiting on this stop (cancel, timeout, shutdown): report it before
+            # the partial trace is analysed and uploaded; the summary follows.
+            self._finish(status, rc, error, None)
+        summary = self._analyze(self._summary())
         self._upload()
         self.logs.close()
+        self._finish(status, rc, error, summary)
+        return status
+
+    def _finish(self, status: str, rc: int, error: str | None, summary: dict | None) -> None:
         self.client.finish(self.run_id, status=status, exit_code=rc, error=error,
                            summary=summary,
                            provenance=provenance((summary or {}).get("backend"),
                                                  (summary or {}).get("provenance")))
-        return status
 
     def _read(self, proc: subprocess.Popen) -> None:
         for raw in proc.stdout:

@@ -104,7 +104,7 @@ class Strategy:
         """Run `fn(async_op)` (a torch.distributed call) inside a comm record of logical size
         `payload` bytes; async: the record closes when the work's future completes."""
         h = self.tracer.comm_start(op, payload_bytes=payload, group_size=self.n, axis="dp",
-                                   group="dp", **kw)
+                                   group="dp", device=not async_op, **kw)
         if not async_op:
             fn(False)
             h.done()

@@ -88,7 +88,7 @@ def _wrap(name: str, fn, tracer, axis_of):
         h = tracer.comm_start(op, payload_bytes=payload_of(args, kwargs), group_size=n,
                               axis=axis, group=axis if "peer" not in extra else
                               f"{axis}:p2p", is_root=is_root, source=f"torch.distributed.{name}",
-                              **extra)
+                              device=False, **extra)
         work = fn(*args, **kwargs)
         if work is None:
             h.done()

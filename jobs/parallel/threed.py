@@ -81,12 +81,15 @@ class FuncolRecorder:
     Payload S follows nccl-tests: all-reduce input, all-gather output, reduce-scatter input."""
 
     def __init__(self, tracer, axis: str = "tp"):
+        from torch.distributed.tensor import DTensor
         from torch.utils._python_dispatch import TorchDispatchMode
 
         rec = self
 
         class _Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if any(t is DTensor for t in types):
+                    return NotImplemented  # let DTensor desugar into its collectives first
                 rec._see(func, args)
                 return func(*args, **(kwargs or {}))
 

@@ -74,11 +74,11 @@ class Zero12(Strategy):
             return
         self.pending[b] = len(self.bk.groups[b])
         ps = [self.bk.params[j] for j in self.bk.groups[b]]
-        buf = torch.zeros(self.bk.padded[b], dtype=self.dtype)
+        buf = torch.zeros(self.bk.padded[b], dtype=self.dtype, device=self.flat.device)
         torch.cat([p.grad.reshape(-1) for p in ps], out=buf[:self.bk.sizes[b]])
         for p in ps:
             p.grad = None  # this rank keeps only its shard of the reduced gradient
-        out = torch.empty(self.bk.padded[b] // self.n, dtype=self.dtype)
+        out = torch.empty(self.bk.padded[b] // self.n, dtype=self.dtype, device=buf.device)
         work = self.reduce_scatter(out, buf, async_op=True, bucket=b)
         self.inflight.append((b, work, buf, out))
 
@@ -111,7 +111,7 @@ class Zero12(Strategy):
             self.all_gather(self.bk.bucket(self.flat, b), mine, bucket=b, phase="update")
 
     def full_parameters(self):
-        full = torch.zeros(self.bk.total, dtype=torch.float32)
+        full = torch.zeros(self.bk.total, dtype=torch.float32, device=self.flat.device)
         for b, m in enumerate(self.master):
             dist.all_gather_into_tensor(self.bk.bucket(full, b), m.detach().float().clone(),
                                         group=self.group)
@@ -145,7 +145,7 @@ class _Gather(torch.autograd.Function):
     def backward(ctx, grad_full):
         unit = ctx.unit
         unit.release_backward()
-        out = torch.empty(unit.shard_numel, dtype=grad_full.dtype)
+        out = torch.empty(unit.shard_numel, dtype=grad_full.dtype, device=grad_full.device)
         unit.owner.reduce_scatter(out, grad_full.contiguous(), unit=unit.index)
         return out.div_(unit.owner.n), None
 
@@ -159,7 +159,8 @@ class _Unit:
         n = owner.n
         self.padded = self.numel + (-self.numel) % n
         self.shard_numel = self.padded // n
-        flat = torch.zeros(self.padded, dtype=owner.dtype)
+        self.device = ps[0].device if ps else torch.device("cpu")
+        flat = torch.zeros(self.padded, dtype=owner.dtype, device=self.device)
         if ps:
             torch.cat([p.detach().reshape(-1).to(owner.dtype) for p in ps], out=flat[:self.numel])
         r = owner.r
@@ -169,7 +170,7 @@ class _Unit:
         self.bwd_full = None
 
     def gather(self, phase: str) -> torch.Tensor:
-        full = torch.empty(self.padded, dtype=self.owner.dtype)
+        full = torch.empty(self.padded, dtype=self.owner.dtype, device=self.device)
         self.owner.all_gather(full, self.shard.detach(), unit=self.index, phase=phase)
         self.owner.gathered(+tensor_bytes(full))
         return full
@@ -306,7 +307,7 @@ class Zero3(Strategy):
     def full_parameters(self):
         out = {}
         for u, m in zip(self.units, self.master, strict=True):
-            full = torch.empty(u.padded, dtype=torch.float32)
+            full = torch.empty(u.padded, dtype=torch.float32, device=u.device)
             dist.all_gather_into_tensor(full, m.detach().float().contiguous(), group=self.group)
             off = 0
             for (_, _, name), shape in zip(u.entries, u.shapes, strict=True):

@@ -4,7 +4,7 @@ import csv
 import io
 import json
 
-from jobs.analysis import assign_lanes, from_records, tables_to_csv, to_perfetto, write_analysis
+from jobs.analysis import assign_lanes, tables_to_csv, to_perfetto, write_analysis
 from tests.analysis import tef
 from tests.analysis.synth import comm, end, mem, meta, span
 
@@ -63,4 +63,3 @@ def test_real_4_rank_run_export_is_strict_tef(zero3_run):
     assert labels[3] == "pp=0,dp=3,tp=0"
     assert trace["otherData"]["spec"]["parallel"]["zero_stage"] == 3
     assert set(trace["otherData"]["ranks"]) == {"0", "1", "2", "3"}
-    _ = from_records  # the same export works on in-memory records (see the synthetic test)

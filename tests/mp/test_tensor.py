@@ -58,3 +58,29 @@ def test_sp_replaces_all_reduce_with_gather_and_reduce_scatter(run):
         assert len(ag) == 4 * LAYERS * STEPS + STEPS
         assert sum(c["bytes_sent"] for c in rs) == 4 * LAYERS * STEPS * half
         assert not [c for c in comms if c["op"] == "all_reduce" and c["region"] != "sp_param_grads"]
+
+
+def test_native_tp_traffic_next_to_formula(run):
+    """DTensor (q, k, v fed one Replicate DTensor) issues exactly Megatron's all-reduces."""
+    out, _ = run
+    s_bytes = B * S * H * 4
+    for comms in _ops(out, "native-tp").values():
+        for phase in ("fwd", "bwd"):
+            ops = [c for c in comms if c["phase"] == phase]
+            assert len(ops) == 2 * LAYERS * STEPS
+            assert all(c["op"] == "all_reduce" and c["payload_bytes"] == s_bytes for c in ops)
+
+
+def test_native_sp_traffic_next_to_reference(run):
+    """Same all-gathers / reduce-scatters as the reference; the sequence-sharded parameters'
+    gradients stay Partial and are all-reduced lazily, per parameter, inside the optimizer."""
+    out, _ = run
+    s_bytes = B * S * H * 4
+    for rank, comms in _ops(out, "native-sp").items():
+        ref = _ops(out, "sp")[rank]
+        big = sorted((c["op"], c["phase"]) for c in comms if c["payload_bytes"] == s_bytes)
+        assert big == sorted((c["op"], c["phase"]) for c in ref
+                             if c["payload_bytes"] == s_bytes)
+        small = [c for c in comms if c["payload_bytes"] != s_bytes]
+        assert small and all(c["op"] == "all_reduce" and c["payload_bytes"] == H * 4
+                             for c in small)

@@ -161,6 +161,12 @@ def test_worker_channel_logs_stream_and_files(client, settings):
     # finished: a late retry of another outcome changes nothing
     client.post(f"/api/internal/runs/{rid}/finish", headers=auth, json={"status": "succeeded"})
     assert client.get(f"/api/runs/{rid}").json()["status"] == "cancelled"
+    # the same outcome reported again with the summary (after the partial trace's analysis)
+    client.post(f"/api/internal/runs/{rid}/finish", headers=auth, json={
+        "status": "cancelled", "summary": {"loss": [1.0], "headline": {"step_time_s": 0.5}}})
+    got = client.get(f"/api/runs/{rid}").json()
+    assert got["status"] == "cancelled" and got["summary"]["loss"] == [1.0]
+    assert got["metrics"] == {"step_time_s": 0.5} and got["error"] == "cancelled"
     files = client.get(f"/api/runs/{rid}/files").json()
     assert [f["path"] for f in files] == ["trace-rank0.jsonl"]
     assert client.get(f"/api/runs/{rid}/files/trace-rank0.jsonl").content == b'{"a":1}\n'

@@ -6,7 +6,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 
 import httpx
 import pytest

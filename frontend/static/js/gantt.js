@@ -143,17 +143,17 @@ export class Gantt {
       theory.rows.forEach((r, i) => { tickvals.push(base + i); ticktext.push(esc(r.label)); });
     }
     const nRows = tickvals.length;
-    const height = Math.max(320, Math.min(900, 46 * nRows + 170));
+    const height = Math.max(340, Math.min(900, 48 * nRows + 110));
     const w = data.window;
     const layout = {
       title: { text: `Timeline per rank${this.step !== null ? ` — step ${this.step}` : ""}`,
         font: { size: 15 } },
-      height, margin: { l: 150, r: 20, t: 45, b: 95 }, hovermode: "closest",
+      height, margin: { l: 150, r: 10, t: 45, b: 55 }, hovermode: "closest",
       xaxis: { title: { text: "time since trace start (ms)" }, range: range || [w.t0_ms, w.t1_ms],
         zeroline: false },
       yaxis: { tickvals, ticktext, zeroline: false, fixedrange: true,
         title: { text: "rank (mesh coordinates)" }, range: [nRows - 0.4, -0.6] },
-      legend: { orientation: "h", y: -0.2, yanchor: "top" },
+      legend: { orientation: "v", x: 1.01, y: 1, yanchor: "top", font: { size: 11 } },
       shapes: theory ? [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: rows.length - 0.2,
         y1: rows.length - 0.2, line: { color: "#99a", dash: "dot", width: 1 } }] : [],
       uirevision: `${this.runId}-${this.step}`,

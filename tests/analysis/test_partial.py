@@ -1,0 +1,51 @@
+"""A cancelled / killed / failed run's partial traces degrade the analysis, never raise."""
+
+import json
+
+from jobs.analysis import analyze_run_dir, write_analysis
+from tests.analysis import tef
+from tests.analysis.synth import comm, end, meta, span, write
+
+
+def test_empty_folder(tmp_path):
+    h = write_analysis(tmp_path)
+    assert "analysis_error" not in h and h["step_time_s"] is None
+    a = json.loads((tmp_path / "analysis.json").read_text())
+    assert any("no trace-rank" in w for w in a["warnings"])
+    assert all(rows == [] for rows in a["tables"].values())
+
+
+def test_torn_lines_missing_rank_no_end_unfinished_step(tmp_path):
+    spec = {"preset": "ddp", "parallel": {"dp": 3}, "runtime": {"nproc_per_node": 3},
+            "train": {"global_batch": 6}}
+    r0 = [meta(0, 3, spec=spec), span(0, 0, "step", 0, 100, cat="step"),
+          span(0, 0, "forward", 0, 40), comm(0, 0, "all_reduce", 40, 90, n=3, payload=3000),
+          span(0, 1, "forward", 100, 140),                      # step 1 never finished
+          comm(0, 1, "all_reduce", 140, 150, n=3, payload=3000, seq=1)]
+    r1 = [meta(1, 3, spec=spec), span(1, 0, "step", 0, 100, cat="step"),
+          comm(1, 0, "all_reduce", 45, 90, n=3, payload=3000), end(1, 200)]
+    write(tmp_path, {0: r0, 1: r1})
+    with open(tmp_path / "trace-rank1.jsonl", "a") as f:
+        f.write('{"type": "span", "name": "torn')                # torn last line
+    (tmp_path / "trace-rank2.jsonl").write_text("")              # killed before the meta line
+    a = analyze_run_dir(tmp_path)
+    w = " | ".join(a["warnings"])
+    assert "rank 0: no end record" in w and "rank 1: 1 unreadable" in w
+    assert "no trace for rank(s) [2]" in w and "fewer ranks" in w
+    assert "without a `step` span" in w
+    t = a["tables"]
+    assert {(r["rank"], r["step"]) for r in t["step_rank"]} == {(0, 0), (0, 1), (1, 0)}
+    assert all(not r["complete"] for r in t["collectives"])
+    assert a["headline"]["step_time_s"] is not None
+    write_analysis(tmp_path)
+    tef.check(json.loads((tmp_path / "trace.perfetto.json").read_text()), 2)
+
+
+def test_garbage_records_do_not_raise(tmp_path):
+    (tmp_path / "trace-rank0.jsonl").write_text(
+        '[1, 2]\n{"type": "span", "ts_ns": "x"}\n{"type": "comm", "ts_ns": 5}\n'
+        '{"type": "mem", "ts_ns": 7, "params": "lots"}\n{"type": "weird", "ts_ns": 1}\n')
+    h = write_analysis(tmp_path)
+    assert "analysis_error" not in h
+    a = json.loads((tmp_path / "analysis.json").read_text())
+    assert a["warnings"]

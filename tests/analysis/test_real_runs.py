@@ -1,0 +1,81 @@
+"""Measured vs predicted on real runs of the reference engine (gloo, CPU): logical bytes exact
+against the seeds' formula, model-state memory within 2% of the theory, the bubble split adds
+up and is compared with the simulator and the closed form."""
+
+import pytest
+
+from jobs.analysis import analyze_run_dir
+
+approx = pytest.approx
+
+
+@pytest.fixture(scope="module")
+def zero3(zero3_run):
+    return analyze_run_dir(zero3_run)
+
+
+@pytest.fixture(scope="module")
+def pp(pp_run):
+    return analyze_run_dir(pp_run)
+
+
+def test_zero3_tables_cover_every_rank_and_step(zero3):
+    t = zero3["tables"]
+    assert {(r["rank"], r["step"]) for r in t["step_rank"]} == {
+        (r, s) for r in range(4) for s in range(3)}
+    for r in t["step_rank"]:
+        assert r["compute_s"] > 0 and r["comm_s"] > 0
+        busy = r["compute_s"] + r["comm_s"] - r["overlap_s"]
+        assert busy + r["idle_s"] == approx(r["step_s"], rel=1e-6, abs=1e-9)
+    assert [r["step"] for r in t["throughput"]] == [0, 1, 2]
+    assert all(r["loss"] is not None and r["tokens_per_s"] > 0 for r in t["throughput"])
+    assert {r["step"] for r in t["stragglers"]} == {0, 1, 2}
+    assert not zero3["warnings"], zero3["warnings"]
+
+
+def test_zero3_collectives_matched_on_all_ranks_with_nccl_factors(zero3):
+    rows = zero3["tables"]["collectives"]
+    assert rows and all(r["complete"] and r["ranks"] == [0, 1, 2, 3] for r in rows)
+    assert {r["op"] for r in rows if r["step"] >= 0} == {"all_gather", "reduce_scatter"}
+    for r in rows:
+        if r["algbw_GBps"] is not None:
+            assert r["busbw_GBps"] == approx(r["algbw_GBps"] * 3 / 4)
+            assert r["bytes_sent"] == approx(r["payload_bytes"] * 3 / 4)
+
+
+def test_zero3_logical_bytes_exact_and_memory_within_2pct(zero3):
+    t = zero3["tables"]
+    dp = [r for r in t["axis_bytes"] if r["axis"] == "dp"]
+    assert len(dp) == 4
+    for r in dp:
+        assert r["bytes_sent_per_step"] == r["formula_bytes"]          # exact
+        assert abs(r["error_pct"]) < 2                                  # theory's Ψ
+    state = [r for r in t["memory"] if r["component"] in ("params", "grads", "optim",
+                                                          "model_state")]
+    assert len(state) == 16
+    for r in state:
+        assert r["measured_bytes"] == r["formula_bytes"]                # padding_elems == 0
+        assert abs(r["error_pct"]) <= 2.0, r
+    h = zero3["headline"]
+    assert h["memory_error_pct"] <= 2.0
+    assert h["comm_bytes_per_rank"] == dp[0]["bytes_sent_per_step"]
+    assert h["step_time_s"] > 0 and h["tokens_per_s"] > 0 and h["bubble_fraction"] is None
+    assert h["straggler_rank"] in range(4) and h["peak_memory_bytes"] > 0
+
+
+def test_pipeline_run_bubble_split_and_bytes(pp):
+    rows = pp["tables"]["stage_bubbles"]
+    assert [r["stage"] for r in rows] == [0, 1]
+    for r in rows:
+        assert 0 <= r["measured_idle_fraction"] < 1
+        assert 0 <= r["inherent"] <= r["measured_idle_fraction"] + 1e-12
+        assert r["inherent"] + r["stall"] == approx(r["measured_idle_fraction"])
+        assert 0 <= r["simulated"] < 1
+        assert r["closed_form"] == approx(1 / 5) and r["predicted"] == approx(1 / 5)
+    assert pp["headline"]["bubble_fraction"] is not None
+    ax = [r for r in pp["tables"]["axis_bytes"] if r["axis"] == "pp"]
+    assert len(ax) == 2 and all(r["bytes_sent_per_step"] == r["predicted_bytes"] for r in ax)
+    sr = [r for r in pp["tables"]["collectives"] if r["op"] == "send_recv"]
+    assert sr and all(r["complete"] and r["ranks"] == [0, 1] for r in sr)
+    state = [r for r in pp["tables"]["memory"] if r["component"] == "model_state"]
+    assert len(state) == 2 and all(abs(r["error_pct"]) <= 2.0 for r in state)
