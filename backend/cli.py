@@ -312,13 +312,13 @@ def build_parser() -> argparse.ArgumentParser:
     t = ts.add_parser("create", help="create a token; it is printed once")
     t.add_argument("--name", default="cli")
     t.add_argument("--expires-days", type=float)
-    t.add_argument("--user", help="log in as this user (else PARALAB_TOKEN is used)")
-    t.add_argument("--password-stdin", action="store_true")
     ts.add_parser("list", help="your tokens (prefix, last used)")
     t = ts.add_parser("revoke", help="revoke a token by its id")
     t.add_argument("id", type=int)
     for t in ts.choices.values():
         t.add_argument("--json", action="store_true")
+        t.add_argument("--user", help="log in as this user (else PARALAB_TOKEN is used)")
+        t.add_argument("--password-stdin", action="store_true")
     s.set_defaults(fn=cmd_token)
 
     s = sub.add_parser("submit", help="submit a run: SPEC.json and/or --preset NAME")

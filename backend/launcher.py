@@ -18,6 +18,7 @@ import time
 import httpx
 
 from backend.core.config import get_settings
+from backend.core.security import ConfigError, check_startup
 from backend.migrate import upgrade
 from worker.procs import pdeathsig_preexec
 
@@ -42,6 +43,11 @@ def _stop(procs: list[subprocess.Popen], grace: float) -> None:
 def up(host: str | None = None, port: int | None = None) -> int:
     settings = get_settings()
     host, port = host or settings.host, port or settings.port
+    try:  # before anything starts: secret key in team mode, loopback only in local mode
+        check_startup(settings, host)
+    except ConfigError as exc:
+        print(f"paralab: {exc}", file=sys.stderr, flush=True)
+        return 2
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     upgrade(settings.db_url)
     url = f"http://{host}:{port}"

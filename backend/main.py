@@ -21,6 +21,7 @@ from backend.auth import AuthMiddleware
 from backend.core.config import Settings, get_settings
 from backend.core.db import get_sessionmaker
 from backend.core.security import LoginThrottle, check_startup
+from jobs.spec import json_schema
 
 log = logging.getLogger(__name__)
 FRONTEND = Path(__file__).resolve().parent.parent / "frontend"
@@ -87,6 +88,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(users.router)
     app.include_router(history.router)
     app.mount("/static", StaticFiles(directory=FRONTEND / "static"), name="static")
+
+    default_openapi = app.openapi
+
+    def openapi() -> dict:
+        """The generated schema, with the job spec's own JSON Schema as the body of
+        POST /api/runs (the route takes a dict so that jobs.spec does the validating)."""
+        if app.openapi_schema is None:
+            schema = default_openapi()
+            body = schema["paths"]["/api/runs"]["post"]["requestBody"]["content"][
+                "application/json"]
+            body["schema"] = json_schema()
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
 
     @app.get("/", include_in_schema=False)
     def index() -> FileResponse:

@@ -489,3 +489,46 @@ def field_docs() -> dict:
                 out[name]["choices"] = _LIST_CHOICES[(prefix.rstrip("."), f.name)]
         return out
     return walk(JobSpec, "")
+
+
+def json_schema() -> dict:
+    """JSON Schema of a job spec (for OpenAPI and editors). Cross-field rules (degrees vs world
+    size, divisibility) are not expressible here; the API still enforces them with 422s."""
+    types = {"int": "integer", "float": "number", "bool": "boolean", "str": "string"}
+
+    def section(cls, path) -> dict:
+        props = {}
+        inst = cls()
+        for f in dataclasses.fields(cls):
+            ftype = f.type if isinstance(f.type, str) else f.type.__name__
+            if ftype.endswith("Spec"):
+                props[f.name] = section(globals()[ftype], (*path, f.name))
+                continue
+            m, default = f.metadata, getattr(inst, f.name)
+            if ftype == "tuple":
+                prop = {"type": "array", "minItems": 1,
+                        "items": {"enum": list(_LIST_CHOICES[(path[-1], f.name)])},
+                        "default": list(default)}
+            else:
+                prop = {"type": types[ftype], "default": default}
+                if m.get("choices"):
+                    prop["enum"] = list(m["choices"])
+                if m.get("ge") is not None:
+                    prop["minimum"] = m["ge"]
+                if m.get("le") is not None:
+                    prop["maximum"] = m["le"]
+            prop["description"] = m["doc"]
+            props[f.name] = prop
+        return {"type": "object", "properties": props, "additionalProperties": False,
+                "description": (cls.__doc__ or "").split("\n")[0]}
+
+    spec = section(JobSpec, ())
+    meta = {"tags": {"type": "array", "items": {"type": "string", "maxLength": 64},
+                     "maxItems": 20, "description": "run metadata, not part of the spec"},
+            "notes": {"type": "string", "description": "run metadata (Markdown)"}}
+    spec["properties"].update(meta)
+    preset = {"type": "object", "required": ["preset"],
+              "properties": {"preset": {"enum": list(PRESETS), "description":
+                                        "a named strategy; other fields override it"}, **meta},
+              "additionalProperties": True}
+    return {"title": "JobSpec", "anyOf": [spec, preset]}

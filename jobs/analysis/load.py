@@ -54,6 +54,10 @@ def _valid_timed(r: dict) -> bool:
 def parse_lines(lines, rank: int, warnings: list[str]) -> tuple[list[dict], dict]:
     """Records and the meta record of one rank from an iterable of JSON lines."""
     recs, meta, bad = [], {}, 0
+    lines = list(lines)
+    if not any(x.strip() for x in lines):
+        warnings.append(f"rank {rank}: empty trace file (killed before its first flush)")
+        return [], {}
     for line in lines:
         line = line.strip()
         if not line:
@@ -94,7 +98,9 @@ def from_records(per_rank: dict[int, list[dict]], summary: dict | None = None) -
     tr = Traces(summary=summary)
     for rank in sorted(per_rank):
         lines = (json.dumps(r) for r in per_rank[rank])
-        tr.ranks[rank], tr.meta[rank] = parse_lines(lines, rank, tr.warnings)
+        recs, meta = parse_lines(lines, rank, tr.warnings)
+        if recs or meta:
+            tr.ranks[rank], tr.meta[rank] = recs, meta
     _check_ranks(tr)
     return tr
 
@@ -117,7 +123,8 @@ def load_run_dir(out_dir: Path) -> Traces:
         except OSError as exc:
             tr.warnings.append(f"rank {rank}: cannot read {path.name} ({exc})")
             continue
-        tr.ranks[rank], tr.meta[rank] = recs, meta
+        if recs or meta:
+            tr.ranks[rank], tr.meta[rank] = recs, meta
     summ = out_dir / "summary.json"
     if summ.is_file():
         try:

@@ -124,3 +124,18 @@ def test_presets_table_documents_native_component():
     assert all(r["native"] and r["title"] and "available" in r for r in rows)
     docs = field_docs()
     assert docs["parallel.zero_stage"]["le"] == 3 and "doc" in docs["train.lr"]
+
+
+def test_json_schema_accepts_specs_and_presets_and_rejects_unknown_fields():
+    import jsonschema
+
+    from jobs.spec import json_schema
+    schema = json_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    for name in PRESETS:
+        jsonschema.validate(parse_spec({"preset": name}).to_dict(), schema)
+    jsonschema.validate({"preset": "zero2", "parallel": {"dp": 4}}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"parallel": {"dp": 2, "bogus": 1}}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"parallel": {"zero_stage": 7}}, schema)

@@ -7,6 +7,9 @@ async function request(method, path, body) {
   }
   const r = await fetch(path, opts);
   const data = r.headers.get("content-type")?.includes("json") ? await r.json() : await r.text();
+  if (r.status === 401 && !path.startsWith("/api/auth/")) {
+    location.href = `/login?next=${encodeURIComponent(location.pathname + location.search)}`;
+  }
   if (!r.ok) {
     const err = new Error(`HTTP ${r.status}: ${formatErrors(data?.detail ?? data)}`);
     err.status = r.status;

@@ -152,7 +152,7 @@ export class Gantt {
       xaxis: { title: { text: "time since trace start (ms)" }, range: range || [w.t0_ms, w.t1_ms],
         zeroline: false },
       yaxis: { tickvals, ticktext, zeroline: false, fixedrange: true,
-        title: { text: "rank (mesh coordinates)" }, range: [nRows - 0.4, -0.6] },
+        title: { text: "rank (mesh coordinates)" }, range: [Math.max(...tickvals) + 0.6, -0.6] },
       legend: { orientation: "v", x: 1.01, y: 1, yanchor: "top", font: { size: 11 } },
       shapes: theory ? [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: rows.length - 0.2,
         y1: rows.length - 0.2, line: { color: "#99a", dash: "dot", width: 1 } }] : [],

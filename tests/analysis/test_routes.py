@@ -1,0 +1,85 @@
+"""GET /api/runs/{id}/metrics and /api/runs/{id}/export, in-process against SQLite and
+PostgreSQL, with the analysis files written where the backend keeps a run's files."""
+
+import csv
+import io
+
+import pytest
+from fastapi.testclient import TestClient
+
+from backend import crud
+from backend.core.db import get_sessionmaker
+from backend.main import create_app
+from jobs.analysis import TABLES, write_analysis
+from jobs.spec import parse_spec
+from tests.analysis import tef
+from tests.analysis.synth import comm, end, mem, meta, span, write
+
+
+@pytest.fixture
+def client(settings):
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+@pytest.fixture
+def run_id(settings, client):
+    with get_sessionmaker(settings.db_url)() as db:
+        return crud.create_run(db, parse_spec({"preset": "ddp"}), owner="u", tags=[],
+                               notes="").id
+
+
+def analyzed(settings, run_id):
+    recs = {r: [meta(r, 2, spec={"preset": "ddp"}), span(r, 0, "step", 0, 100, cat="step"),
+                span(r, 0, "backward", 0, 60),
+                comm(r, 0, "all_reduce", 10 * r + 20, 80, n=2, payload=4096, bucket=0),
+                mem(r, 0, 90, params=100, grads=100, optim=200), end(r, 120)]
+            for r in range(2)}
+    out = write(settings.runs_dir / run_id, recs, summary={"loss": [1.0]})
+    return write_analysis(out)
+
+
+def test_metrics_404_before_analysis(client, run_id):
+    r = client.get(f"/api/runs/{run_id}/metrics")
+    assert r.status_code == 404 and "no analysis yet" in r.json()["detail"]
+    assert client.get(f"/api/runs/{run_id}/export").status_code == 404
+    assert client.get("/api/runs/nope/metrics").status_code == 404
+
+
+def test_metrics_and_one_table(client, settings, run_id):
+    headline = analyzed(settings, run_id)
+    body = client.get(f"/api/runs/{run_id}/metrics").json()
+    assert body["headline"] == headline and set(body["tables"]) == set(TABLES)
+    one = client.get(f"/api/runs/{run_id}/metrics", params={"table": "collectives"}).json()
+    assert one["table"] == "collectives" and one["rows"][0]["last_rank"] == 1
+
+
+@pytest.mark.parametrize("params,field", [({"table": "nope"}, "table"),
+                                          ({"format": "xml"}, "format"),
+                                          ({"format": "csv"}, "table")])
+def test_bad_query_is_422_naming_the_field(client, settings, run_id, params, field):
+    analyzed(settings, run_id)
+    url = f"/api/runs/{run_id}/export"
+    r = client.get(url, params=params)
+    assert r.status_code == 422, r.text
+    assert any(e["loc"] == ["query", field] for e in r.json()["detail"])
+    if field == "table":
+        r = client.get(f"/api/runs/{run_id}/metrics", params={"table": "nope"})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "table"]
+
+
+def test_exports_download(client, settings, run_id):
+    analyzed(settings, run_id)
+    r = client.get(f"/api/runs/{run_id}/export")
+    assert r.status_code == 200
+    assert f"paralab-{run_id}.perfetto.json" in r.headers["content-disposition"]
+    tef.check(r.json(), 2)
+    r = client.get(f"/api/runs/{run_id}/export", params={"format": "csv", "table": "step_rank"})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv")
+    assert f"paralab-{run_id}-step_rank.csv" in r.headers["content-disposition"]
+    rows = list(csv.DictReader(io.StringIO(r.text)))
+    assert [(x["rank"], x["step"]) for x in rows] == [("0", "0"), ("1", "0")]
+    r = client.get(f"/api/runs/{run_id}/export", params={"format": "json"})
+    assert set(r.json()["tables"]) == set(TABLES)
+    r = client.get(f"/api/runs/{run_id}/export", params={"format": "json", "table": "memory"})
+    assert isinstance(r.json(), list) and r.json()
