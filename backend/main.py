@@ -66,8 +66,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   description="Launch, trace and compare parallel-training experiments.")
     app.state.settings = settings
     app.state.worker_token = settings.resolved_worker_token()
-    app.state.login_throttle = LoginThrottle(settings.login_max_failures,
-                                             settings.login_window_s)
+    app.state.login_throttle = {
+        "user": LoginThrottle(settings.login_max_failures, settings.login_window_s),
+        "addr": LoginThrottle(settings.login_max_failures_per_client, settings.login_window_s)}
     # Identity on every request, deny by default in team mode (backend/auth.py).
     app.add_middleware(AuthMiddleware, settings=settings)
 

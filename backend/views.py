@@ -50,6 +50,7 @@ class Trace:
 
 _CACHE: OrderedDict[tuple, Trace] = OrderedDict()
 _LOCK = threading.Lock()
+_PARSE_LOCK = threading.Lock()
 
 
 def trace_files(run_dir: Path) -> list[Path]:
@@ -66,11 +67,15 @@ def load_trace(run_dir: Path) -> Trace | None:
         if key in _CACHE:
             _CACHE.move_to_end(key)
             return _CACHE[key]
-    trace = _parse(files)
-    with _LOCK:
-        _CACHE[key] = trace
-        while len(_CACHE) > 6:
-            _CACHE.popitem(last=False)
+    with _PARSE_LOCK:  # concurrent chart requests of one page wait for a single parse
+        with _LOCK:
+            if key in _CACHE:
+                return _CACHE[key]
+        trace = _parse(files)
+        with _LOCK:
+            _CACHE[key] = trace
+            while len(_CACHE) > 6:
+                _CACHE.popitem(last=False)
     return trace
 
 
@@ -145,6 +150,25 @@ def _parse(files: list[Path]) -> Trace:
     return Trace(origin, meta, list(keys), cols, steps, rank_steps, comms, mems)
 
 
+def by_rank_step(trace: Trace) -> tuple[dict[str, np.ndarray], dict[tuple[int, int], slice]]:
+    """The columns sorted by (rank, step, t0) and the slice of every (rank, step)."""
+    if "rs" not in trace.extra:
+        c = trace.cols
+        o = np.lexsort((c["t0"], c["step"], c["rank"]))
+        sc = {k: v[o] for k, v in c.items()}
+        n = len(o)
+        if n:
+            edge = np.flatnonzero(np.r_[True, (sc["rank"][1:] != sc["rank"][:-1])
+                                        | (sc["step"][1:] != sc["step"][:-1])])
+            ends = np.r_[edge[1:], n]
+            slices = {(int(sc["rank"][a]), int(sc["step"][a])): slice(int(a), int(b))
+                      for a, b in zip(edge, ends, strict=True)}
+        else:
+            slices = {}
+        trace.extra["rs"] = (sc, slices)
+    return trace.extra["rs"]
+
+
 # --- interval helpers ------------------------------------------------------------------------
 
 def _union(t0: np.ndarray, t1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -198,7 +222,7 @@ def lod_merge(c: dict[str, np.ndarray], width: float) -> dict[str, np.ndarray]:
     return out
 
 
-def _rows(trace: Trace) -> list[dict]:
+def rows_of(trace: Trace) -> list[dict]:
     ranks = sorted(set(trace.meta) | set(np.unique(trace.cols["rank"]).tolist()))
     degrees = _degrees(trace)
 
@@ -250,36 +274,37 @@ def gantt(trace: Trace, *, step: int | None = None, t0_ms: float | None = None,
         while len(out["t0"]) > max_spans:
             width *= 2
             out = lod_merge(win_cols, width)
-    rows = _rows(trace)
+    rows = rows_of(trace)
     return {
         "window": {"t0_ms": lo, "t1_ms": hi}, "origin_ns": trace.origin_ns,
         "steps": trace.steps, "rows": rows, "keys": trace.keys, "lanes": list(LANES),
         "segments": {k: out[k].round(6).tolist() if out[k].dtype.kind == "f" else
                      out[k].tolist() for k in ("rank", "lane", "t0", "t1", "key", "mb", "step",
                                                "n", "bytes")},
-        "idle": _idle(trace, win_cols, lo, hi, max(width, (hi - lo) / px / 4), step),
+        "idle": _idle(trace, lo, hi, max(width, (hi - lo) / px / 4), step),
         "total_spans": total, "returned": len(out["t0"]),
         "lod": {"merged": width > 0, "bucket_ms": width, "max_spans": max_spans},
         "theory": _theory(trace, step) if step is not None else None,
     }
 
 
-def _idle(trace: Trace, c: dict, lo: float, hi: float, min_gap: float, step) -> dict:
+def _idle(trace: Trace, lo: float, hi: float, min_gap: float, step, limit=20000) -> dict:
     """Gaps inside each rank's step windows where it neither computes nor communicates."""
+    sc, slices = by_rank_step(trace)
     out = {"rank": [], "t0": [], "t1": []}
     for (r, s), (a, b) in sorted(trace.rank_steps.items()):
         if s < 0 or (step is not None and s != step) or b < lo or a > hi:
             continue
-        m = (c["rank"] == r) & (c["t1"] >= a) & (c["t0"] <= b)
-        u0, u1 = _union(c["t0"][m], c["t1"][m])
+        sl = slices.get((r, s), slice(0, 0))
+        u0, u1 = _union(sc["t0"][sl], sc["t1"][sl])
         g0, g1 = np.r_[a, u1], np.r_[u0, b]
-        keep = (g1 - g0) >= min_gap
+        keep = (g1 - g0) >= max(min_gap, 1e-9)
         g0, g1 = np.maximum(g0[keep], lo), np.minimum(g1[keep], hi)
         ok = g1 > g0
         out["rank"] += [r] * int(ok.sum())
         out["t0"] += g0[ok].round(6).tolist()
         out["t1"] += g1[ok].round(6).tolist()
-        if len(out["t0"]) > 20000:
+        if len(out["t0"]) > limit:
             break
     return out
 
@@ -340,14 +365,18 @@ def breakdown(trace: Trace) -> dict:
     compute = union of compute spans; exposed comm = comm (ops and sync spans) not overlapped by
     compute; bubble (pipeline runs) = the rest between the rank's first and last compute of the
     step; idle = what remains of the step."""
-    c = trace.cols
     pipeline = _degrees(trace).get("pp", 1) > 1
     p2p = [i for i, k in enumerate(trace.keys) if k in ("send", "recv") and pipeline]
+    if "breakdown" in trace.extra:
+        return trace.extra["breakdown"]
+    sc, slices = by_rank_step(trace)
     rows = []
     for (r, s), (a, b) in sorted(trace.rank_steps.items(), key=lambda x: (x[0][1], x[0][0])):
         if s < 0:
             continue
-        m = (c["rank"] == r) & (c["t1"] >= a) & (c["t0"] <= b)
+        sl = slices.get((r, s), slice(0, 0))
+        c = {k: v[sl] for k, v in sc.items()}
+        m = np.ones(len(c["t0"]), dtype=bool)
         comp = m & (c["lane"] == 0)
         k0, k1 = _union(np.clip(c["t0"][comp], a, b), np.clip(c["t1"][comp], a, b))
         cm = m & (c["lane"] > 0) & ~np.isin(c["key"], p2p)  # p2p waits are pipeline bubble
@@ -370,7 +399,8 @@ def breakdown(trace: Trace) -> dict:
     for key in ("step_s", "compute_s", "comm_s", "exposed_comm_s", "bubble_s", "idle_s"):
         vals = [x[key] for x in rows]
         means[key] = sum(vals) / len(vals) if vals else None
-    return {"rows": rows, "mean": means, "pipeline": pipeline}
+    trace.extra["breakdown"] = {"rows": rows, "mean": means, "pipeline": pipeline}
+    return trace.extra["breakdown"]
 
 
 def _minus_within(m0, m1, k0, k1, lo, hi) -> float:

@@ -78,6 +78,27 @@ def stage_bubbles(traces: dict[int, list[dict]], steps: list[int] | None = None)
     return out
 
 
+def measured_stage_times(traces: dict[int, list[dict]], steps: list[int],
+                         n_stages: int) -> dict:
+    """Mean duration (s) of F, B (or BW) and W per global stage over `steps`: the stage times
+    to feed `schedules.simulate` so it predicts this run's bubble from its real action costs
+    (a BW counts as input-gradient time, W then 0)."""
+    acc: dict = defaultdict(list)
+    for recs in traces.values():
+        for r in recs:
+            if r.get("type") == "span" and r.get("action") in ACTIONS and r["step"] in steps:
+                kind = "B" if r["action"] == "BW" else r["action"]
+                acc[(kind, r.get("stage", 0))].append(r["dur_ns"] / 1e9)
+
+    def mean(kind: str, s: int) -> float:
+        v = acc.get((kind, s))
+        return sum(v) / len(v) if v else 0.0
+
+    return {"t_f": [mean("F", s) for s in range(n_stages)],
+            "t_b_input": [mean("B", s) for s in range(n_stages)],
+            "t_b_weight": [mean("W", s) for s in range(n_stages)]}
+
+
 def stage_memory(traces: dict[int, list[dict]]) -> dict:
     """pp -> peak in-flight micro-batches (chunks) and activation bytes over the stage's ranks."""
     out: dict = {}

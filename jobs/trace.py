@@ -34,6 +34,7 @@ from pathlib import Path
 from jobs import commbytes
 
 SCHEMA_VERSION = 1
+_ENCODER = json.JSONEncoder(default=str, separators=(",", ":"))
 
 # What the backend actually runs for a logical op (only where it differs from the logical op).
 BACKEND_OPS = {"gloo": {"reduce_scatter": "all_reduce"}}
@@ -66,10 +67,16 @@ def _bytes(op: str, payload: int, n: int, is_root: bool) -> tuple[float, float]:
             bytes_recv(op, payload, n, is_root=is_root))
 
 
+_STATM: list = []
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
 def _rss_bytes() -> int:
+    """Resident set size now (one pread on a kept-open /proc/self/statm)."""
     try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        if not _STATM or _STATM[0][1] != os.getpid():
+            _STATM[:] = [(os.open("/proc/self/statm", os.O_RDONLY), os.getpid())]
+        return int(os.pread(_STATM[0][0], 128, 0).split()[1]) * _PAGE
     except OSError:  # pragma: no cover - non-Linux
         return 0
 
@@ -108,16 +115,24 @@ class _CommHandle:
         rec = self.rec
         g = rec["group"]
         self.tracer._done[g] = max(self.tracer._done.get(g, -1), rec["seq"])
-        tot = self.tracer.comm_totals.setdefault(f"{g}/{rec['op']}", {
-            "group": g, "axis": rec["axis"], "op": rec["op"], "count": 0, "payload_bytes": 0,
-            "bytes_sent": 0.0, "bytes_recv": 0.0, "backend_bytes_sent": 0.0})
+        totals = self.tracer.comm_totals
+        key = g + "/" + rec["op"]
+        tot = totals.get(key)
+        if tot is None:
+            tot = totals[key] = {"group": g, "axis": rec["axis"], "op": rec["op"], "count": 0,
+                                 "payload_bytes": 0, "bytes_sent": 0.0, "bytes_recv": 0.0,
+                                 "backend_bytes_sent": 0.0}
         tot["count"] += 1
         tot["payload_bytes"] += rec["payload_bytes"]
         tot["bytes_sent"] += rec["bytes_sent"]
         tot["bytes_recv"] += rec["bytes_recv"]
         tot["backend_bytes_sent"] += rec.get("backend_bytes_sent", rec["bytes_sent"])
-        per = self.tracer.comm_by_step.setdefault(rec["axis"], {}).setdefault(
-            rec["step"], [0.0, 0.0])
+        by_axis = self.tracer.comm_by_step.get(rec["axis"])
+        if by_axis is None:
+            by_axis = self.tracer.comm_by_step[rec["axis"]] = {}
+        per = by_axis.get(rec["step"])
+        if per is None:
+            per = by_axis[rec["step"]] = [0.0, 0.0]
         per[0] += rec["bytes_sent"]
         per[1] += rec["bytes_recv"]
         self.tracer._finish(self.rec, self.t0, self.ev0)
@@ -286,8 +301,7 @@ class Tracer:
         """A memory sample: the given components (bytes) plus RSS / CUDA allocator figures."""
         rec = {"type": "mem", "ts_ns": self.now(), "step": self.step,
                "microbatch": self.microbatch, "rss_bytes": _rss_bytes(),
-               **{k: int(v) if isinstance(v, (int, float)) else v
-                  for k, v in bytes_by_component.items()}}
+               **bytes_by_component}
         if self.cuda:
             cuda = self._torch.cuda
             rec["cuda_allocated_bytes"] = cuda.memory_allocated()
@@ -331,7 +345,12 @@ class Tracer:
             del self._buf[:n]
             self._buf[:0] = keep
             if out:
-                self._f.write("".join(json.dumps(r, default=str) + "\n" for r in out))
+                enc = _ENCODER.encode
+                yield_gil = threading.current_thread() is self._thread
+                for i in range(0, len(out), 32):
+                    self._f.write("".join([enc(r) + "\n" for r in out[i:i + 32]]))
+                    if yield_gil:  # let the training thread run between small chunks
+                        time.sleep(0)
                 self._f.flush()
                 self.stats["records"] += len(out)
 
@@ -347,6 +366,8 @@ class Tracer:
             return
         self._closed = True
         self._stop.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5)
         self._emit({"type": "end", "ts_ns": self.now(), "reason": reason,
                     "issued": dict(self._seq), "last_completed_seq": dict(self._done)})
         try:

@@ -77,6 +77,35 @@ def apply_activation_checkpointing(model) -> None:
         blk.forward = lambda *a, _f=fwd: checkpoint(_f, *a, use_reentrant=False)
 
 
+def model_layers(strategy):
+    from jobs.models import layer_list
+    m = strategy.model
+    for _ in range(3):  # unwrap DDP (.module) / ZeRO-3 root (.inner)
+        if layer_list(m) is not None:
+            return layer_list(m)
+        m = getattr(m, "module", None) or getattr(m, "inner", None)
+        if m is None:
+            break
+    return None
+
+
+def layer_spans(tr, layers) -> None:
+    """Per-layer forward spans (`forward.layer`, arg `layer`) from module hooks: cheap, and
+    they show where ZeRO-3 / FSDP2 all-gathers sit inside the forward."""
+    for i, layer in enumerate(layers or []):
+        def pre(_m, _a, i=i):
+            _m._trace_span = tr.span("forward.layer", layer=i)
+            _m._trace_span.__enter__()
+
+        def post(_m, _a, _o):
+            span = getattr(_m, "_trace_span", None)
+            if span is not None:
+                _m._trace_span = None
+                span.__exit__(None, None, None)
+        layer.register_forward_pre_hook(pre)
+        layer.register_forward_hook(post)
+
+
 def train_loop(ctx: RunContext, strategy, loss_fn) -> dict:
     """The DP training loop; returns per-rank results (rank 0 merges them into the summary)."""
     spec, tr = ctx.spec, ctx.tracer
@@ -95,6 +124,7 @@ def train_loop(ctx: RunContext, strategy, loss_fn) -> dict:
 
     sample("init")
     params_seen = param_storages(strategy.model)
+    layer_spans(tr, model_layers(strategy))
     prof = None
     if os.environ.get("PARALAB_PROFILE") == "1":  # an independent count of collectives (tests)
         from torch.profiler import ProfilerActivity, profile

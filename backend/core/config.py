@@ -58,9 +58,11 @@ class Settings(BaseSettings):
     # Extra origins (scheme://host[:port]) accepted for cookie-authenticated writes, for a
     # reverse proxy that rewrites the Host header. The request's own Host is always accepted.
     trusted_origins: list[str] = []
-    # Login throttling: this many failures per username or per client address within the
-    # window, and further attempts are refused (429) until the window has passed.
+    # Login throttling: this many failures for a username within the window, and further
+    # attempts for it are refused (429) until the window has passed.
     login_max_failures: int = Field(10, ge=1)
+    # Per client address (many users may share one address behind NAT or a proxy).
+    login_max_failures_per_client: int = Field(50, ge=1)
     login_window_s: float = Field(300.0, gt=0)
     password_min_length: int = Field(10, ge=1)
     # argon2id cost (RFC 9106 "second recommended option" by default).

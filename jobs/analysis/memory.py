@@ -53,7 +53,11 @@ def _formula(summary: dict | None, rank: int) -> dict:
 
 
 def _err(m, p):
-    return 100.0 * (m - p) / p if m is not None and p else None
+    if m is None or p is None:
+        return None
+    if not p:
+        return 0.0 if m == 0 else None
+    return 100.0 * (m - p) / p
 
 
 def memory_table(tr: Traces, spec, pred: dict | None) -> list[dict]:
@@ -64,7 +68,8 @@ def memory_table(tr: Traces, spec, pred: dict | None) -> list[dict]:
         peak, source = measured(tr, rank)
         if source == "none":
             tr.warnings.append(f"rank {rank}: no memory samples")
-        want = P.rank_model_state(pred, spec, int(coords.get("pp", 0) or 0))
+        want = P.rank_model_state(pred, spec, int(coords.get("pp", 0) or 0),
+                                  int(coords.get("dp", 0) or 0))
         formula = _formula(tr.summary, rank)
         layout = (_summary_rank(tr.summary, rank) or {}).get("layout") or {}
         pad = layout.get("padding_elems")
@@ -73,10 +78,11 @@ def memory_table(tr: Traces, spec, pred: dict | None) -> list[dict]:
             p = want.get(comp) if comp in STATE else (act_pred if comp == "activations" else None)
             if m is None and p is None:
                 continue
+            f = formula.get(comp)
             rows.append({"rank": rank, "coords": coords, "component": comp, "measured_bytes": m,
-                         "predicted_bytes": p, "error_pct": _err(m, p),
-                         "formula_bytes": formula.get(comp), "padding_elems": pad,
-                         "source": source})
+                         "predicted_bytes": p, "error_pct": _err(m, p), "formula_bytes": f,
+                         "deviation_bytes": m - f if m is not None and f is not None else None,
+                         "padding_elems": pad, "source": source})
         ms = [peak.get(k) for k in STATE]
         if all(v is not None for v in ms):
             p = sum(want.values()) if want else None
@@ -84,6 +90,7 @@ def memory_table(tr: Traces, spec, pred: dict | None) -> list[dict]:
             rows.append({"rank": rank, "coords": coords, "component": "model_state",
                          "measured_bytes": sum(ms), "predicted_bytes": p,
                          "error_pct": _err(sum(ms), p), "formula_bytes": f,
+                         "deviation_bytes": sum(ms) - f if f is not None else None,
                          "padding_elems": pad, "source": source})
     return rows
 

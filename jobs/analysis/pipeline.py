@@ -59,22 +59,26 @@ def stage_times(tr: Traces, p: int, v: int, steps: set[int]) -> dict:
 
 def stage_bubbles_table(tr: Traces, spec, pred: dict | None) -> list[dict]:
     lay = _layout(tr, spec, pred)
-    if lay is None:
+    stages = {int(tr.coords(r).get("pp", 0) or 0) for r in tr.ranks}
+    if lay is None and len(stages) < 2:
         return []
-    schedule, p, m, v = lay
     measured = bubbles.stage_bubbles(tr.ranks)
     all_steps = sorted(measured["steps"])
     if not all_steps:
         tr.warnings.append("pipeline run without pipeline action spans (F/B/W/BW): no bubble")
         return []
+    if lay is None:
+        tr.warnings.append("pipeline layout unknown (no spec): measured bubble only")
+        lay = (None, max(stages) + 1, None, 1)
+    schedule, p, m, v = lay
     use = [s for s in all_steps if s >= 1] or all_steps
-    times = stage_times(tr, p, v, set(use))
-    sim = None
-    try:
-        sim = schedules.simulate(schedule, p, m, v, **times)
-    except ValueError as exc:
-        tr.warnings.append(f"bubble simulation failed ({exc})")
-    closed = schedules.closed_form_bubble(schedule, p, m, v)
+    sim = closed = None
+    if schedule is not None:
+        try:
+            sim = schedules.simulate(schedule, p, m, v, **stage_times(tr, p, v, set(use)))
+            closed = schedules.closed_form_bubble(schedule, p, m, v)
+        except ValueError as exc:
+            tr.warnings.append(f"bubble simulation failed ({exc})")
     rows = []
     for stage in range(p):
         vals = [measured["steps"][s]["stages"].get(stage) for s in use]

@@ -34,8 +34,10 @@ def theory(spec: JobSpec | None, warnings: list[str]) -> dict | None:
         return None
 
 
-def rank_model_state(pred: dict | None, spec: JobSpec | None, pp_coord: int) -> dict:
-    """{"params", "grads", "optim"} predicted bytes for a rank at pipeline coordinate pp."""
+def rank_model_state(pred: dict | None, spec: JobSpec | None, pp_coord: int,
+                     dp_coord: int = 0) -> dict:
+    """{"params", "grads", "optim"} predicted bytes for a rank at pipeline coordinate pp (a
+    parameter-server worker, dp > 0 of dp-ps, holds no optimizer state: seed 001)."""
     if not pred or spec is None:
         return {}
     from jobs.theory import MEMORY_MODELS, model_state_bytes
@@ -45,7 +47,11 @@ def rank_model_state(pred: dict | None, spec: JobSpec | None, pp_coord: int) -> 
     c = model_state_bytes(psi, spec.parallel.dp, spec.parallel.zero_stage,
                           bytes_params=mm["params"], bytes_grads=mm["grads"],
                           bytes_optimizer=mm["optimizer"])
-    return {k: c[v] for k, v in COMPONENTS.items()}
+    out = {k: c[v] for k, v in COMPONENTS.items()}
+    if spec.parallel.dp > 1 and spec.parallel.dp_mode == "ps" and dp_coord != 0 \
+            and not spec.parallel.zero_stage:
+        out["optim"] = 0.0
+    return out
 
 
 def activations(pred: dict | None) -> float | None:

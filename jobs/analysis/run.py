@@ -39,17 +39,20 @@ def _axis_predictions(rows: list[dict], pred: dict | None, summary: dict | None)
     """Add predicted_bytes (theory, busiest rank, per step), formula_bytes (seeds' formula on
     the measured Ψ, per rank, data-parallel only) and error_pct to the axis_bytes rows."""
     per_axis = P.axis_bytes_per_step(pred)
-    formula = {r.get("rank"): r.get("bytes_sent_formula")
-               for r in ((summary or {}).get("formula_check") or {}).get("ranks") or []}
+    check = (summary or {}).get("formula_check") or {}
+    formula = {r.get("rank"): r.get("bytes_sent_formula") for r in check.get("ranks") or []}
     for r in rows:
         p = per_axis.get(r["axis"])
-        r["predicted_bytes"] = p
-        r["formula_bytes"] = formula.get(r["rank"]) if r["axis"] == "dp" else None
+        f = formula.get(r["rank"]) if r["axis"] == "dp" else None
         m = r["bytes_sent_per_step"]
+        r["predicted_bytes"] = p
         r["error_pct"] = 100.0 * (m - p) / p if p and m is not None else None
+        r["formula_bytes"] = f
+        r["deviation_bytes"] = m - f if m is not None and f is not None else None
+        r["padding_elems"] = check.get("padding_elems") if f is not None else None
 
 
-def _headline(tables: dict, pred: dict | None, pp: int) -> dict:
+def _headline(tables: dict, pred: dict | None, pp: int, peak: int | None) -> dict:
     sr = tables["step_rank"]
     per_step: dict[str, dict[int, list]] = defaultdict(lambda: defaultdict(list))
     for r in sr:
@@ -61,9 +64,9 @@ def _headline(tables: dict, pred: dict | None, pp: int) -> dict:
     thr = tables["throughput"]
     step_time = S.median_after_first({r["step"]: r["step_s"] for r in thr})
     tokens = next((r["tokens"] for r in thr if r.get("tokens")), None)
-    sent: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    sent: dict[int, float] = defaultdict(float)
     for r in tables["axis_bytes"]:
-        sent[r["rank"]][0] += r["bytes_sent_per_step"] or 0.0
+        sent[r["rank"]] += r["bytes_sent_per_step"] or 0.0
     strag = Counter(r["rank"] for r in tables["stragglers"] if r["step"] >= 1) or \
         Counter(r["rank"] for r in tables["stragglers"])
     errs = [abs(r["error_pct"]) for r in tables["memory"]
@@ -72,12 +75,12 @@ def _headline(tables: dict, pred: dict | None, pp: int) -> dict:
     return {
         "step_time_s": step_time,
         "tokens_per_s": tokens / step_time if tokens and step_time else None,
-        "peak_memory_bytes": tables.pop("_peak", None),
+        "peak_memory_bytes": peak,
         "bubble_fraction": (sum(bub) / len(bub) if bub else None) if pp > 1 else None,
         "overlap_pct": 100.0 * over / comm if comm else None,
         "exposed_comm_s": S.median_after_first(
             {s: sum(v) / len(v) for s, v in per_step["exposed_comm_s"].items()}),
-        "comm_bytes_per_rank": max((v[0] for v in sent.values()), default=None),
+        "comm_bytes_per_rank": max(sent.values(), default=None),
         "straggler_rank": strag.most_common(1)[0][0] if strag else None,
         "memory_error_pct": max(errs) if errs else None,
         "predicted_comm_bytes_per_rank": ((pred or {}).get("comm") or {}).get("bytes_per_rank"),
@@ -92,9 +95,21 @@ def _finite(obj):
         return None
     if isinstance(obj, dict):
         return {str(k): _finite(v) for k, v in obj.items()}
+    if not isinstance(obj, list | tuple | str | int | float | bool | type(None)):
+        return str(obj)
     if isinstance(obj, list | tuple):
         return [_finite(v) for v in obj]
     return obj
+
+
+def _json_safe(obj):
+    """obj itself when it is strict JSON already (the C encoder checks fast), else a copy
+    with NaN / inf replaced by None."""
+    try:
+        json.dumps(obj, allow_nan=False)
+        return obj
+    except (ValueError, TypeError):
+        return _finite(obj)
 
 
 def analyze(tr: Traces, spec=None) -> dict:
@@ -115,17 +130,16 @@ def analyze(tr: Traces, spec=None) -> dict:
         tr, sp, P.pipeline(pred)), [])
     t["throughput"] = _safe(tr, "throughput", lambda: S.throughput_table(
         t["step_rank"], spec_dict, tr.summary), [])
-    t["_peak"] = _safe(tr, "peak memory", lambda: M.peak_bytes(tr), None)
+    peak = _safe(tr, "peak memory", lambda: M.peak_bytes(tr), None)
     pp = sp.parallel.pp if sp is not None else max(
         [tr.coords(r).get("pp", 0) for r in tr.ranks] or [0]) + 1
-    headline = _safe(tr, "headline", lambda: _headline(t, pred, pp), {})
-    t.pop("_peak", None)
+    headline = _safe(tr, "headline", lambda: _headline(t, pred, pp, peak), {})
     strategy = (tr.summary or {}).get("strategy") or (sp.strategy if sp is not None else None)
     run = {"world_size": tr.world_size, "ranks": sorted(tr.ranks), "strategy": strategy,
            "engine": sp.parallel.engine if sp is not None else None,
            "coords": {str(r): tr.coords(r) for r in sorted(tr.ranks)}}
-    return _finite({"schema": SCHEMA, "run": run, "spec": spec_dict, "headline": headline,
-                    "tables": t, "warnings": list(tr.warnings)})
+    return _json_safe({"schema": SCHEMA, "run": run, "spec": spec_dict, "headline": headline,
+                       "tables": t, "warnings": list(tr.warnings)})
 
 
 def analyze_run_dir(out_dir: Path, spec=None) -> dict:
@@ -138,8 +152,12 @@ def analyze_run_dir(out_dir: Path, spec=None) -> dict:
 
 def _write_json(path: Path, obj) -> None:
     tmp = path.with_name(path.name + ".part")
+    try:
+        text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False)
     with open(tmp, "w") as f:
-        json.dump(obj, f, separators=(",", ":"), allow_nan=False)
+        f.write(text)
     os.replace(tmp, path)
 
 
@@ -152,7 +170,7 @@ def write_analysis(out_dir: Path, spec=None) -> dict:
         tr = load_run_dir(out_dir)
         result = analyze(tr, spec)
         try:
-            _write_json(out_dir / PERFETTO_FILE, _finite(to_perfetto(tr, result["spec"])))
+            _write_json(out_dir / PERFETTO_FILE, to_perfetto(tr, result["spec"]))
         except Exception as exc:  # noqa: BLE001
             result["warnings"].append(f"perfetto export failed ({type(exc).__name__}: {exc})")
         _write_json(out_dir / ANALYSIS_FILE, result)

@@ -84,6 +84,17 @@ class _Ctx:
                 group=p2p_group(self.glob(self.rank), self.glob(peer)), peer=peer,
                 algorithm=self.algorithm, algo_step=step, **self.extra))
 
+    def batch(self, sends: list[tuple[int, torch.Tensor]],
+              recvs: list[tuple[int, torch.Tensor]]) -> list:
+        """Issue receives and sends as one `batch_isend_irecv` (one NCCL group, so a send and a
+        receive between the same pair cannot block each other; gloo issues them in order).
+        Empty buffers are skipped (both sides know the sizes). Returns the works."""
+        ops = [dist.P2POp(dist.irecv, buf, self.glob(peer), self.group)
+               for peer, buf in recvs if buf.numel()]
+        ops += [dist.P2POp(dist.isend, buf, self.glob(peer), self.group)
+                for peer, buf in sends if buf.numel()]
+        return dist.batch_isend_irecv(ops) if ops else []
+
     def exchange(self, step: int, sends: list[tuple[int, torch.Tensor]],
                  recvs: list[tuple[int, torch.Tensor]]) -> None:
         """Post every receive and send of one step at once, then wait for all of them."""
@@ -92,11 +103,7 @@ class _Ctx:
                 self.record(stack, "send", peer, buf.numel(), step)
             for peer, buf in recvs:
                 self.record(stack, "recv", peer, buf.numel(), step)
-            rworks = [dist.irecv(buf, self.glob(peer), group=self.group) for peer, buf in recvs]
-            sworks = [dist.isend(buf, self.glob(peer), group=self.group) for peer, buf in sends]
-            for w in rworks:
-                w.wait()
-            for w in sworks:
+            for w in self.batch(sends, recvs):
                 w.wait()
 
 
@@ -193,15 +200,17 @@ def ring(tensor: torch.Tensor, group=None, tracer=None) -> None:
     (i-k) mod N into place. In every step a rank sends the chunk it received in the step before.
 
     Chunks travel in segments of RING_SEGMENT_BYTES, each step's receives and sends posted
-    together. With a tracer the steps run one after another, so each step's send and recv
-    records time that step alone; without one the ring is pipelined like gloo's own: a segment
-    is forwarded (next step's send) as soon as it has arrived and been added, and the next
-    step's receives are posted before the current one's are waited for."""
+    together. With a tracer, or on a backend other than gloo, the steps run one after another
+    (each step one `batch_isend_irecv`), so each step's send and recv records time that step
+    alone. Untraced on gloo the ring is pipelined like gloo's own: a segment is forwarded (next
+    step's send) as soon as it has arrived and been added, and the next step's receives are
+    posted before the current one's are waited for. (Not on NCCL: with two ranks the prefetched
+    receive would sit ahead of the send on the pair's stream on both sides.)"""
     c = _Ctx("ring", tensor, group, tracer)
     n = c.size
     bounds = chunk_bounds(tensor.numel(), n)
     seg = max(1, RING_SEGMENT_BYTES // c.elsize)
-    if tracer is None:
+    if tracer is None and dist.get_backend(group) == "gloo":
         _ring_pipelined(c, tensor, bounds, seg)
         return
     i, right, left = c.rank, (c.rank + 1) % n, (c.rank - 1) % n
@@ -211,11 +220,13 @@ def ring(tensor: torch.Tensor, group=None, tracer=None) -> None:
         rlo, rhi = bounds[_ring_sent(i, t + 1, n)]
         reduce = t < n - 1
         rbuf = scratch[:rhi - rlo] if reduce else tensor[rlo:rhi]
+        sbuf = tensor[slo:shi]
         with contextlib.ExitStack() as stack:
             c.record(stack, "send", right, shi - slo, t)
             c.record(stack, "recv", left, rhi - rlo, t)
-            works = _post(c, left, rbuf, seg, recv=True) + _post(c, right, tensor[slo:shi], seg)
-            for _, w in works:
+            works = c.batch([(right, sbuf[a:b]) for a, b in _segments(sbuf.numel(), seg)],
+                            [(left, rbuf[a:b]) for a, b in _segments(rbuf.numel(), seg)])
+            for w in works:
                 w.wait()
         if reduce:
             tensor[rlo:rhi].add_(rbuf)

@@ -103,6 +103,8 @@ class Strategy:
     def _comm(self, op: str, fn, payload: int, *, async_op: bool = False, **kw):
         """Run `fn(async_op)` (a torch.distributed call) inside a comm record of logical size
         `payload` bytes; async: the record closes when the work's future completes."""
+        if async_op:
+            kw["async"] = True
         h = self.tracer.comm_start(op, payload_bytes=payload, group_size=self.n, axis="dp",
                                    group="dp", device=not async_op, **kw)
         if not async_op:

@@ -85,6 +85,8 @@ def _wrap(name: str, fn, tracer, axis_of):
             else:
                 extra["peer"] = who
         axis = axis_of(pg)
+        if kwargs.get("async_op") or name in ("isend", "irecv"):
+            extra["async"] = True
         h = tracer.comm_start(op, payload_bytes=payload_of(args, kwargs), group_size=n,
                               axis=axis, group=axis if "peer" not in extra else
                               f"{axis}:p2p", is_root=is_root, source=f"torch.distributed.{name}",

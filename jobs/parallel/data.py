@@ -137,7 +137,8 @@ class ParameterServerDP(Replicated):
     def _p2p(self, op: str, t: torch.Tensor, peer: int, what: str):
         h = self.tracer.comm_start(op, payload_bytes=tensor_bytes(t), group_size=self.n,
                                    axis="dp", group=f"dp:p2p:{min(self.r, peer)}-"
-                                   f"{max(self.r, peer)}", peer=peer, what=what)
+                                   f"{max(self.r, peer)}", peer=peer, what=what,
+                                   device=False, **{"async": True})
         fn = dist.isend if op == "send" else dist.irecv
         kw = {"group_dst": peer} if op == "send" else {"group_src": peer}
         return fn(t, group=self.group, **kw), h

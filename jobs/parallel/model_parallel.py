@@ -36,7 +36,10 @@ def check(spec) -> None:
     if p.tp > 1 and spec.model.arch != "gpt":
         raise ValueError("tensor parallelism needs model.arch 'gpt' (attention heads and the "
                          "transformer MLP are what Megatron splits)")
-    if p.pp > 1 and p.dp > 1 and p.zero_stage >= 2:
+    if p.dp > 1 and p.zero_stage == 3 and p.engine == "reference":
+        raise ValueError("reference ZeRO-3 gathers parameters in its own forward, which the "
+                         "model-parallel runtime bypasses; use engine 'native' (FSDP2)")
+    if p.pp > 1 and p.dp > 1 and p.zero_stage >= 2 and p.engine == "reference":
         raise ValueError("ZeRO-2/3 with pipeline parallelism is not supported: they reduce-"
                          "scatter (and re-gather) per micro-batch; use zero_stage 0 or 1")
     if spec.train.precision != "fp32":
@@ -154,8 +157,17 @@ def run(ctx) -> dict:
     gathered = [None] * ctx.world
     dist.all_gather_object(gathered, result)
     if ctx.rank == 0:
-        result["summary"] = summarize(ctx, gathered, schedule)
+        result["summary"] = _str_keys(summarize(ctx, gathered, schedule))
     return result
+
+
+def _str_keys(obj):
+    """JSON-ready: dict keys as strings, tuples as lists, all the way down."""
+    if isinstance(obj, dict):
+        return {str(k): _str_keys(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_str_keys(v) for v in obj]
+    return obj
 
 
 def global_name(name: str, stages: dict) -> str:
@@ -190,8 +202,12 @@ def summarize(ctx, per_rank: list[dict], schedule: str) -> dict:
     out["loss"] = [sum(r["losses"][s] for r in last) / len(last)
                    for s in range(spec.train.steps)]
     measured = bubbles.summary(ctx.out)
-    sim = schedules.simulate(schedule, dims.pp, p.microbatches, p.virtual_stages,
-                             **_measured_times(bubbles.load(ctx.out)))
+    steps = list(range(1 if spec.train.steps > 1 else 0, spec.train.steps))
+    times = bubbles.measured_stage_times(bubbles.load(ctx.out), steps,
+                                         dims.pp * p.virtual_stages)
+    if not any(times["t_f"]):
+        times = {"t_f": 1.0, "t_b_input": 1.0, "t_b_weight": 0.0}
+    sim = schedules.simulate(schedule, dims.pp, p.microbatches, p.virtual_stages, **times)
     out["pipeline"] = {
         "schedule": schedule, "p": dims.pp, "m": p.microbatches, "v": p.virtual_stages,
         "stages": {str(s): {"idle_fraction": measured["bubble"].get(str(s), {}).get(
@@ -203,16 +219,3 @@ def summarize(ctx, per_rank: list[dict], schedule: str) -> dict:
     out["bytes_by_axis"] = measured["bytes_by_axis"]
     out["mesh"] = {"pp": dims.pp, "dp": dims.dp, "tp": dims.tp}
     return out
-
-
-def _measured_times(traces) -> dict:
-    """Mean F / B(W) / W span durations (s) over ranks and steps after the first, per stage
-    time of the simulator (a BW counts as input-gradient time)."""
-    acc: dict = {"F": [], "B": [], "W": []}
-    for recs in traces.values():
-        for r in recs:
-            if r.get("type") == "span" and r.get("action") in bubbles.ACTIONS \
-                    and r.get("step", 0) > 0:
-                acc["B" if r["action"] == "BW" else r["action"]].append(r["dur_ns"] / 1e9)
-    mean = {k: (sum(v) / len(v) if v else 0.0) for k, v in acc.items()}
-    return {"t_f": mean["F"] or 1.0, "t_b_input": mean["B"] or 1.0, "t_b_weight": mean["W"]}

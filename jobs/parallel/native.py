@@ -92,7 +92,7 @@ class NativeDDP(Native):
         h = self.tracer.comm_start("all_reduce", payload_bytes=tensor_bytes(buf),
                                    group_size=self.n, axis="dp", group="dp",
                                    bucket=bucket.index(), source="ddp.comm_hook",
-                                   device=False)
+                                   device=False, **{"async": True})
         n = self.n
         all_reduce = ORIGINAL["all_reduce"]  # recorded here, not again by capture()
         fut = all_reduce(buf, group=self.group, async_op=True).get_future()

@@ -6,8 +6,9 @@ DistributedDataParallel cannot wrap DTensor parameters, so on the native engine 
 FSDP2 whatever the ZeRO stage: zero_stage 3 reshards after forward (ZeRO-3), 0-2 keep the
 parameters gathered between forward and backward (ZeRO-2-like traffic). FSDP2's collectives are
 issued from Python and recorded by jobs/parallel/capture.py (axis "dp"); DTensor's TP
-collectives go through functional collectives and are counted per step with CommDebugMode
-instead (the summary's `native_tp_comm_counts`).
+collectives go through functional collectives, below Python's torch.distributed: a dispatch
+mode (`FuncolRecorder`) records them on step 0 only (it slows every op; later steps issue the
+same collectives).
 The reference engine composes with the DP / ZeRO strategies of jobs/train.py instead.
 """
 
@@ -52,8 +53,8 @@ class NativeMP(Strategy):
                 # expects a Work; until that is fixed, dp bytes are not traced with pp > 1
                 from jobs.parallel.capture import capture
                 stack.enter_context(capture(self.tracer, {self.group: "dp"}))
-            if self.tp:
-                stack.enter_context(FuncolRecorder(self.tracer, "tp"))
+            if self.tp and self.tracer.step == 0:  # a Python dispatch mode slows every op:
+                stack.enter_context(FuncolRecorder(self.tracer, "tp"))  # step 0 only
             yield
 
     def step(self) -> None:

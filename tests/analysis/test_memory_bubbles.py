@@ -85,3 +85,14 @@ def test_no_pipeline_no_bubble():
                 span(0, 0, "step", 0, 10, cat="step")]}
     a = analyze(from_records(recs))
     assert a["tables"]["stage_bubbles"] == [] and a["headline"]["bubble_fraction"] is None
+
+
+def test_pipeline_without_spec_gives_measured_bubble_only():
+    tr, sim = pipeline_trace(0.0)
+    for r in tr.meta.values():
+        r.pop("spec")
+    rows = analyze(tr)["tables"]["stage_bubbles"]
+    assert [r["stage"] for r in rows] == [0, 1]
+    for r, s in zip(rows, sim["ranks"], strict=True):
+        assert r["measured_idle_fraction"] == approx(s["idle_fraction"])
+        assert r["inherent"] is None and r["simulated"] is None

@@ -52,20 +52,20 @@ def test_metrics_and_one_table(client, settings, run_id):
     assert body["headline"] == headline and set(body["tables"]) == set(TABLES)
     one = client.get(f"/api/runs/{run_id}/metrics", params={"table": "collectives"}).json()
     assert one["table"] == "collectives" and one["rows"][0]["last_rank"] == 1
+    page = client.get(f"/api/runs/{run_id}/metrics",
+                      params={"table": "step_rank", "offset": 1, "limit": 5}).json()
+    assert page["total"] == 2 and [r["rank"] for r in page["rows"]] == [1]
 
 
-@pytest.mark.parametrize("params,field", [({"table": "nope"}, "table"),
-                                          ({"format": "xml"}, "format"),
-                                          ({"format": "csv"}, "table")])
-def test_bad_query_is_422_naming_the_field(client, settings, run_id, params, field):
+def test_bad_query_is_422_naming_the_field(client, settings, run_id):
     analyzed(settings, run_id)
-    url = f"/api/runs/{run_id}/export"
-    r = client.get(url, params=params)
-    assert r.status_code == 422, r.text
-    assert any(e["loc"] == ["query", field] for e in r.json()["detail"])
-    if field == "table":
-        r = client.get(f"/api/runs/{run_id}/metrics", params={"table": "nope"})
-        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "table"]
+    for url, params, field in [("export", {"table": "nope"}, "table"),
+                               ("export", {"format": "xml"}, "format"),
+                               ("export", {"format": "csv"}, "table"),
+                               ("metrics", {"table": "nope"}, "table")]:
+        r = client.get(f"/api/runs/{run_id}/{url}", params=params)
+        assert r.status_code == 422, (url, params, r.text)
+        assert any(e["loc"] == ["query", field] for e in r.json()["detail"]), r.text
 
 
 def test_exports_download(client, settings, run_id):
@@ -83,3 +83,28 @@ def test_exports_download(client, settings, run_id):
     assert set(r.json()["tables"]) == set(TABLES)
     r = client.get(f"/api/runs/{run_id}/export", params={"format": "json", "table": "memory"})
     assert isinstance(r.json(), list) and r.json()
+
+
+def test_metrics_join_the_latest_sweep_of_the_same_queue(client, settings, run_id):
+    analyzed(settings, run_id)
+    body = client.get(f"/api/runs/{run_id}/metrics").json()
+    assert body["bandwidth_vs_sweep"] is None
+    with get_sessionmaker(settings.db_url)() as db:
+        sweep = crud.create_run(db, parse_spec({"preset": "collective-sweep"}), owner="u",
+                                tags=[], notes="")
+        sweep.status = "succeeded"
+        sweep.summary = {"world_size": 2, "results": [
+            {"op": "all_reduce", "algorithm": "builtin", "bytes": 1024, "n": 2,
+             "busbw_GBps": 1.0, "correct": True},
+            {"op": "all_reduce", "algorithm": "builtin", "bytes": 4096, "n": 2,
+             "busbw_GBps": 2.0, "correct": True},
+            {"op": "all_reduce", "algorithm": "ring", "bytes": 4096, "n": 2,
+             "busbw_GBps": 9.0, "correct": True}]}
+        db.commit()
+        sweep_id = sweep.id
+    join = client.get(f"/api/runs/{run_id}/metrics").json()["bandwidth_vs_sweep"]
+    assert join["sweep_run_id"] == sweep_id
+    (row,) = join["rows"]
+    assert row["op"] == "all_reduce" and row["payload_bytes"] == 4096
+    assert row["sweep_bytes"] == 4096 and row["sweep_busbw_GBps"] == 2.0
+    assert row["ratio"] == pytest.approx(row["measured_busbw_GBps"] / 2.0)

@@ -1,6 +1,7 @@
 """Seed 000's all-reduce table, checked from per-rank send/recv trace records alone.
 
-Shared by the comm tests (imported as a sibling module; pytest puts this folder on sys.path).
+Shared by the comm tests (imported as a top-level module: tests/comm/conftest.py puts this
+folder on sys.path), with the torchrun launcher they use.
 A record here is a dict with at least `op` ('send' / 'recv'), `peer`, `payload_bytes`,
 `algorithm` and `algo_step`, grouped by rank.
 """
@@ -9,8 +10,30 @@ from __future__ import annotations
 
 import json
 import math
+import socket
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def torchrun(nproc: int, args: list[str], *, env: dict, timeout: float = 240
+             ) -> subprocess.CompletedProcess:
+    """`torchrun --nproc-per-node nproc ARGS` from the repo root on a free port; retried on a
+    new port when another process grabbed it between the probe and the bind."""
+    for _ in range(3):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                "--master-addr", "127.0.0.1", "--master-port", str(port), *args]
+        proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+        if proc.returncode == 0 or "ddress already in use" not in proc.stderr:
+            break
+    return proc
 
 
 def load_traces(out: Path) -> dict[int, list[dict]]:

@@ -12,12 +12,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from _commtable import assert_seed_table
-
-ROOT = Path(__file__).resolve().parents[2]
+from _commtable import ROOT, assert_seed_table, torchrun
 
 SCRIPT = r"""
 import contextlib, json, sys
@@ -163,14 +160,8 @@ def test_on_gloo_segments_layouts_and_dtypes(tmp_path):
     untraced), and every algorithm on non-contiguous bf16 / int32 / fp32 tensors."""
     script = tmp_path / "worker.py"
     script.write_text(GLOO_SCRIPT)
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3",
-         "--master-addr", "127.0.0.1", "--master-port", str(port), str(script)],
-        cwd=ROOT, capture_output=True, text=True, timeout=180,
-        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    proc = torchrun(3, [str(script)], timeout=180,
+                    env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
+                         "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert proc.stdout.count("BAD []") == 3

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from _commtable import assert_seed_table, load_traces, p2p_records, point_steps
+from _commtable import ROOT, assert_seed_table, load_traces, p2p_records, point_steps, torchrun
 
 from jobs import commbytes
 from jobs.collective_bench import main as bench_main
@@ -24,16 +22,9 @@ from jobs.spec import COLLECTIVE_OPS
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 # 3072 B and 196608 B: 768 and 49152 float32 (1536 and 98304 bfloat16), divisible by 2, 3, 4
 SWEEP = {"min_bytes": 3072, "max_bytes": 196608, "factor": 64, "warmup": 0, "iters": 2}
 ALGOS = ["builtin", "naive", "ps", "ring", "tree", "butterfly"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(out: Path, world: int, collective: dict) -> tuple[Path, subprocess.CompletedProcess]:
@@ -42,15 +33,8 @@ def launch(out: Path, world: int, collective: dict) -> tuple[Path, subprocess.Co
             "runtime": {"nproc_per_node": world, "backend": "gloo"}, "collective": collective}
     (out / "spec.json").write_text(json.dumps(spec))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    for _ in range(3):  # another process may grab the free port first: retry on a new one
-        argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
-                "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-                "-m", "jobs.collective_bench", "--spec", str(out / "spec.json"),
-                "--out", str(out / "run")]
-        proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=240)
-        if proc.returncode == 0 or "ddress already in use" not in proc.stderr:
-            break
+    proc = torchrun(world, ["-m", "jobs.collective_bench", "--spec", str(out / "spec.json"),
+                            "--out", str(out / "run")], env=env)
     return out / "run", proc
 
 

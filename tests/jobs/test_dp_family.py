@@ -42,6 +42,8 @@ def runs_for(n: int) -> list[tuple[str, dict]]:
         bf = {"precision": "bf16"}
         runs += [(f"bf16-{k}", spec(n, REF[k], bf)) for k in ("allreduce", "ddp", "zero1",
                                                                "zero2", "zero3")]
+        runs += [(f"bf16-native-{k}", spec(n, NATIVE[k], bf, engine="native"))
+                 for k in ("zero2", "zero3")]  # FSDP2 MixedPrecisionPolicy(bf16, bf16)
         runs += [(f"bf16g-{k}", spec(n, REF[k], {**bf, "fp32_grads": True}))
                  for k in ("ddp", "zero1", "zero2", "zero3")]
         runs += [(f"accum-{k}", spec(n, REF[k], {"grad_accum": 2}))

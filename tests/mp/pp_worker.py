@@ -93,7 +93,7 @@ def main(out: Path, mode: str):
                            t_backward_input=t, t_backward_weight=t)
             tracer = Tracer(out / schedule, rank, p, coords={"pp": rank, "dp": 0, "tp": 0},
                             meta={"backend": "gloo", "m": m, "v": v})
-            _, peak = run_pipeline(ms, schedule, m, v, p, rank, 2, tracer)
+            _, peak = run_pipeline(ms, schedule, m, v, p, rank, 3, tracer)
             tracer.close()
             res[schedule] = {"m": m, "v": v, "t": t, **peak}
     allres = [None] * p

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from _launch import ROOT, free_port
+from _launch import torchrun
 
 from jobs.data import global_batch
 from jobs.models import model_module
@@ -29,23 +27,46 @@ CASES = {
     "ddp+sp": {"preset": "sp", "model": GPT, "parallel": {"dp": 2},
                "runtime": {"nproc_per_node": 4}},
 }
+DP4 = {"runtime": {"nproc_per_node": 4}}
+CASES.update({
+    "zero1+tp": {"preset": "tp", "model": GPT, "parallel": {"dp": 2, "zero_stage": 1}, **DP4},
+    "zero2+sp": {"preset": "sp", "model": GPT, "parallel": {"dp": 2, "zero_stage": 2}, **DP4},
+    "zero1+pp-1f1b": {"preset": "pp-1f1b", "model": GPT, "parallel": {"dp": 2, "zero_stage": 1},
+                      **DP4},
+    "dp-allreduce+pp-interleaved": {"preset": "pp-interleaved", "model": MLP,
+                                    "parallel": {"dp": 2, "dp_mode": "allreduce"}, **DP4},
+    "native-zero3+tp": {"preset": "tp", "model": GPT,
+                        "parallel": {"dp": 2, "zero_stage": 3, "engine": "native"}, **DP4},
+})
 NATIVE = {f"native-{k}": {**v, "parallel": {**v.get("parallel", {}), "engine": "native"}}
           for k, v in CASES.items() if k in ("tp", "sp", "pp-gpipe", "pp-1f1b", "pp-interleaved",
                                               "pp-zb", "3d")}
 CASES.update(NATIVE)
 
 
-def launch(spec: dict, out) -> dict:
-    spec = {**spec, "train": {"steps": 3, "global_batch": 8, **spec.get("train", {})}}
-    s = parse_spec(spec, require_available=False)
-    (out / "spec.json").write_text(json.dumps(s.to_dict()))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PARALAB_DUMP_PARAMS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-           str(s.world_size), "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-           "-m", "jobs.train", "--spec", str(out / "spec.json"), "--out", str(out)]
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-5000:]
-    return s
+def _spec(case: dict):
+    return parse_spec({**case, "train": {"steps": 3, "global_batch": 8,
+                                         **case.get("train", {})}})
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """All cases, grouped by world size: one torchrun launch per world size."""
+    out = tmp_path_factory.mktemp("train_mp")
+    by_world: dict = {}
+    for name, case in CASES.items():
+        s = _spec(case)
+        (out / name).mkdir()
+        (out / name / "spec.json").write_text(json.dumps(s.to_dict()))
+        by_world.setdefault(s.world_size, []).append(name)
+    os.environ["PARALAB_DUMP_PARAMS"] = "1"
+    try:
+        for world, names in by_world.items():
+            res = torchrun("train_worker.py", world, out, *names, timeout=600)
+            assert res["done"] == names
+    finally:
+        os.environ.pop("PARALAB_DUMP_PARAMS")
+    return out
 
 
 def reference(spec) -> dict:
@@ -81,15 +102,16 @@ def assemble(out, ref: dict) -> dict:
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_preset_matches_single_process(name, tmp_path):
-    spec = launch(CASES[name], tmp_path)
+def test_preset_matches_single_process(name, runs):
+    spec = _spec(CASES[name])
+    out = runs / name
     ref = reference(spec)
-    got = assemble(tmp_path, ref)
+    got = assemble(out, ref)
     assert set(got) == set(ref)
     num = sum(float((got[n] - ref[n]).pow(2).sum()) for n in ref)
     den = sum(float(ref[n].pow(2).sum()) for n in ref)
     assert (num / den) ** 0.5 <= 1e-5
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
     assert summary["strategy"] == spec.strategy
     pipe = summary["pipeline"]
     assert set(pipe["stages"]) == {str(i) for i in range(spec.parallel.pp)}

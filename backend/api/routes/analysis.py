@@ -12,10 +12,13 @@ from typing import Literal
 
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import FileResponse, Response
+from sqlalchemy import select
 
-from backend.api.deps import RunDep, SettingsDep
+from backend.api.deps import DbDep, RunDep, SettingsDep
+from backend.models import Run
 from backend.storage import resolve_run_path
 from jobs.analysis import ANALYSIS_FILE, PERFETTO_FILE, TABLES, tables_to_csv
+from jobs.analysis.history import bandwidth_vs_sweep
 
 router = APIRouter(prefix="/api", tags=["analysis"])
 
@@ -47,16 +50,42 @@ def load_analysis(settings, run) -> dict:
         raise HTTPException(500, f"run {run.id}: stored analysis is unreadable ({exc})") from exc
 
 
+def latest_sweep(db, run) -> Run | None:
+    """The newest succeeded bandwidth sweep on the same worker queue (one queue per host)."""
+    q = (select(Run).where(Run.kind == "collective_bench", Run.status == "succeeded",
+                           Run.queue == run.queue, Run.id != run.id)
+         .order_by(Run.created_at.desc()).limit(20))
+    return next((r for r in db.scalars(q) if (r.summary or {}).get("results")), None)
+
+
+def sweep_join(db, run, analysis: dict) -> dict | None:
+    sweep = latest_sweep(db, run)
+    if sweep is None:
+        return None
+    rows = bandwidth_vs_sweep((analysis.get("tables") or {}).get("collectives") or [],
+                              sweep.summary)
+    return {"sweep_run_id": sweep.id, "queue": sweep.queue,
+            "created_at": sweep.created_at.isoformat() if sweep.created_at else None,
+            "rows": rows}
+
+
 @router.get("/runs/{run_id}/metrics")
-def get_metrics(run: RunDep, settings: SettingsDep,
-                table: str | None = Query(None, description=_TABLE_DOC)) -> dict:
-    """The run's analysis (headline, tables, warnings), or one table's rows with `?table=`."""
+def get_metrics(run: RunDep, settings: SettingsDep, db: DbDep,
+                table: str | None = Query(None, description=_TABLE_DOC),
+                offset: int = Query(0, ge=0, description="with table: first row"),
+                limit: int | None = Query(None, ge=1, description="with table: at most rows"),
+                ) -> dict:
+    """The run's analysis (headline, tables, warnings) plus `bandwidth_vs_sweep` (its
+    collectives next to the latest bandwidth sweep of the same hosts, or null), or one
+    table's rows with `?table=` (paged by offset / limit; `total` counts them all)."""
     _check_table(table)
     analysis = load_analysis(settings, run)
     if table is None:
-        return analysis
-    return {"run_id": run.id, "table": table,
-            "rows": (analysis.get("tables") or {}).get(table, [])}
+        return {**analysis, "bandwidth_vs_sweep": sweep_join(db, run, analysis)}
+    rows = (analysis.get("tables") or {}).get(table, [])
+    end = None if limit is None else offset + limit
+    return {"run_id": run.id, "table": table, "total": len(rows), "offset": offset,
+            "rows": rows[offset:end]}
 
 
 @router.get("/runs/{run_id}/export")

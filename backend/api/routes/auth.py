@@ -77,18 +77,19 @@ async def login(request: Request, body: LoginIn, settings: SettingsDep) -> JSONR
     if security.origin_allowed(dict(request.headers), request.url.scheme,
                                settings.trusted_origins) is False:
         raise HTTPException(403, "cross-site login refused (Origin)")
-    throttle: security.LoginThrottle = request.app.state.login_throttle
+    throttles: dict[str, security.LoginThrottle] = request.app.state.login_throttle
     client = auth.client_address(request)
-    keys = [f"user:{body.username.strip().lower()}", f"addr:{client}"]
-    wait = throttle.retry_after(keys)
+    keys = {"user": body.username.strip().lower(), "addr": client}
+    wait = max(t.retry_after([keys[k]]) for k, t in throttles.items())
     if wait > 0:
         return JSONResponse({"detail": "too many failed logins; try again later"}, 429,
                             headers={"Retry-After": str(int(wait) + 1)})
     result = await run_in_threadpool(_check_login, settings, body, client)
     if result is None:
-        throttle.failed(keys)
+        for k, t in throttles.items():
+            t.failed([keys[k]])
         return JSONResponse({"detail": _FAILED}, 401)
-    throttle.succeeded([keys[0]])
+    throttles["user"].succeeded([keys["user"]])
     raw, user = result
     resp = JSONResponse({"username": user.username, "role": user.role, "mode": "team",
                          "next": auth.safe_next(body.next)})

@@ -44,6 +44,15 @@ def gantt(run: RunDep, settings: SettingsDep,
                        max_spans=max_spans, px=px)
 
 
+@router.get("/api/runs/{run_id}/gantt/steps")
+def gantt_steps(run: RunDep, settings: SettingsDep) -> dict:
+    """The trace's optimizer steps and their windows (ms from the trace start), for the step
+    selector, without any span."""
+    trace = _need_trace(settings, run)
+    return {"steps": trace.steps, "ranks": len(views.rows_of(trace)),
+            "spans": int(len(trace.cols["t0"]))}
+
+
 @router.get("/api/runs/{run_id}/breakdown")
 def breakdown(run: RunDep, settings: SettingsDep) -> dict:
     """Step time per (step, rank): compute / exposed comm / bubble / idle seconds."""

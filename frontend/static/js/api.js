@@ -54,6 +54,7 @@ export const api = {
   predict: (spec) => request("POST", "/api/predict", { spec }),
   files: (id) => request("GET", `/api/runs/${enc(id)}/files`),
   logStream: (id, rank) => new EventSource(`/api/runs/${enc(id)}/logs/stream` + qs({ rank })),
+  ganttSteps: (id) => request("GET", `/api/runs/${enc(id)}/gantt/steps`),
   gantt: (id, params = {}) => request("GET", `/api/runs/${enc(id)}/gantt` + qs(params)),
   breakdown: (id) => optional(request("GET", `/api/runs/${enc(id)}/breakdown`)),
   comm: (id) => optional(request("GET", `/api/runs/${enc(id)}/comm`)),

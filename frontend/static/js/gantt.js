@@ -195,8 +195,7 @@ export async function mountGantt(runId, steps = null, pipeline = false) {
   const g = new Gantt(div, runId, info);
   const sel = $("#gantt-step");
   try {
-    const first = await api.gantt(runId, { max_spans: 100 });
-    const list = steps || first.steps.map((s) => s.step);
+    const list = steps || (await api.ganttSteps(runId)).steps.map((s) => s.step);
     sel.replaceChildren(el("option", { value: "", text: "all steps" }),
       ...list.map((s) => el("option", { value: String(s), text: `step ${s}` })));
     if (pipeline && list.length) {

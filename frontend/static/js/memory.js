@@ -3,9 +3,13 @@ import { api } from "./api.js";
 import { COMPONENT_COLORS, emptyChart, layout, plot } from "./charts.js";
 import { el, esc, fmtBytes, fmtPct } from "./dom.js";
 
+// Aggregate rows (model_state = params + grads + optim) are listed but never stacked.
+const AGGREGATES = new Set(["model_state", "total"]);
+const parts = (rows) => rows.filter((r) => !AGGREGATES.has(r.component));
+
 export function memoryTotals(rows) {
   const by = new Map();
-  for (const r of rows) {
+  for (const r of parts(rows)) {
     const t = by.get(r.rank) || { rank: r.rank, measured: 0, predicted: 0, hasPred: false };
     t.measured += r.measured_bytes || 0;
     if (r.predicted_bytes !== null && r.predicted_bytes !== undefined) {
@@ -23,7 +27,7 @@ export async function mountMemory(runId, div, table) {
   const rows = res?.rows || [];
   if (!rows.length) { emptyChart(div, "no memory samples in this run's trace"); return null; }
   const ranks = [...new Set(rows.map((r) => r.rank))].sort((a, b) => a - b);
-  const comps = [...new Set(rows.map((r) => r.component))];
+  const comps = [...new Set(parts(rows).map((r) => r.component))];
   const xr = [];
   const xk = [];
   for (const r of ranks) { xr.push(`rank ${r}`, `rank ${r}`); xk.push("measured", "predicted"); }

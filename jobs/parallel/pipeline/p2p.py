@@ -1,7 +1,9 @@
 """Traced point-to-point transfers between pipeline stages.
 
-Sends are asynchronous (isend; waited at the end of the step), receives block until the data is
-there, so the wait shows in the trace as idle time between compute spans. Messages are matched
+Sends are asynchronous (isend; waited at the end of the step). Receives are posted ahead
+(`post`, irecv for every message the rank's action list will need) so a sender never waits for
+the receiver to ask; `wait` blocks until the data is there, so that wait shows in the trace as
+idle time between compute spans (the `recv` record spans the wait). Messages are matched
 by tag (kind, micro-batch, stage), so the order in which a pair's messages are posted does not
 matter on gloo. Every transfer is a `comm` record with axis "pp", the peer, the micro-batch and
 the chunk; its payload is the tensor's bytes.
@@ -38,11 +40,14 @@ class P2P:
         if h is not None:
             h.done()
 
-    def recv(self, shape, dtype, src: int, tg: int, *, mb: int, chunk: int, phase: str,
-             device=None) -> torch.Tensor:
+    def post(self, shape, dtype, src: int, tg: int, device=None):
         buf = torch.empty(shape, dtype=dtype, device=device)
+        return dist.irecv(buf, src, tag=tg), buf, src
+
+    def wait(self, posted, *, mb: int, chunk: int, phase: str) -> torch.Tensor:
+        work, buf, src = posted
         h = self._rec("recv", buf, src, mb, chunk, phase)
-        dist.recv(buf, src, tag=tg)
+        work.wait()
         if h is not None:
             h.done()
         return buf

@@ -1,7 +1,7 @@
 """Reference pipeline runtime: executes the per-rank action lists of jobs/schedules.py.
 
 `PipelineRuntime.step(microbatches)` runs this rank's actions in order:
-    F   receive the activation (unless stage 0), forward, send it on (or take the loss / m)
+    F   wait for the activation (unless stage 0), forward, send it on (or take the loss / m)
     BW  receive the output gradient (unless last stage), full backward, send the input gradient
     B   input-gradient backward only (zero-bubble), send it; weight gradients wait for W
     W   the weight-gradient work of that micro-batch
@@ -76,9 +76,8 @@ class PipelineRuntime:
         if s == 0:
             x = microbatches[a.mb][0]
         else:
-            x = self.p2p.recv(self.act_shape, self.dtype, self._peer(s - 1),
-                              tag(ACT, a.mb, s, self.n_stages), mb=a.mb, chunk=a.chunk,
-                              phase="fwd", device=self.device).requires_grad_(True)
+            x = self.p2p.wait(self.posted.pop((ACT, a.mb, s)), mb=a.mb, chunk=a.chunk,
+                              phase="fwd").requires_grad_(True)
         saved = _SavedBytes()
         with self._span(a), torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
             y = st(x)
@@ -97,9 +96,8 @@ class PipelineRuntime:
         x, y = self.live[(a.mb, a.chunk)]
         g = None
         if s != self.n_stages - 1:
-            g = self.p2p.recv(y.shape, y.dtype, self._peer(s + 1),
-                              tag(GRAD, a.mb, s, self.n_stages), mb=a.mb, chunk=a.chunk,
-                              phase="bwd", device=self.device)
+            g = self.p2p.wait(self.posted.pop((GRAD, a.mb, s)), mb=a.mb, chunk=a.chunk,
+                              phase="bwd")
         with self._span(a):
             if not split:
                 torch.autograd.backward(y, g)
@@ -137,6 +135,21 @@ class PipelineRuntime:
         self.act_bytes.pop((a.mb, a.chunk))
         self._mem()
 
+    def _post_receives(self) -> dict:
+        """irecv every activation / gradient this rank's actions will consume this step."""
+        posted = {}
+        for a in self.actions:
+            s = a.stage
+            if a.kind == "F" and s != 0:
+                key, src = (ACT, a.mb, s), self._peer(s - 1)
+            elif a.kind in ("BW", "B") and s != self.n_stages - 1:
+                key, src = (GRAD, a.mb, s), self._peer(s + 1)
+            else:
+                continue
+            posted[key] = self.p2p.post(self.act_shape, self.dtype, src,
+                                        tag(key[0], a.mb, s, self.n_stages), self.device)
+        return posted
+
     def step(self, microbatches: list) -> float | None:
         """One pipelined forward/backward over `m` micro-batches; gradients accumulate into
         the stages' parameters (scaled by `loss_scale`, 1/m by default). Returns the summed
@@ -144,6 +157,7 @@ class PipelineRuntime:
         if len(microbatches) != self.m:
             raise ValueError(f"expected {self.m} micro-batches, got {len(microbatches)}")
         self.live, self.act_bytes, self.grad_out, self.losses = {}, {}, {}, []
+        self.posted = self._post_receives()
         for a in self.actions:
             if a.kind == "F":
                 self._forward(a, microbatches)

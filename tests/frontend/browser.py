@@ -1,0 +1,27 @@
+"""Chromium for the dashboard tests and benchmarks: Debian's binary, never a download."""
+
+from __future__ import annotations
+
+import os
+
+from tests.conftest import ROOT
+
+CHROMIUM = os.environ.get("PARALAB_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--no-first-run"]
+SHOTS = ROOT / "test-artifacts" / "screenshots"
+
+
+def launch_chromium(pw):
+    return pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+
+
+def shot(pg, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    pg.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+    # A full-page capture leaves headless Chromium's hit-testing offset until the viewport is
+    # set again: later clicks would land on the wrong element.
+    size = pg.viewport_size
+    pg.set_viewport_size({"width": size["width"], "height": size["height"] + 1})
+    pg.set_viewport_size(size)
