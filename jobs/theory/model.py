@@ -1,12 +1,13 @@
 """Parameter counts and activation-memory estimates of the three model families (no torch).
 
-Assumptions (they mirror jobs/train.py's make_model, jobs/models/gpt.py and jobs/models/timed.py;
+Assumptions (they mirror jobs/models/mlp.py, jobs/models/gpt.py and jobs/models/timed.py;
 if those change, these must follow):
 
-    mlp    `layers` x (Linear(h, h) + ReLU), then Linear(h, 1):
-           L*(h^2 + h) + (h + 1)
-    gpt    token embedding vocab*h + learned positions seq_len*h; per block LN 2h, q/k/v 3(h^2+h),
-           proj h^2+h, LN 2h, MLP h->4h->h 8h^2+5h (= 12h^2 + 13h); final LN 2h; LM head h*vocab,
+    mlp    `layers` x Linear(h, h) (ReLU between them; regression onto sin(x), no head):
+           L*(h^2 + h)
+    gpt    token embedding vocab*h + learned positions seq_len*h; per block LN 2h, q/k/v 3h^2+2h
+           (no key bias: its gradient is identically zero under softmax, so the model omits it)
+           proj h^2+h, LN 2h, MLP h->4h->h 8h^2+5h (= 12h^2 + 12h); final LN 2h; LM head h*vocab,
            no bias, untied from the embedding.
     timed  `layers` x one Linear(h, h) (h^2 + h): each timed layer does a tiny real linear map;
            no head.
@@ -24,17 +25,15 @@ import math
 
 
 def block_params(h: int) -> int:
-    """One GPT block: 12h^2 + 13h."""
-    return 12 * h * h + 13 * h
+    """One GPT block: 12h^2 + 12h (q, v with bias, k without)."""
+    return 12 * h * h + 12 * h
 
 
 def param_count(model) -> int:
     """Total parameters of `spec.model` (a ModelSpec or a dict with the same fields)."""
     m = _fields(model)
     h, L = m["hidden"], m["layers"]
-    if m["arch"] == "mlp":
-        return L * (h * h + h) + h + 1
-    if m["arch"] == "timed":
+    if m["arch"] in ("mlp", "timed"):
         return L * (h * h + h)
     if m["arch"] == "gpt":
         return (m["vocab"] + m["seq_len"]) * h + L * block_params(h) + 2 * h + h * m["vocab"]
@@ -65,15 +64,13 @@ def stage_params(model, pp: int, v: int, tp: int) -> list[int]:
             s = c * pp + r
             nblocks = per_chunk + (1 if s < extra else 0)
             if m["arch"] == "gpt":
-                total += nblocks * ((12 * h * h + 7 * h) / tp + 6 * h)
+                total += nblocks * ((12 * h * h + 6 * h) / tp + 6 * h)
                 if s == 0:
                     total += (m["vocab"] + m["seq_len"]) * h
                 if s == chunks - 1:
                     total += 2 * h + h * m["vocab"]
             else:
                 total += nblocks * (h * h + h) / tp
-                if m["arch"] == "mlp" and s == chunks - 1:
-                    total += (h + 1) / tp
         out.append(math.ceil(total))
     return out
 

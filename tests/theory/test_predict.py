@@ -131,11 +131,11 @@ def test_activation_memory_gpipe_vs_1f1b():
 # --- JobSpec path --------------------------------------------------------------------------------
 
 def test_param_count_mlp_gpt_timed():
-    assert param_count({"arch": "mlp", "layers": 2, "hidden": 3}) == 2 * (9 + 3) + 4
+    assert param_count({"arch": "mlp", "layers": 2, "hidden": 3}) == 2 * (9 + 3)
     assert param_count({"arch": "timed", "layers": 2, "hidden": 3}) == 2 * 12
     h, L, V, S = 8, 2, 10, 5
     assert param_count({"arch": "gpt", "layers": L, "hidden": h, "vocab": V, "seq_len": S}) == \
-        V * h + S * h + L * (12 * h * h + 13 * h) + 2 * h + h * V
+        V * h + S * h + L * (12 * h * h + 12 * h) + 2 * h + h * V
 
 
 def test_stage_params_sum_to_total():
@@ -146,7 +146,7 @@ def test_stage_params_sum_to_total():
     # TP: sharded matrices halve, LayerNorms / row biases / embeddings / head stay
     h = 16
     one, two = stage_params(m, 1, 1, 1)[0], stage_params(m, 1, 1, 2)[0]
-    assert one - two == 4 * (12 * h * h + 7 * h) // 2
+    assert one - two == 4 * (12 * h * h + 6 * h) // 2
 
 
 @pytest.mark.parametrize("preset", [p for p in PRESETS if p != "collective-sweep"])
