@@ -213,3 +213,27 @@ def test_memory_gate_refuses_with_numbers_and_can_be_overridden(client, settings
     assert client.post("/api/runs", json={**big, "model": {"hidden": 8, "layers": 1}}
                        ).status_code == 201  # fits
     assert client.post("/api/runs", params={"force": "true"}, json=big).status_code == 201
+
+
+def test_predict_endpoint_whatif_spec_and_errors(client):
+    # seed 000: 7.5B on 64 GPUs, 16Ψ, ZeRO-1 -> 31.4 GB per rank
+    r = client.post("/api/predict", json={"params": 7.5e9, "dp": 64, "tp": 1, "pp": 1,
+                                          "zero_stage": 1, "memory_model": "16psi"})
+    assert r.status_code == 200, r.text
+    mem = r.json()["memory"]
+    assert round(mem["per_rank_bytes"] / 1e9, 1) == 31.4 and mem["memory_model"] == "16psi"
+    assert set(mem["components"]) >= {"params", "grads", "optimizer", "activations"}
+    r = client.post("/api/predict", json={"spec": {"preset": "pp-1f1b"},
+                                          "assumptions": {"bandwidth_GBps": 25}})
+    assert r.status_code == 200 and abs(r.json()["pipeline"]["bubble_fraction"] - 0.2) < 1e-9
+    assert client.post("/api/predict", json={"preset": "zero3"}).status_code == 200
+    bad = client.post("/api/predict", json={"params": 1e9, "dp": 0, "tp": 1, "pp": 1,
+                                            "zero_stage": 0, "memory_model": "16psi"})
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "dp"]
+    bad = client.post("/api/predict", json={"spec": {"preset": "ddp"},
+                                            "assumptions": {"bogus": 1}})
+    assert bad.status_code == 422
+    assert bad.json()["detail"][0]["loc"] == ["body", "assumptions", "bogus"]
+    bad = client.post("/api/predict", json={"spec": {"preset": "ddp",
+                                                     "parallel": {"dp": 3}}})
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][:2] == ["body", "spec"]
