@@ -44,14 +44,25 @@ def predict(obj, **overrides) -> dict:
     return _predict(w, kind)
 
 
+# Scratch per rank of each all-reduce algorithm, in units of S (jobs/comm/allreduce.py).
+_SCRATCH = {"builtin": lambda n: 0.0, "naive": lambda n: float(n), "ps": lambda n: n - 1.0,
+            "ring": lambda n: 2.0 / n, "tree": lambda n: 1.0, "butterfly": lambda n: 1.0}
+
+
 def _collective(spec: JobSpec) -> dict:
-    """A collective sweep has no model: its memory is the largest message's send and receive
-    buffers (nccl-tests S is the whole logical array)."""
-    buf = 2.0 * spec.collective.max_bytes
+    """A collective sweep has no model. Per rank it holds the largest message three times
+    (input, working copy, expected result for the in-place check) plus the scratch of the
+    hungriest selected algorithm (naive N*S, parameter server (N-1)*S, ring 2S/N, tree and
+    butterfly S); nccl-tests' S is the whole logical array."""
+    c, n = spec.collective, spec.world_size
+    algos = c.algorithms if "all_reduce" in c.ops else ("builtin",)
+    scratch = max(_SCRATCH[a](n) for a in algos)
+    buf = (3.0 + scratch) * c.max_bytes
     comps = {"params": 0.0, "grads": 0.0, "optimizer": 0.0, "activations": 0.0, "buffers": buf}
-    f = fig(buf, "bytes", "2*collective.max_bytes (input + output buffer of the largest message)",
-            {"max_bytes": spec.collective.max_bytes}, "nccl-tests: S = whole logical array")
-    return {"kind": "collective_bench", "inputs": {"world_size": spec.world_size},
+    f = fig(buf, "bytes", "(3 + scratch(algorithm, N)) * collective.max_bytes",
+            {"max_bytes": c.max_bytes, "world_size": n, "algorithms": list(algos),
+             "scratch_in_S": scratch}, "nccl-tests: S = whole logical array")
+    return {"kind": "collective_bench", "inputs": {"world_size": n},
             "conventions": {"units": UNITS},
             "memory": {"per_rank_bytes": buf, "per_rank_GB": buf / GB, "components": comps,
                        "model_state_bytes": 0.0, "explain": {"per_rank_bytes": f}},

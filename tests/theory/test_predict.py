@@ -228,7 +228,10 @@ def test_inconsistent_examples_corrected():
 def test_collective_sweep_spec_memory_is_its_buffers():
     out = predict({"preset": "collective-sweep", "collective": {"max_bytes": 1 << 20}})
     assert out["kind"] == "collective_bench"
-    assert out["memory"]["per_rank_bytes"] == 2 * (1 << 20)
+    assert out["memory"]["per_rank_bytes"] == 3 * (1 << 20)  # builtin: no scratch
+    out = predict({"preset": "collective-sweep", "runtime": {"nproc_per_node": 4},
+                   "collective": {"max_bytes": 1 << 20, "algorithms": ["ring", "naive"]}})
+    assert out["memory"]["per_rank_bytes"] == (3 + 4) * (1 << 20)  # naive: N*S of scratch
     json.dumps(out)
 
 
