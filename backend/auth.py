@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from urllib.parse import quote
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
@@ -186,6 +186,11 @@ def create_credential(db: Session, user: User, *, kind: str, name: str,
                       ttl_s: float | None) -> tuple[str, ApiToken]:
     """A new random token; the caller shows it once. Only its SHA-256 is stored."""
     raw = security.new_token(security.TOKEN_PREFIX if kind == "api" else security.SESSION_PREFIX)
+    if kind == "session":  # forget this user's ended sessions
+        now = utcnow()
+        db.execute(delete(ApiToken).where(
+            ApiToken.user_id == user.id, ApiToken.kind == "session",
+            or_(ApiToken.revoked_at.is_not(None), ApiToken.expires_at <= now)))
     row = ApiToken(user_id=user.id, kind=kind, name=name[:100],
                    prefix=security.display_prefix(raw), token_hash=security.token_hash(raw),
                    created_at=utcnow(),

@@ -289,23 +289,29 @@ def gantt(trace: Trace, *, step: int | None = None, t0_ms: float | None = None,
 
 
 def _idle(trace: Trace, lo: float, hi: float, min_gap: float, step, limit=20000) -> dict:
-    """Gaps inside each rank's step windows where it neither computes nor communicates."""
-    sc, slices = by_rank_step(trace)
+    """Gaps inside each rank's step windows where it neither computes nor communicates:
+    per rank, the complement of (its spans + the time outside its steps), vectorised."""
+    c = trace.cols
     out = {"rank": [], "t0": [], "t1": []}
-    for (r, s), (a, b) in sorted(trace.rank_steps.items()):
-        if s < 0 or (step is not None and s != step) or b < lo or a > hi:
+    for r in np.unique(c["rank"]).tolist():
+        wins = sorted(w for (rr, s), w in trace.rank_steps.items()
+                      if rr == r and s >= 0 and (step is None or s == step))
+        if not wins:
             continue
-        sl = slices.get((r, s), slice(0, 0))
-        u0, u1 = _union(sc["t0"][sl], sc["t1"][sl])
-        g0, g1 = np.r_[a, u1], np.r_[u0, b]
+        w0 = np.array([w[0] for w in wins])
+        w1 = np.array([w[1] for w in wins])
+        m = (c["rank"] == r) & (c["t1"] >= max(lo, w0[0])) & (c["t0"] <= min(hi, w1[-1]))
+        outside0 = np.r_[-np.inf, w1]  # the time between and around the rank's steps
+        outside1 = np.r_[w0, np.inf]
+        u0, u1 = _union(np.r_[c["t0"][m], outside0], np.r_[c["t1"][m], outside1])
+        g0, g1 = np.maximum(u1[:-1], lo), np.minimum(u0[1:], hi)
         keep = (g1 - g0) >= max(min_gap, 1e-9)
-        g0, g1 = np.maximum(g0[keep], lo), np.minimum(g1[keep], hi)
-        ok = g1 > g0
-        out["rank"] += [r] * int(ok.sum())
-        out["t0"] += g0[ok].round(6).tolist()
-        out["t1"] += g1[ok].round(6).tolist()
-        if len(out["t0"]) > limit:
-            break
+        out["rank"] += [r] * int(keep.sum())
+        out["t0"] += g0[keep].round(6).tolist()
+        out["t1"] += g1[keep].round(6).tolist()
+    if len(out["t0"]) > limit:  # keep the longest gaps
+        top = np.sort(np.argsort(np.subtract(out["t1"], out["t0"]))[-limit:])
+        out = {k: [v[i] for i in top.tolist()] for k, v in out.items()}
     return out
 
 

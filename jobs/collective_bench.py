@@ -74,6 +74,14 @@ def _all_true(flag: bool | None, ctrl) -> bool | None:
     return bool(t.item())
 
 
+def _provenance(backend: str) -> dict:
+    """What the worker adds to the run's provenance: the job's own view of its runtime."""
+    info = {"torch_threads": torch.get_num_threads()}
+    if backend == "nccl":
+        info["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
+    return info
+
+
 def run(spec: JobSpec, out: Path) -> dict | None:
     backend = spec.runtime.backend
     if backend == "auto":
@@ -140,7 +148,8 @@ def run(spec: JobSpec, out: Path) -> dict | None:
                    "sizes": sweep.sweep_sizes(c.min_bytes, c.max_bytes, c.factor),
                    "warmup": c.warmup, "iters": c.iters, "check": c.check,
                    "wrong": wrong, "all_correct": None if not c.check else wrong == 0,
-                   "wall_s": time.perf_counter() - t_start, "results": results}
+                   "wall_s": time.perf_counter() - t_start,
+                   "provenance": _provenance(backend), "results": results}
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
         print(f"# {len(results)} points, {wrong} wrong, "
               f"{summary['wall_s']:.1f} s", flush=True)

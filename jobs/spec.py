@@ -217,7 +217,8 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
 AVAILABLE: set[str] = {"single", "ddp", "dp-allreduce", "dp-ps", "zero1", "zero2", "zero3", "fsdp",
                        "collective-sweep"}
 AVAILABLE |= {"tp", "sp", "pp-gpipe", "pp-1f1b", "pp-interleaved", "pp-zb", "3d",
-              "ddp+tp", "ddp+sp"}  # model parallelism (issue 4)
+              "ddp+tp", "ddp+sp", "zero1+tp", "zero2+tp", "fsdp+tp", "zero1+pp-1f1b",
+              "dp-allreduce+pp-interleaved"}  # model parallelism (issue 4)
 
 
 def derive_strategy(spec: JobSpec) -> str:

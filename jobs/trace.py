@@ -81,9 +81,16 @@ def _rss_bytes() -> int:
         return 0
 
 
+_PREVIOUS: dict = {}
+
+
 def _on_signal(signum, frame):  # pragma: no cover - exercised by the SIGTERM test in a child
     for t in list(_LIVE):
         t.close(reason=signal.Signals(signum).name)
+    prev = _PREVIOUS.get(signum)
+    if callable(prev):  # e.g. Python's SIGINT handler: KeyboardInterrupt as usual
+        signal.signal(signum, prev)
+        return prev(signum, frame)
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
 
@@ -93,7 +100,9 @@ def _install_handlers() -> None:
     if _HANDLERS_INSTALLED or threading.current_thread() is not threading.main_thread():
         return
     for sig in (signal.SIGTERM, signal.SIGINT):
-        if signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler, None):
+        prev = signal.getsignal(sig)
+        if prev in (signal.SIG_DFL, signal.default_int_handler, None):
+            _PREVIOUS[sig] = prev
             signal.signal(sig, _on_signal)
     atexit.register(lambda: [t.close(reason="exit") for t in list(_LIVE)])
     _HANDLERS_INSTALLED = True

@@ -210,7 +210,8 @@ def formula_check(spec: JobSpec, per_rank: list[dict]) -> dict:
     elem = 2 if t.precision == "bf16" else 4
     rows = []
     for i, r in enumerate(per_rank):
-        f = comm_per_step(label, n, psi * elem, rank=i)
+        f = comm_per_step(label, n, psi * elem, rank=i,
+                          rounds=t.grad_accum * spec.parallel.microbatches)
         steps = {int(k): v for k, v in r["comm_by_step"].items() if int(k) >= 0}
         sent = [steps.get(s, [0.0, 0.0])[0] for s in range(t.steps)]
         recv = [steps.get(s, [0.0, 0.0])[1] for s in range(t.steps)]

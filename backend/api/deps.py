@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 from collections.abc import Iterator
 from typing import Annotated
@@ -43,7 +44,7 @@ def current_user(request: Request, settings: SettingsDep) -> Principal:
     if cached is None:
         with get_sessionmaker(settings.db_url)() as db:
             cached = principal_of(local_user(db), settings, via="local")
-        cached = Principal(**{**cached.__dict__, "role": "admin"})
+        cached = dataclasses.replace(cached, role="admin")
         request.app.state.local_principal = cached
     return cached
 

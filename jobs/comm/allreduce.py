@@ -3,10 +3,10 @@
 Every algorithm has the signature `fn(tensor, group=None, tracer=None) -> None` and sums the
 tensor over the ranks of `group` in place (the parameter server takes a `placement` keyword as
 well). Ranks below are group ranks; messages go to their global ranks. With a tracer, every send
-and every receive is recorded as a `comm` record (op `send` / `recv`, `peer` = global rank,
-`payload_bytes`, args `algorithm` and `algo_step`, and `placement` for the parameter
-server), so per-rank bytes sent and the number of
-communication steps can be read back from the trace files alone:
+and every receive is recorded as a `comm` record (op `send` / `recv`, `peer` = the peer's rank
+in the group, `payload_bytes`, args `algorithm` and `algo_step`, and `placement` for the
+parameter server), so per-rank bytes sent and the number of communication steps can be read back
+from the trace files alone:
 
     algorithm          steps          bytes sent (M = tensor bytes, N = ranks reduced over)
     naive              1              (N-1)M per rank, N(N-1)M in total
@@ -16,9 +16,11 @@ communication steps can be read back from the trace files alone:
     tree (binomial)    2 ceil(log2 N) M per rank > 0 going up, 2(N-1)M in total
     butterfly          log2 N         M log2 N per rank (power-of-two N only)
 
-Every send is posted with its matching receive outstanding (isend + irecv, then wait), or along
-an acyclic pattern (tree), so no ordering can deadlock on gloo. Results are bitwise identical on
-all ranks: each algorithm sums every element once, in one order, and then distributes it.
+The sends and receives of a step are issued together (one `batch_isend_irecv`: one NCCL group;
+gloo posts them in order and completes them concurrently) and waited for together, and the
+patterns are acyclic where a step has only a send or only a receive (parameter server, tree), so
+no ordering can deadlock. Results are bitwise identical on all ranks: each algorithm sums every
+element once, in one order, and then distributes it.
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ AXIS = "pg:world"
 
 
 def p2p_group(a: int, b: int) -> str:
+    """The trace `group` of the point-to-point pair of global ranks a and b."""
     return f"{AXIS}:p2p:{min(a, b)}-{max(a, b)}"
+
 
 # Receive buffers are views of one cached workspace per (dtype, device), grown on demand: a fresh
 # multi-MiB buffer per call costs its page faults (about 1.4 ms for 8 MiB on the dev host), which
@@ -210,7 +214,7 @@ def ring(tensor: torch.Tensor, group=None, tracer=None) -> None:
     n = c.size
     bounds = chunk_bounds(tensor.numel(), n)
     seg = max(1, RING_SEGMENT_BYTES // c.elsize)
-    if tracer is None and dist.get_backend(group) == "gloo":
+    if tracer is None and tensor.device.type == "cpu" and "gloo" in str(dist.get_backend(group)):
         _ring_pipelined(c, tensor, bounds, seg)
         return
     i, right, left = c.rank, (c.rank + 1) % n, (c.rank - 1) % n

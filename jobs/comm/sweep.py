@@ -54,17 +54,29 @@ def element_count(op: str, nbytes: int, elsize: int, n: int) -> int:
     return count
 
 
-def pattern(rank: int, numel: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """Rank `rank`'s input: integers 1..11, different per rank and position, exact in any dtype
-    and summing exactly over up to 20 ranks even in bfloat16."""
+# The largest integer up to which every integer is exact in the type: sums of the inputs stay
+# exact (so any summation order gives the same bits) while they stay below it.
+EXACT_INT = {torch.float32: 1 << 24, torch.bfloat16: 256, torch.float16: 2048,
+             torch.float64: 1 << 53, torch.int32: (1 << 31) - 1}
+
+
+def value_span(dtype: torch.dtype, n: int) -> int:
+    """Inputs take values 1..span: 11, or fewer so that a sum over n ranks stays exact
+    (bfloat16 from 24 ranks on; beyond 256 ranks bfloat16 sums cannot be exact at all)."""
+    return max(1, min(11, EXACT_INT[dtype] // max(1, n)))
+
+
+def pattern(rank: int, numel: int, dtype: torch.dtype, device, span: int = 11) -> torch.Tensor:
+    """Rank `rank`'s input: integers 1..span, different per rank and position, exact in any
+    dtype; with span = value_span(dtype, n) their sum over n ranks is exact too."""
     i = torch.arange(numel, dtype=torch.int64, device=device)
-    return ((i * 7 + rank * 3) % 11 + 1).to(dtype)
+    return ((i * 7 + rank * 3) % span + 1).to(dtype)
 
 
-def pattern_sum(ranks, numel: int, dtype: torch.dtype, device) -> torch.Tensor:
+def pattern_sum(ranks, numel: int, dtype: torch.dtype, device, span: int = 11) -> torch.Tensor:
     acc = torch.zeros(numel, dtype=torch.int64, device=device)
     for r in ranks:
-        acc += pattern(r, numel, torch.int64, device)
+        acc += pattern(r, numel, torch.int64, device, span)
     return acc.to(dtype)
 
 
@@ -95,18 +107,20 @@ def make_case(op: str, algorithm: str, nbytes: int, dtype: torch.dtype, device, 
     elsize = torch.empty((), dtype=dtype).element_size()
     count = element_count(op, nbytes, elsize, n)
     S = count * elsize
+    span = value_span(dtype, n)
     if op == "all_reduce" and algorithm != "builtin":
-        return _algorithm_case(algorithm, ps_placement, count, S, dtype, device, group, rank, n)
+        return _algorithm_case(algorithm, ps_placement, count, S, dtype, device, group, rank, n,
+                               span)
     if algorithm != "builtin":
         raise ValueError(f"algorithm {algorithm!r} only applies to all_reduce, not {op}")
-    mine = pattern(rank, count, dtype, device)
+    mine = pattern(rank, count, dtype, device, span)
     work = torch.empty_like(mine)
 
     def reset():
         work.copy_(mine)
 
     if op == "all_reduce":
-        expected = pattern_sum(range(n), count, dtype, device)
+        expected = pattern_sum(range(n), count, dtype, device, span)
 
         def run(tr):
             with _traced(tr, op, S, n, algorithm="builtin"):
@@ -116,7 +130,7 @@ def make_case(op: str, algorithm: str, nbytes: int, dtype: torch.dtype, device, 
     c = count // n if op in SHARDED_OPS else count
     lo, hi = rank * c, (rank + 1) * c
     if op == "reduce_scatter":  # in place: the output is this rank's shard of the input
-        expected = pattern_sum(range(n), count, dtype, device)[lo:hi]
+        expected = pattern_sum(range(n), count, dtype, device, span)[lo:hi]
 
         def run(tr):
             with _traced(tr, op, S, n, algorithm="builtin"):
@@ -124,7 +138,7 @@ def make_case(op: str, algorithm: str, nbytes: int, dtype: torch.dtype, device, 
         return Case(op, algorithm, count, S, n, reset, run,
                     lambda: torch.equal(work[lo:hi], expected))
     if op == "all_gather":  # in place: the input is this rank's shard of the output
-        expected = torch.cat([pattern(r, count, dtype, device)[r * c:(r + 1) * c]
+        expected = torch.cat([pattern(r, count, dtype, device, span)[r * c:(r + 1) * c]
                               for r in range(n)])
 
         def reset():  # noqa: F811 - all_gather starts from zeros outside this rank's shard
@@ -136,7 +150,7 @@ def make_case(op: str, algorithm: str, nbytes: int, dtype: torch.dtype, device, 
                 _all_gather(work, work[lo:hi], group=group)
         return Case(op, algorithm, count, S, n, reset, run, lambda: torch.equal(work, expected))
     if op == "all_to_all":  # out of place: shard j of the output comes from rank j
-        expected = torch.cat([pattern(r, count, dtype, device)[lo:hi] for r in range(n)])
+        expected = torch.cat([pattern(r, count, dtype, device, span)[lo:hi] for r in range(n)])
         out = torch.empty_like(mine)
 
         def reset():  # noqa: F811
@@ -148,14 +162,14 @@ def make_case(op: str, algorithm: str, nbytes: int, dtype: torch.dtype, device, 
         return Case(op, algorithm, count, S, n, reset, run, lambda: torch.equal(out, expected))
     groot = ROOT if group is None else dist.get_global_rank(group, ROOT)
     if op == "broadcast":
-        expected = pattern(ROOT, count, dtype, device)
+        expected = pattern(ROOT, count, dtype, device, span)
 
         def run(tr):
             with _traced(tr, op, S, n, is_root=rank == ROOT, algorithm="builtin"):
                 dist.broadcast(work, groot, group=group)
         return Case(op, algorithm, count, S, n, reset, run, lambda: torch.equal(work, expected))
     if op == "reduce":
-        expected = pattern_sum(range(n), count, dtype, device)
+        expected = pattern_sum(range(n), count, dtype, device, span)
 
         def run(tr):
             with _traced(tr, op, S, n, is_root=rank == ROOT, algorithm="builtin"):
@@ -163,13 +177,13 @@ def make_case(op: str, algorithm: str, nbytes: int, dtype: torch.dtype, device, 
         return Case(op, algorithm, count, S, n, reset, run,
                     lambda: rank != ROOT or torch.equal(work, expected))
     if op == "send_recv":  # nccl-tests sendrecv: send to rank+1, receive from rank-1 at once
-        return _send_recv_case(count, S, dtype, device, group, rank, n, mine)
+        return _send_recv_case(count, S, dtype, device, group, rank, n, mine, span)
     raise ValueError(f"unknown collective {op!r}")
 
 
-def _send_recv_case(count, S, dtype, device, group, rank, n, mine) -> Case:
+def _send_recv_case(count, S, dtype, device, group, rank, n, mine, span) -> Case:
     right, left = (rank + 1) % n, (rank - 1) % n
-    expected = pattern(left, count, dtype, device)
+    expected = pattern(left, count, dtype, device, span)
     out = torch.empty_like(mine)
 
     def glob(r):
@@ -190,24 +204,25 @@ def _send_recv_case(count, S, dtype, device, group, rank, n, mine) -> Case:
                 st.enter_context(tr.comm("recv", payload_bytes=S, group_size=2, axis=AXIS,
                                          group=p2p_group(glob(rank), glob(left)), peer=left,
                                          algorithm="builtin"))
-            works = [dist.irecv(out, glob(left), group=group),
-                     dist.isend(mine, glob(right), group=group)]
+            works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, out, glob(left), group),
+                                            dist.P2POp(dist.isend, mine, glob(right), group)])
             for w in works:
                 w.wait()
     return Case("send_recv", "builtin", count, S, n, reset, run,
                 lambda: torch.equal(out, expected))
 
 
-def _algorithm_case(algorithm, ps_placement, count, S, dtype, device, group, rank, n) -> Case:
+def _algorithm_case(algorithm, ps_placement, count, S, dtype, device, group, rank, n,
+                    span) -> Case:
     fn = allreduce.get_algorithm(algorithm, ps_placement=ps_placement)
-    ranks = list(range(n))
-    if algorithm == "ps" and ps_placement == "dedicated":
-        ranks = ranks[:-1]  # the last rank only serves: its input is zeros
-    mine = pattern(rank, count, dtype, device) if rank in ranks else \
+    # the ranks whose vectors are summed: a dedicated server (the last rank) only serves, and
+    # its input is zeros so that the backend's all-reduce over every rank is the reference
+    ranks = list(range(allreduce.ps_participants(n, ps_placement) if algorithm == "ps" else n))
+    mine = pattern(rank, count, dtype, device, span) if rank in ranks else \
         torch.zeros(count, dtype=dtype, device=device)
     expected = mine.clone()
     dist.all_reduce(expected, group=group)  # the backend's own all-reduce is the reference
-    if not torch.equal(expected, pattern_sum(ranks, count, dtype, device)):
+    if not torch.equal(expected, pattern_sum(ranks, count, dtype, device, span)):
         raise RuntimeError(f"the backend's all_reduce of {S} bytes disagrees with the "
                            "expected sum: the reference itself is wrong")
     work = torch.empty_like(mine)

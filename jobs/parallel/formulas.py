@@ -22,8 +22,12 @@ OPS = {"dp-ps": None, "dp-allreduce": [("all_reduce", 1)], "ddp": [("all_reduce"
        "zero3": [("all_gather", 2), ("reduce_scatter", 1)]}
 
 
-def comm_per_step(strategy: str, n: int, psi_bytes: int, rank: int = 0) -> dict:
-    """{"ops": [...], "bytes_sent": .., "bytes_recv": ..} for one rank and one step."""
+def comm_per_step(strategy: str, n: int, psi_bytes: int, rank: int = 0,
+                  rounds: int = 1) -> dict:
+    """{"ops": [[op, payload, times], ...], "bytes_sent": .., "bytes_recv": ..} for one rank
+    and one step of `rounds` accumulation rounds: ZeRO-2 reduce-scatters (and frees) the
+    gradients of every round, ZeRO-3 also gathers the parameters twice per round; the others
+    communicate once per step."""
     label = "zero3" if strategy == "fsdp" else strategy
     if label == "dp-ps":
         k = (n - 1) if rank == 0 else 1
@@ -32,6 +36,10 @@ def comm_per_step(strategy: str, n: int, psi_bytes: int, rank: int = 0) -> dict:
                         ["send" if rank == 0 else "recv", psi_bytes, k]],
                 "bytes_sent": b, "bytes_recv": b}
     ops = OPS[label]
+    if label == "zero2":
+        ops = [("reduce_scatter", rounds), ("all_gather", 1)]
+    elif label == "zero3":
+        ops = [("all_gather", 2 * rounds), ("reduce_scatter", rounds)]
     sent = sum(times * commbytes.bytes_sent(op, psi_bytes, n) for op, times in ops)
     return {"ops": [[op, psi_bytes, times] for op, times in ops], "bytes_sent": sent,
             "bytes_recv": sent}

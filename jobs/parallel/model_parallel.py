@@ -39,9 +39,15 @@ def check(spec) -> None:
     if p.dp > 1 and p.zero_stage == 3 and p.engine == "reference":
         raise ValueError("reference ZeRO-3 gathers parameters in its own forward, which the "
                          "model-parallel runtime bypasses; use engine 'native' (FSDP2)")
+    if p.sequence_parallel and p.dp > 1 and p.zero_stage == 2 and p.engine == "reference":
+        raise ValueError("reference ZeRO-2 reduce-scatters gradients during backward, before "
+                         "the sequence-parallel LayerNorm / bias gradients are summed over tp; "
+                         "use zero_stage 0/1 or engine 'native'")
     if p.pp > 1 and p.dp > 1 and p.zero_stage >= 2 and p.engine == "reference":
         raise ValueError("ZeRO-2/3 with pipeline parallelism is not supported: they reduce-"
                          "scatter (and re-gather) per micro-batch; use zero_stage 0 or 1")
+    if getattr(p, "vocab_parallel", False) and (p.tp < 2 or p.engine != "reference"):
+        raise ValueError("vocab_parallel needs tp > 1 and engine 'reference'")
     if spec.train.precision != "fp32":
         raise ValueError("model parallelism runs in fp32 only (precision 'bf16' is DP-only)")
     if spec.train.activation_checkpointing:
@@ -49,12 +55,13 @@ def check(spec) -> None:
 
 
 def build_stages(ctx) -> tuple[dict[int, nn.Module], object]:
-    """This rank's model stages {chunk: module}, sharded over tp, and the model module."""
+    """This rank's model stages {chunk: module}, sharded over tp, and the loss function."""
     spec, dims = ctx.spec, ctx.dims
     p = spec.parallel
     mod = model_module(spec.model.arch)
     full = mod.build(spec.model, spec.train.seed)
     c = dims.coords(ctx.rank)
+    loss_fn = mod.loss_fn
     if dims.pp > 1:
         stages = split_stages(full, dims.pp, p.virtual_stages, c["pp"])
     else:
@@ -67,14 +74,23 @@ def build_stages(ctx) -> tuple[dict[int, nn.Module], object]:
                 apply_native_tensor_parallel(st, ctx.mesh["tp"],
                                              sequence_parallel=p.sequence_parallel)
         else:
+            group = ctx.mesh["tp"].get_group()
             for st in stages.values():
-                apply_tensor_parallel(st, ctx.mesh["tp"].get_group(), tracer=ctx.tracer,
+                apply_tensor_parallel(st, group, tracer=ctx.tracer,
                                       sequence_parallel=p.sequence_parallel)
+            if getattr(p, "vocab_parallel", False):  # a spec field yet to come (report)
+                from jobs.parallel.vocab_parallel import apply_vocab_parallel, vocab_parallel_loss
+                starts = [apply_vocab_parallel(st, group, tracer=ctx.tracer,
+                                               sequence_parallel=p.sequence_parallel)
+                          for st in stages.values()]
+                starts = [s for s in starts if s is not None]
+                if starts:
+                    loss_fn = vocab_parallel_loss(group, ctx.tracer, starts[0])
     attr = "layers" if isinstance(getattr(full, "layers", None), nn.ModuleList) else "blocks"
     for st in stages.values():
         st._layer_attr = attr
         st.to(ctx.device)
-    return stages, mod
+    return stages, loss_fn
 
 
 def _layers(model):
@@ -105,7 +121,7 @@ def run(ctx) -> dict:
     check(spec)
     p = spec.parallel
     c = dims.coords(ctx.rank)
-    stages, mod = build_stages(ctx)
+    stages, loss_fn = build_stages(ctx)
     strategy = make_strategy(ctx, stages)
     m, accum = p.microbatches, spec.train.grad_accum
     mb = spec.train.global_batch // dims.dp // (m * accum)
@@ -114,12 +130,12 @@ def run(ctx) -> dict:
         from jobs.parallel.pipeline.native import NativePipeline
         rt = NativePipeline(stages, schedule=schedule, p=dims.pp, m=m, v=p.virtual_stages,
                             rank=c["pp"], pp_group=ctx.mesh["pp"].get_group(),
-                            loss_fn=mod.loss_fn, tracer=tr, device=ctx.device)
+                            loss_fn=loss_fn, tracer=tr, device=ctx.device)
         rt.loss_scale = 1.0 / accum
     else:
         rt = PipelineRuntime(stages, schedule=schedule, p=dims.pp, m=m, v=p.virtual_stages,
                              rank=c["pp"], pp_ranks=dims.group_ranks("pp", ctx.rank),
-                             loss_fn=mod.loss_fn, act_shape=act_shape(spec, dims, mb),
+                             loss_fn=loss_fn, act_shape=act_shape(spec, dims, mb),
                              tracer=tr, device=ctx.device)
         rt.loss_scale = 1.0 / (m * accum)
     tp_group = ctx.mesh["tp"].get_group() if dims.tp > 1 else None

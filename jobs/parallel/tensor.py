@@ -84,15 +84,16 @@ class SPScatter(nn.Module):
 
 
 class SPGather(nn.Module):
-    """Gather the seq shards before a replicated module (output grads are full on every rank)."""
+    """Gather the seq shards before the head: its output gradient is full on every rank when
+    the head is replicated (backward: split), partial when it is vocab-parallel (reduce-scatter)."""
 
-    def __init__(self, group, tracer):
+    def __init__(self, group, tracer, output_grad_is_partial: bool = False):
         super().__init__()
-        self.group, self.tracer = group, tracer
+        self.group, self.tracer, self.partial = group, tracer, output_grad_is_partial
 
     def forward(self, x):
         return tp_comm.gather_from_sequence_parallel_region(x, self.group, self.tracer,
-                                                            output_grad_is_partial=False)
+                                                            output_grad_is_partial=self.partial)
 
 
 def _mark_sp(module: nn.Module) -> None:

@@ -11,6 +11,8 @@ ZeRO-3  parameters sharded too. Each layer (and the root's remaining parameters)
         reduce-scattered in backward.                      traffic 3·(N-1)/N·Ψ = 1.5 × DDP
 
 Buckets / units are padded to a multiple of N elements; the padding is reported in `layout()`.
+With gradient accumulation ZeRO-2/3 reduce-scatter every round (they keep no full gradients to
+accumulate into), ZeRO-1 once per step, like DDP under `no_sync`.
 """
 
 from __future__ import annotations

@@ -63,3 +63,18 @@ def test_serve_refuses_unsafe_configurations(tmp_path):
                  PARALAB_SECRET_KEY="changeme")
     assert r.returncode == 2 and "PARALAB_SECRET_KEY" in r.stderr, r.stderr
     assert not (tmp_path / "var" / "paralab.db").exists()  # refused before touching anything
+
+
+def test_migration_0003_goes_down_and_up(db_url):
+    from alembic import command
+    from sqlalchemy import inspect
+
+    from backend.core.db import make_engine
+    from backend.migrate import alembic_config, upgrade
+    command.downgrade(alembic_config(db_url), "0002")
+    engine = make_engine(db_url)
+    assert "users" not in inspect(engine).get_table_names()
+    upgrade(db_url)
+    tables = set(inspect(engine).get_table_names())
+    engine.dispose()
+    assert {"users", "api_tokens", "audit_log", "stars", "saved_comparisons", "runs"} <= tables

@@ -163,5 +163,7 @@ def test_on_gloo_segments_layouts_and_dtypes(tmp_path):
     proc = torchrun(3, [str(script)], timeout=180,
                     env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
                          "PYTHONPATH": str(ROOT)})
+    # each rank exits 1 when one of its results differs from the backend's all-reduce; the
+    # ranks' lines may interleave on the shared stdout, so only count them
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert proc.stdout.count("BAD []") == 3
+    assert proc.stdout.count("BAD") == 3 and "BAD [(" not in proc.stdout

@@ -76,6 +76,49 @@ def test_pattern_sums_exactly(dtype):
     assert int(total.max()) <= 44
 
 
+def test_value_span_keeps_sums_exact():
+    assert sweep.value_span(torch.bfloat16, 4) == 11
+    assert sweep.value_span(torch.bfloat16, 32) == 8  # 8 * 32 = 256
+    assert sweep.value_span(torch.bfloat16, 1000) == 1
+    assert sweep.value_span(torch.float16, 256) == 8
+    assert sweep.value_span(torch.float32, 4096) == 11
+    span = sweep.value_span(torch.bfloat16, 32)
+    total = sweep.pattern_sum(range(32), 500, torch.bfloat16, "cpu", span)
+    ref = sweep.pattern_sum(range(32), 500, torch.int64, "cpu", span)
+    assert torch.equal(total.to(torch.int64), ref) and int(ref.max()) <= 256
+
+
 def test_chunk_bounds_cover():
     assert allreduce.chunk_bounds(10, 4) == [(0, 2), (2, 5), (5, 7), (7, 10)]
     assert allreduce.chunk_bounds(2, 4) == [(0, 0), (0, 1), (1, 1), (1, 2)]
+
+
+def test_points_order_and_algorithms_only_for_all_reduce():
+    from jobs.collective_bench import points
+    from jobs.spec import parse_spec
+
+    spec = parse_spec({"kind": "collective_bench", "runtime": {"nproc_per_node": 4},
+                       "collective": {"ops": ["broadcast", "all_reduce"],
+                                      "algorithms": ["builtin", "ring"], "min_bytes": 64,
+                                      "max_bytes": 256, "factor": 4}})
+    assert points(spec) == [("broadcast", "builtin", 64), ("broadcast", "builtin", 256),
+                            ("all_reduce", "builtin", 64), ("all_reduce", "builtin", 256),
+                            ("all_reduce", "ring", 64), ("all_reduce", "ring", 256)]
+    spec = parse_spec({"kind": "collective_bench",
+                       "collective": {"ops": ["all_gather"], "algorithms": ["tree"]}})
+    assert {a for _, a, _ in points(spec)} == {"builtin"}
+
+
+def test_format_row():
+    from jobs.collective_bench import HEADER, format_row
+
+    row = {"op": "all_reduce", "algorithm": "ring", "bytes": 16777216, "count": 4194304,
+           "dtype": "float32", "time_us_min": 20000.0, "time_us_mean": 21000.0,
+           "time_us_max": 22000.0, "algbw_GBps": 0.799, "busbw_GBps": 0.799,
+           "busbw_frac_of_copy": 0.0799, "correct": True}
+    line = format_row(row)
+    assert len(line) == len(HEADER)
+    assert line.split() == ["16777216", "4194304", "float32", "all_reduce", "ring", "20000.0",
+                            "21000.0", "22000.0", "0.799", "0.799", "8.0", "ok"]
+    assert format_row({**row, "correct": False, "busbw_frac_of_copy": None}).split()[-2:] \
+        == ["0.799", "FAIL"]

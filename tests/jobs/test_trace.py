@@ -20,8 +20,11 @@ from jobs.trace import Tracer
 from tests.jobs.launch import ROOT, multirun, read_trace, torchrun
 
 DP_PRESETS = ["dp-ps", "dp-allreduce", "ddp", "zero1", "zero2", "zero3", "fsdp"]
-BIG = {"model": {"arch": "mlp", "hidden": 256, "layers": 12},
-       "train": {"steps": 3, "global_batch": 128}, "runtime": {"nproc_per_node": 2}}
+# Overlap needs the host free while "compute" runs, as on a GPU: the timed model sleeps in
+# backward (20 ms per layer), so the gloo threads run even on an oversubscribed CPU box.
+BIG = {"model": {"arch": "timed", "hidden": 32, "layers": 6, "t_forward": 0.002,
+                 "t_backward_input": 0.01, "t_backward_weight": 0.01},
+       "train": {"steps": 3, "global_batch": 8}, "runtime": {"nproc_per_node": 2}}
 
 
 def test_tracer_records(tmp_path):
@@ -96,8 +99,8 @@ def test_trace_survives_hang_and_sigterm(tmp_path):
 def launched(tmp_path_factory):
     out = tmp_path_factory.mktemp("trace2")
     small = {"model": {"arch": "mlp", "hidden": 16, "layers": 2}, "train": {"steps": 2}}
-    runs = [("overlap-ref", {**BIG, "parallel": {"dp": 2, "bucket_mb": 0.25}}),
-            ("overlap-native", {**BIG, "parallel": {"dp": 2, "bucket_mb": 0.25,
+    runs = [("overlap-ref", {**BIG, "parallel": {"dp": 2, "bucket_mb": 0.001}}),
+            ("overlap-native", {**BIG, "parallel": {"dp": 2, "bucket_mb": 0.001,
                                                     "engine": "native"}})]
     runs += [(f"preset-{p}", {"preset": p, **small}) for p in DP_PRESETS]
     multirun(2, runs, out, env={"PARALAB_PROFILE": "1"})
@@ -114,9 +117,10 @@ def _backend_counts(run: Path, rank: int) -> Counter:
 
 def test_counts_match_profiler(launched):
     """Every collective issued in the steps (DDP's C++ reducer, FSDP2, ZeroRedundancyOptimizer,
-    the reference strategies) is in the trace: counts per op equal the profiler's gloo:*."""
-    runs = [f"preset-{p}" for p in DP_PRESETS if p != "dp-ps"] + ["overlap-native"]
-    for name in runs:  # (dp-ps is point-to-point: send/recv, checked by bytes elsewhere)
+    the reference strategies, point-to-point) is in the trace: counts per op equal the
+    profiler's gloo:* events (gloo runs reduce-scatter as all_reduce: compared as such)."""
+    runs = [f"preset-{p}" for p in DP_PRESETS] + ["overlap-ref", "overlap-native"]
+    for name in runs:
         for rank in range(2):
             run = launched / name
             prof = Counter(json.loads((run / f"profile-counts-rank{rank}.json").read_text()))
@@ -125,8 +129,8 @@ def test_counts_match_profiler(launched):
 
 def test_ddp_overlap(launched):
     """From step 1 on, a bucket's all-reduce completes before that step's backward ends.
-    Checked on some rank per step: a rank running far ahead of the other (CPU contention)
-    must wait for it, whereas the rank behind sees its buckets complete during backward."""
+    Checked on some rank per step: a rank running far ahead of the other must wait for it,
+    whereas the rank behind sees its buckets complete during backward."""
     for name in ("overlap-ref", "overlap-native"):
         traces = [read_trace(launched / name, rank) for rank in range(2)]
         for step in (1, 2):
@@ -140,7 +144,7 @@ def test_ddp_overlap(launched):
             assert overlapped, (name, step)
         buckets = [r["bucket"] for r in traces[0] if r["type"] == "comm" and r["step"] == 1
                    and r["op"] == "all_reduce"]
-        assert len(buckets) == len(set(buckets)) >= 12, (name, buckets)  # each bucket once
+        assert len(buckets) == len(set(buckets)) >= 6, (name, buckets)  # each bucket once
 
 
 def test_presets_summaries(launched):

@@ -18,7 +18,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(script: str, nproc: int, out: Path, *args: str, timeout: float = 240) -> dict:
+def torchrun(script: str, nproc: int, out: Path, *args: str, timeout: float = 600) -> dict:
     """Run tests/mp/<script> on `nproc` ranks; return rank 0's `result.json` from `out`."""
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))

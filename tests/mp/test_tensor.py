@@ -7,6 +7,9 @@ from _launch import torchrun
 
 from jobs import bubbles
 
+# several torchrun launches (module fixtures), slower still on a loaded 2-core box
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
 LAYERS, B, S, H, T = 2, 4, 8, 16, 2  # tp_worker.py's model and batch, tp = world size 2
 STEPS = 3
 
@@ -84,3 +87,26 @@ def test_native_sp_traffic_next_to_reference(run):
         small = [c for c in comms if c["payload_bytes"] != s_bytes]
         assert small and all(c["op"] == "all_reduce" and c["payload_bytes"] == H * 4
                              for c in small)
+
+
+@pytest.mark.parametrize("case", ["vp-tp", "vp-sp"])
+def test_vocab_parallel_matches_single_process(run, case):
+    _, res = run
+    for r in res["ranks"]:
+        assert r[case] <= 1e-5, (case, r[case])
+
+
+def test_vocab_parallel_bytes(run):
+    """On top of TP: the embedding's g (b*s*h forward), the head's f (b*s*h backward) and
+    three b*s all-reduces in the cross-entropy (max, target logit, sum of exponentials)."""
+    out, _ = run
+    s_bytes = B * S * H * 4
+    for rank, comms in _ops(out, "vp-tp").items():
+        base = _ops(out, "tp")[rank]
+        extra_fwd = sum(c["phase"] == "fwd" and c["payload_bytes"] == s_bytes for c in comms) \
+            - sum(c["phase"] == "fwd" for c in base)
+        extra_bwd = sum(c["phase"] == "bwd" for c in comms) - sum(c["phase"] == "bwd"
+                                                                   for c in base)
+        assert extra_fwd == STEPS and extra_bwd == STEPS
+        ce = [c for c in comms if c["region"] == "vocab_ce"]
+        assert len(ce) == 3 * STEPS and all(c["payload_bytes"] == B * S * 4 for c in ce)

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from jobs.models import gpt
-from jobs.parallel import tensor
+from jobs.parallel import tensor, vocab_parallel
 from jobs.parallel.threed import FuncolRecorder
 from jobs.spec import ModelSpec
 from jobs.trace import Tracer
@@ -19,12 +19,12 @@ STEPS, GB = 3, 4
 MS = ModelSpec(arch="gpt", layers=2, hidden=16, heads=4, seq_len=8, vocab=32)
 
 
-def train(model, params, step_fn):
+def train(model, params, step_fn, loss_fn=gpt.loss_fn):
     opt = torch.optim.Adam(params, lr=1e-3)
     for step in range(STEPS):
         x, y = gpt.batch(MS, GB, 0, step)
         opt.zero_grad()
-        loss = gpt.loss_fn(model(x), y)
+        loss = loss_fn(model(x), y)
         loss.backward()
         step_fn()
         opt.step()
@@ -70,6 +70,17 @@ def main(out: Path):
             train(m, m.parameters(), lambda: None)
         tracer.close()
         res["native-" + name] = rel_err(m, ref_sd, rank, size)
+        name = "vp-" + name  # vocabulary-parallel embedding, head and cross-entropy
+        tracer = Tracer(out / name, rank, size, meta={"backend": "gloo"})
+        m = tensor.apply_tensor_parallel(gpt.build(MS, 0), group, tracer=tracer,
+                                         sequence_parallel=sp)
+        start = vocab_parallel.apply_vocab_parallel(m, group, tracer=tracer,
+                                                    sequence_parallel=sp)
+        train(m, m.parameters(),
+              lambda m=m, t=tracer: tensor.allreduce_sequence_parallel_grads(m, group, t),
+              vocab_parallel.vocab_parallel_loss(group, tracer, start))
+        tracer.close()
+        res[name] = rel_err(m, ref_sd, rank, size)
     allres = [None] * size
     dist.all_gather_object(allres, res)
     if rank == 0:

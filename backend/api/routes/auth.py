@@ -10,9 +10,10 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from backend import auth
+from backend import auth, permissions
 from backend.api.deps import DbDep, SettingsDep, UserDep
 from backend.core import security
+from backend.core.db import get_sessionmaker
 from backend.models import ApiToken, User
 
 router = APIRouter(prefix="/api/auth", tags=["accounts"])
@@ -100,7 +101,6 @@ async def login(request: Request, body: LoginIn, settings: SettingsDep) -> JSONR
 
 
 def _check_login(settings, body: LoginIn, client: str) -> tuple[str, User] | None:
-    from backend.core.db import get_sessionmaker
     with get_sessionmaker(settings.db_url)() as db:
         name = body.username.strip().lower()
         user = auth.get_user(db, name)
@@ -135,7 +135,6 @@ def logout(request: Request, db: DbDep, settings: SettingsDep, user: UserDep) ->
 @router.get("/me")
 def me(user: UserDep, settings: SettingsDep) -> dict:
     """The caller: username, role, per-user limits, and what the role allows."""
-    from backend import permissions
     return {**user.public(), "mode": "team" if settings.auth == "required" else "local",
             "can_submit": permissions.can_submit(user),
             "is_admin": permissions.at_least(user, "admin")}
@@ -179,7 +178,6 @@ def create_token(request: Request, db: DbDep, user: UserDep, body: TokenIn) -> N
 @router.delete("/tokens/{token_id}", status_code=204)
 def revoke_token(request: Request, db: DbDep, user: UserDep, token_id: int) -> Response:
     """Revoke a token at once. Your own; admins may revoke anyone's."""
-    from backend import permissions
     row = db.get(ApiToken, token_id)
     if row is None or row.kind != "api" or (
             row.user_id != user.id and not permissions.at_least(user, "admin")):

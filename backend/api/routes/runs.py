@@ -82,7 +82,7 @@ def submit_run(
         examples=[_SPEC_EXAMPLE])],
     force: bool = Query(False, description="submit even if predicted memory exceeds what the "
                         "workers report"),
-) -> RunOut:
+) -> RunView:
     run = services.submit(db, settings, body, owner=user, force=force,
                           client=client_address(request))
     return view(db, user, run, starred=set())

@@ -5,10 +5,12 @@ pages are static HTML templates whose ES modules fetch everything through /api."
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+from starlette.background import BackgroundTask
 
 from backend import crud, views
 from backend.api.deps import DbDep, RunDep, SettingsDep
@@ -16,6 +18,7 @@ from jobs.spec import SpecError
 
 router = APIRouter(tags=["views"])
 FRONTEND = Path(__file__).resolve().parents[3] / "frontend"
+_RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 TABLES = ("step_rank", "collectives", "axis_bytes", "memory", "rank_comm")
 
 
@@ -152,8 +155,13 @@ def page_new() -> FileResponse:
 
 
 @router.get("/runs/{run_id}", include_in_schema=False)
-def page_run(run_id: str) -> FileResponse:
-    return _page("run.html")
+def page_run(run_id: str, settings: SettingsDep) -> FileResponse:
+    """The run page. After sending it, parse the run's trace in the background, so the parse
+    overlaps the browser loading plotly.js and the first chart request finds it cached."""
+    page = _page("run.html")
+    if _RUN_ID.match(run_id):
+        page.background = BackgroundTask(views.load_trace, settings.runs_dir / run_id)
+    return page
 
 
 @router.get("/compare", include_in_schema=False)

@@ -43,6 +43,8 @@ async function optional(promise) {
   try { return await promise; } catch (e) { if (e.status === 404) return null; throw e; }
 }
 
+const metricsCache = {};
+
 export const api = {
   presets: () => request("GET", "/api/presets"),
   specFields: () => request("GET", "/api/spec"),
@@ -59,7 +61,11 @@ export const api = {
   breakdown: (id) => optional(request("GET", `/api/runs/${enc(id)}/breakdown`)),
   comm: (id) => optional(request("GET", `/api/runs/${enc(id)}/comm`)),
   sweeps: (ids) => request("GET", "/api/sweeps" + qs({ ids: ids?.join(",") })),
-  metrics: (id) => optional(request("GET", `/api/runs/${enc(id)}/metrics`)),
+  // The analysis (issue 5) of a finished run, fetched once per page.
+  metrics(id) {
+    metricsCache[id] ??= optional(request("GET", `/api/runs/${enc(id)}/metrics`));
+    return metricsCache[id];
+  },
   // Memory rows {rank, component, measured_bytes, predicted_bytes, error_pct}: the analysis
   // endpoint's table when it has one, else the dashboard's own view of the trace + theory.
   async memory(id) {

@@ -14,6 +14,7 @@ export function layout(title, xTitle, yTitle, extra = {}) {
     yaxis: { title: { text: yTitle }, automargin: true, ...(extra.yaxis || {}) },
     legend: { orientation: "h", y: -0.3, yanchor: "top", ...(extra.legend || {}) },
     hoverlabel: { namelength: -1 },
+    showlegend: true,
     ...Object.fromEntries(Object.entries(extra).filter(([k]) => !["xaxis", "yaxis",
       "legend"].includes(k))),
   };

@@ -1,6 +1,6 @@
 // Communication: bytes per mesh axis, per-collective busbw against message size next to the
 // latest sweep, and per-rank overlap / exposed communication with stragglers highlighted.
-import { api } from "./api.js";
+import { api, rowsOf } from "./api.js";
 import { COMPONENT_COLORS, PALETTE, emptyChart, layout, plot } from "./charts.js";
 import { $, esc } from "./dom.js";
 
@@ -58,8 +58,21 @@ export async function mountComm(runId) {
     await plot($("#comm-busbw"), bw, layout("Bus bandwidth per collective vs message size",
       "message size (bytes)", "busbw (GB/s)", { xaxis: { type: "log" }, yaxis: { type: "log" } }));
   } else emptyChart($("#comm-busbw"), "no collectives");
+  await markStragglers(runId, data.ranks);
   if (data.ranks.length) await overlapChart($("#comm-overlap"), data.ranks);
   return data;
+}
+
+// The analysis' per-step stragglers (the rank the others waited for longest), when present,
+// replace the compute-time heuristic: a straggler is last in at least half of the steps.
+async function markStragglers(runId, ranks) {
+  let rows = [];
+  try { rows = rowsOf((await api.metrics(runId))?.tables?.stragglers); } catch { rows = []; }
+  rows = rows.filter((r) => r.rank !== undefined && r.rank !== null);
+  if (!rows.length || ranks.length < 2) return;
+  const count = new Map();
+  for (const r of rows) count.set(r.rank, (count.get(r.rank) || 0) + 1);
+  for (const r of ranks) r.straggler = (count.get(r.rank) || 0) >= rows.length / 2;
 }
 
 async function overlapChart(div, ranks) {

@@ -180,27 +180,42 @@ export class Gantt {
   bindZoom() {
     this.bound = true;
     this.div.on("plotly_relayout", (ev) => {
-      const a = ev["xaxis.range[0]"];
-      const b = ev["xaxis.range[1]"];
-      if (a === undefined || b === undefined || !this.data?.lod.merged) return;
+      const a = ev["xaxis.range[0]"] ?? ev["xaxis.range"]?.[0];
+      const b = ev["xaxis.range[1]"] ?? ev["xaxis.range"]?.[1];
+      if (ev["xaxis.autorange"] && this.zoomed) {
+        this.zoomed = false;
+        this.load();
+        return;
+      }
+      if (a === undefined || b === undefined || !(this.data?.lod.merged || this.zoomed)) return;
+      this.zoomed = true;
       clearTimeout(this.pending);
       this.pending = setTimeout(() => this.load({ t0_ms: a, t1_ms: b }), 200);
     });
   }
 }
 
-export async function mountGantt(runId, steps = null, pipeline = false) {
+function fillSteps(sel, list, current) {
+  sel.replaceChildren(el("option", { value: "", text: "all steps" }),
+    ...list.map((s) => el("option", { value: String(s), text: `step ${s}` })));
+  sel.value = current === null ? "" : String(current);
+}
+
+// Pipeline runs open on one steady step (with the simulated schedule under it); the others on
+// the whole run, in one request.
+export async function mountGantt(runId, pipeline = false) {
   const div = $("#gantt");
-  const info = $("#gantt-info");
-  const g = new Gantt(div, runId, info);
+  const g = new Gantt(div, runId, $("#gantt-info"));
   const sel = $("#gantt-step");
   try {
-    const list = steps || (await api.ganttSteps(runId)).steps.map((s) => s.step);
-    sel.replaceChildren(el("option", { value: "", text: "all steps" }),
-      ...list.map((s) => el("option", { value: String(s), text: `step ${s}` })));
-    if (pipeline && list.length) {
-      g.step = list[Math.min(list.length - 1, Math.floor(list.length / 2))];
-      sel.value = String(g.step);
+    if (pipeline) {
+      const list = (await api.ganttSteps(runId)).steps.map((s) => s.step);
+      if (list.length) g.step = list[Math.min(list.length - 1, Math.floor(list.length / 2))];
+      fillSteps(sel, list, g.step);
+      await g.load();
+    } else {
+      const data = await g.load();
+      fillSteps(sel, data.steps.map((s) => s.step), null);
     }
   } catch (e) {
     div.classList.add("empty");
@@ -209,9 +224,9 @@ export async function mountGantt(runId, steps = null, pipeline = false) {
   }
   sel.addEventListener("change", () => {
     g.step = sel.value === "" ? null : Number(sel.value);
+    g.zoomed = false;
     g.load();
   });
-  $("#gantt-reset").addEventListener("click", () => g.load());
-  await g.load();
+  $("#gantt-reset").addEventListener("click", () => { g.zoomed = false; g.load(); });
   return g;
 }

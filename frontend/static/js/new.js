@@ -149,12 +149,14 @@ async function predictNow() {
     const pred = await api.predict(body);
     if (mine !== seq) return;
     valid = true;
+    $("#prediction").classList.remove("stale");
     showErrors([]);
     $("#pred-status").textContent = "";
     renderPrediction(pred, Number($("#device-gb").value) * 1e9);
   } catch (e) {
     if (mine !== seq) return;
     valid = e.status !== 422;
+    $("#prediction").classList.add("stale");
     showErrors(e.status === 422 && Array.isArray(e.detail) ? e.detail : []);
     $("#pred-status").textContent = e.status === 422 ? "fix the highlighted fields"
       : `prediction unavailable: ${e.message}`;

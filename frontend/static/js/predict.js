@@ -63,7 +63,8 @@ export function renderPrediction(pred, deviceBytes) {
     hovertemplate: `${esc(name)}: %{x:.4g} GB<extra></extra>`,
   }));
   const memLayout = layout("Memory per rank by component", "memory (GB)", "", {
-    barmode: "stack", margin: { l: 90, r: 10, t: 35, b: 90 },
+    barmode: "stack", margin: { l: 90, r: 10, t: 35, b: 100 },
+    legend: { orientation: "h", y: -0.62, yanchor: "top" },
     shapes: deviceBytes > 0 ? [{ type: "line", x0: deviceBytes / 1e9, x1: deviceBytes / 1e9,
       y0: -0.5, y1: 0.5, line: { color: "#b00020", dash: "dash", width: 2 } }] : [],
     annotations: deviceBytes > 0 ? [{ x: deviceBytes / 1e9, y: 0.5, text: "device memory",
@@ -78,7 +79,7 @@ export function renderPrediction(pred, deviceBytes) {
       name: "bytes sent per rank", marker: { color: "#4e79a7" },
       hovertemplate: "%{x}: %{y:.4g} MB<extra></extra>" }],
     layout("Communication per step by mesh axis", "mesh axis", "MB sent per rank",
-      { margin: { l: 60, r: 10, t: 35, b: 90 }, showlegend: false }));
+      { margin: { l: 60, r: 10, t: 35, b: 100 }, legend: { y: -0.5 } }));
   } else {
     $("#pred-comm").replaceChildren();
   }

@@ -115,8 +115,8 @@ async function loadCharts() {
     $("#curves-section").hidden = true;
     await mountSweepChart($("#comm-busbw"), [run.id]);
   }
+  await mountGantt(run.id, run.pp > 1); // first: the other views reuse its parsed trace
   const jobs = [
-    mountGantt(run.id, null, run.pp > 1),
     run.kind === "train" ? mountMemory(run.id, $("#memory-chart"), $("#memory-table"))
       .then((rows) => { extra.memory = rows; }) : null,
     run.kind === "train" ? mountComm(run.id).then((c) => { extra.comm = c; }) : null,

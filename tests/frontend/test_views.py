@@ -1,0 +1,117 @@
+"""The dashboard's chart data (backend/views.py) without a browser: level of detail keeps the
+Gantt bounded and accounts for every span; endpoints answer from the run's trace files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from backend import views
+from backend.core.config import Settings
+from backend.main import create_app
+from backend.migrate import upgrade
+
+
+def write_trace(folder, ranks=4, steps=50, mb=8, pp=False):
+    """DDP-like (or pipeline-like) ranks: per step mb forwards + backwards, one all-reduce (or
+    a send), an optimizer span and the step envelope."""
+    folder.mkdir(parents=True, exist_ok=True)
+    total = 0
+    for r in range(ranks):
+        spec = {"parallel": {"dp": 1 if pp else ranks, "pp": ranks if pp else 1, "tp": 1,
+                             "microbatches": mb, "pp_schedule": "1f1b", "virtual_stages": 1}}
+        coords = {"pp": r if pp else 0, "dp": 0 if pp else r, "tp": 0}
+        recs = [{"type": "meta", "rank": r, "coords": coords, "spec": spec, "step": -1}]
+        t = 10**12 + r * 1000
+        for s in range(steps):
+            start = t
+            for m in range(mb):
+                for name, d in (("forward", 100_000), ("backward", 200_000)):
+                    recs.append({"type": "span", "name": name, "cat": "compute", "rank": r,
+                                 "step": s, "microbatch": m, "ts_ns": t, "dur_ns": d})
+                    t += d + 1000
+            recs.append({"type": "comm", "op": "send" if pp else "all_reduce",
+                         "axis": "pp" if pp else "dp", "group": "g", "seq": s, "rank": r,
+                         "group_size": ranks, "payload_bytes": 1 << 20, "bytes_sent": 1 << 20,
+                         "step": s, "ts_ns": t - 150_000, "dur_ns": 300_000})
+            recs.append({"type": "span", "name": "optimizer", "cat": "compute", "rank": r,
+                         "step": s, "ts_ns": t + 200_000, "dur_ns": 50_000})
+            t += 300_000
+            recs.append({"type": "span", "name": "step", "cat": "step", "rank": r, "step": s,
+                         "ts_ns": start, "dur_ns": t - start})
+            recs.append({"type": "mem", "rank": r, "step": s, "ts_ns": t, "params": 1000,
+                         "grads": 1000, "optim": 2000, "activations": 500 + r})
+            t += 10_000
+            total += 2 * mb + 2
+        text = "\n".join(json.dumps(x) for x in recs) + "\n"
+        (folder / f"trace-rank{r}.jsonl").write_text(text + '{"type": "span", "na')  # torn
+    return total
+
+
+def test_level_of_detail_bounds_the_answer_and_counts_every_span(tmp_path):
+    total = write_trace(tmp_path, ranks=8, steps=100, mb=12)
+    trace = views.load_trace(tmp_path)
+    assert views.load_trace(tmp_path) is trace  # cached by file version
+    full = views.gantt(trace, max_spans=total)
+    assert full["total_spans"] == full["returned"] == total and not full["lod"]["merged"]
+    small = views.gantt(trace, max_spans=500)
+    assert small["total_spans"] == total and small["returned"] <= 500
+    assert small["lod"]["merged"] and sum(small["segments"]["n"]) == total
+    assert [r["rank"] for r in small["rows"]] == list(range(8))
+    # zooming into a window returns that window exactly once it fits the budget
+    w = small["window"]
+    zoom = views.gantt(trace, t0_ms=w["t0_ms"], t1_ms=w["t0_ms"] + 5, max_spans=500)
+    assert 0 < zoom["total_spans"] == zoom["returned"] <= 500
+    assert min(zoom["segments"]["t1"]) >= w["t0_ms"]
+
+
+def test_pipeline_step_has_the_theoretical_schedule_and_a_breakdown(tmp_path):
+    write_trace(tmp_path, ranks=4, steps=3, mb=4, pp=True)
+    trace = views.load_trace(tmp_path)
+    g = views.gantt(trace, step=1)
+    assert g["theory"]["p"] == 4 and len(g["theory"]["rows"]) == 4
+    assert len(g["theory"]["rows"][0]["spans"]) == 8  # 4 F + 4 BW per pipeline rank (1f1b)
+    assert {r["label"] for r in g["rows"]} == {f"rank {r} (pp{r})" for r in range(4)}
+    b = views.breakdown(trace)
+    assert len(b["rows"]) == 12 and b["pipeline"]
+    for row in b["rows"]:
+        parts = row["compute_s"] + row["exposed_comm_s"] + row["bubble_s"] + row["idle_s"]
+        assert parts == pytest.approx(row["step_s"], rel=1e-6, abs=1e-9)
+
+
+@pytest.fixture
+def client(tmp_path):
+    url = f"sqlite:///{tmp_path}/v.db"
+    upgrade(url)
+    settings = Settings(data_dir=tmp_path / "var", database_url=url, worker_token="t" * 32)
+    with TestClient(create_app(settings)) as c:
+        c.settings = settings
+        yield c
+
+
+def test_view_endpoints_answer_from_the_trace(client):
+    run = client.post("/api/runs", json={"preset": "ddp", "name": "=cmd|x",
+                                         "runtime": {"queue": "nobody"}}).json()
+    rid = run["id"]
+    assert client.get(f"/api/runs/{rid}/gantt").status_code == 404  # no trace yet
+    write_trace(client.settings.runs_dir / rid, ranks=2, steps=4, mb=2)
+    g = client.get(f"/api/runs/{rid}/gantt", params={"max_spans": 100}).json()
+    assert g["total_spans"] == 2 * 4 * 6 and len(g["rows"]) == 2
+    assert len(client.get(f"/api/runs/{rid}/gantt/steps").json()["steps"]) == 4
+    assert len(client.get(f"/api/runs/{rid}/breakdown").json()["rows"]) == 8
+    comm = client.get(f"/api/runs/{rid}/comm").json()
+    assert {x["axis"] for x in comm["axis_bytes"]} == {"dp"}
+    assert comm["collectives"][0]["busbw_GBps"] > 0
+    mem = client.get(f"/api/runs/{rid}/memory").json()["rows"]
+    assert {(r["rank"], r["component"]) for r in mem} >= {(0, "params"), (1, "activations")}
+    assert all(r["predicted_bytes"] for r in mem)  # the ddp preset's theory
+    csv = client.get(f"/api/runs/{rid}/tables/memory.csv")
+    assert csv.status_code == 200 and csv.text.startswith("rank,component")
+    assert client.get(f"/api/runs/{rid}/tables/nope.csv").status_code == 404
+    assert client.get(f"/api/runs/{rid}/tables/step_rank.json").json()[0]["step"] == 0
+    assert views.to_csv([{"name": "=cmd|x"}]).splitlines()[1] == "'=cmd|x"
+    for page in ("/new", "/compare", "/collectives", f"/runs/{rid}"):
+        assert client.get(page).status_code == 200
+    assert client.get("/static/vendor/plotly.min.js").status_code == 200
