@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import and_, delete, func, or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from backend.models import FINISHED, Run, RunFile, RunLog, RunTag, Worker, utcnow
 from jobs.spec import JobSpec
@@ -80,7 +80,8 @@ def list_runs(db: Session, f: RunFilter, *, sort: str = "-created_at", cursor: s
     if key not in SORT_KEYS:
         raise ValueError(f"sort: must be one of {', '.join(SORT_KEYS)} (prefix - for descending)")
     col = SORT_KEYS[key]
-    stmt = select(Run)
+    # The list never shows specs, summaries or provenance: don't load them.
+    stmt = select(Run).options(defer(Run.spec), defer(Run.summary), defer(Run.provenance))
     if f.status:
         stmt = stmt.where(Run.status.in_(f.status.split(",")))
     if f.strategy:

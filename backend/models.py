@@ -89,7 +89,13 @@ class Run(Base):
     tags: Mapped[list[RunTag]] = relationship(
         cascade="all, delete-orphan", lazy="selectin", order_by="RunTag.tag")
 
-    __table_args__ = (Index("ix_runs_created_id", "created_at", "id"),)
+    __table_args__ = (
+        Index("ix_runs_created_id", "created_at", "id"),
+        # The runs table filters by one of these and pages newest first (migration 0004).
+        Index("ix_runs_status_created", "status", "created_at", "id"),
+        Index("ix_runs_strategy_created", "strategy", "created_at", "id"),
+        Index("ix_runs_owner_created", "owner", "created_at", "id"),
+    )
 
 
 class RunTag(Base):

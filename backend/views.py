@@ -82,11 +82,13 @@ def load_trace(run_dir: Path) -> Trace | None:
 def _parse(files: list[Path]) -> Trace:
     meta: dict[int, dict] = {}
     keys: dict[str, int] = {}
-    rows: list[tuple] = []
+    col: dict[str, list] = {k: [] for k in ("rank", "lane", "ts", "end", "key", "mb", "step",
+                                            "bytes")}
+    rank_l, lane_l, ts_l, end_l = col["rank"], col["lane"], col["ts"], col["end"]
+    key_l, mb_l, step_l, bytes_l = col["key"], col["mb"], col["step"], col["bytes"]
     comms: list[dict] = []
     mems: list[dict] = []
     step_spans: list[tuple[int, int, int, int]] = []
-    first_ts = None
     loads = json.loads
     for path in files:
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -103,7 +105,6 @@ def _parse(files: list[Path]) -> Trace:
                 ts = r.get("ts_ns")
                 if not isinstance(ts, int):
                     continue
-                first_ts = ts if first_ts is None else min(first_ts, ts)
                 if t == "mem":
                     mems.append(r)
                     continue
@@ -121,19 +122,25 @@ def _parse(files: list[Path]) -> Trace:
                     nbytes = float(r.get("payload_bytes") or 0)
                 else:
                     continue
-                k = keys.setdefault(label, len(keys))
                 mb = r.get("microbatch")
-                rows.append((rank, lane, ts, ts + int(r.get("dur_ns") or 0), k,
-                             mb if isinstance(mb, int) else -1, r.get("step", -1), nbytes))
-    origin = first_ts or 0
-    if rows:
-        arr = np.array(rows, dtype=np.float64)
-    else:
-        arr = np.zeros((0, 8))
-    cols = {"rank": arr[:, 0].astype(np.int32), "lane": arr[:, 1].astype(np.int8),
-            "t0": (arr[:, 2] - origin) / 1e6, "t1": (arr[:, 3] - origin) / 1e6,
-            "key": arr[:, 4].astype(np.int32), "mb": arr[:, 5].astype(np.int32),
-            "step": arr[:, 6].astype(np.int32), "bytes": arr[:, 7]}
+                rank_l.append(rank)
+                lane_l.append(lane)
+                ts_l.append(ts)
+                end_l.append(ts + int(r.get("dur_ns") or 0))
+                key_l.append(keys.setdefault(label, len(keys)))
+                mb_l.append(mb if isinstance(mb, int) else -1)
+                step_l.append(r.get("step", -1))
+                bytes_l.append(nbytes)
+    firsts = [min(ts_l, default=None), min((x[2] for x in step_spans), default=None),
+              min((m["ts_ns"] for m in mems), default=None)]
+    origin = min((x for x in firsts if x is not None), default=0)
+
+    def ms(values: list[int]) -> np.ndarray:  # integer ns -> ms from the origin, exactly
+        return (np.array(values, dtype=np.int64) - origin) / 1e6
+    cols = {"rank": np.array(rank_l, dtype=np.int32), "lane": np.array(lane_l, dtype=np.int8),
+            "t0": ms(ts_l), "t1": ms(end_l), "key": np.array(key_l, dtype=np.int32),
+            "mb": np.array(mb_l, dtype=np.int32), "step": np.array(step_l, dtype=np.int32),
+            "bytes": np.array(bytes_l, dtype=np.float64)}
     order = np.lexsort((cols["t0"], cols["lane"], cols["rank"]))
     cols = {k: v[order] for k, v in cols.items()}
     rank_steps = {(r, s): ((a - origin) / 1e6, (b - origin) / 1e6) for r, s, a, b in step_spans}

@@ -89,21 +89,39 @@ def model_layers(strategy):
     return None
 
 
-def layer_spans(tr, layers) -> None:
-    """Per-layer forward spans (`forward.layer`, arg `layer`) from module hooks: cheap, and
-    they show where ZeRO-3 / FSDP2 all-gathers sit inside the forward."""
-    for i, layer in enumerate(layers or []):
-        def pre(_m, _a, i=i):
-            _m._trace_span = tr.span("forward.layer", layer=i)
-            _m._trace_span.__enter__()
+class LayerSpans:
+    """Per-layer spans from module hooks (cheap): `forward.layer` around each repeated layer's
+    forward, and `backward.layer` from the moment the gradient of its output arrives until
+    the gradient of the next-lower layer's output does (or backward ends). They show where
+    ZeRO-3 / FSDP2 gathers and DDP bucket launches sit inside forward and backward."""
 
-        def post(_m, _a, _o):
-            span = getattr(_m, "_trace_span", None)
-            if span is not None:
-                _m._trace_span = None
-                span.__exit__(None, None, None)
-        layer.register_forward_pre_hook(pre)
-        layer.register_forward_hook(post)
+    def __init__(self, tr, layers):
+        self.tr, self.open = tr, None
+        for i, layer in enumerate(layers or []):
+            layer.register_forward_pre_hook(lambda m, a, i=i: self._fwd_start(m, i))
+            layer.register_forward_hook(lambda m, a, out, i=i: self._fwd_end(m, out, i))
+
+    def _fwd_start(self, m, i) -> None:
+        m._trace_span = self.tr.span("forward.layer", layer=i)
+        m._trace_span.__enter__()
+
+    def _fwd_end(self, m, out, i) -> None:
+        span = getattr(m, "_trace_span", None)
+        if span is not None:
+            m._trace_span = None
+            span.__exit__(None, None, None)
+        if isinstance(out, torch.Tensor) and out.requires_grad and torch.is_grad_enabled():
+            out.register_hook(lambda g, i=i: self._bwd_layer(i))
+
+    def _bwd_layer(self, i) -> None:
+        self.end_backward()
+        self.open = self.tr.span("backward.layer", layer=i)
+        self.open.__enter__()
+
+    def end_backward(self) -> None:
+        if self.open is not None:
+            span, self.open = self.open, None
+            span.__exit__(None, None, None)
 
 
 def train_loop(ctx: RunContext, strategy, loss_fn) -> dict:
@@ -124,7 +142,7 @@ def train_loop(ctx: RunContext, strategy, loss_fn) -> dict:
 
     sample("init")
     params_seen = param_storages(strategy.model)
-    layer_spans(tr, model_layers(strategy))
+    layer_spans = LayerSpans(tr, model_layers(strategy))
     prof = None
     if os.environ.get("PARALAB_PROFILE") == "1":  # an independent count of collectives (tests)
         from torch.profiler import ProfilerActivity, profile
@@ -147,6 +165,7 @@ def train_loop(ctx: RunContext, strategy, loss_fn) -> dict:
                     sample("after_forward", activations=saved.bytes)
                     with tr.span("backward"):
                         strategy.backward(loss / rounds)
+                        layer_spans.end_backward()
                 loss_sum += loss.detach().double()
             tr.microbatch = None
             with tr.span("grad_sync", cat="comm"):

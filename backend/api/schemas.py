@@ -39,10 +39,11 @@ class RunOut(BaseModel):
 
     @classmethod
     def of(cls, run: Run, *, full: bool = True) -> RunOut:
-        data = {k: getattr(run, k) for k in cls.model_fields if k not in ("tags",)}
+        # List pages defer the heavy JSON columns (crud.list_runs): never touch them there.
+        skip = {"tags"} | (set() if full else {"spec", "summary", "provenance"})
+        data = {k: getattr(run, k) for k in cls.model_fields
+                if k not in skip and k in Run.__mapper__.attrs}
         data["tags"] = [t.tag for t in run.tags]
-        if not full:
-            data["spec"] = data["summary"] = data["provenance"] = None
         return cls(**data)
 
 

@@ -143,6 +143,9 @@ class _WaitRecorded:
         self.handle.done(end="wait")
         return out
 
+    def is_completed(self) -> bool:
+        return self.work.is_completed()
+
 
 class Buckets:
     """Parameters in reverse definition order (output layer first: their gradients are ready

@@ -50,6 +50,7 @@ class Zero12(Strategy):
             self.gshard = [torch.zeros_like(s) for s in own]
             self.pending = [len(g) for g in bk.groups]
             self.inflight: list = []
+            self.grads_peak = 0  # full bucket gradients alive during backward, at most
             for i, p in enumerate(bk.params):
                 p.register_post_accumulate_grad_hook(lambda _p, i=i: self._ready(i))
 
@@ -67,6 +68,7 @@ class Zero12(Strategy):
             for p in self.bk.params:
                 p.grad = None
             self.pending = [len(g) for g in self.bk.groups]
+            self.grads_peak = 0
 
     # --- ZeRO-2: reduce-scatter as buckets fill --------------------------------------------------
     def _ready(self, i: int) -> None:
@@ -83,6 +85,21 @@ class Zero12(Strategy):
         out = torch.empty(self.bk.padded[b] // self.n, dtype=self.dtype, device=buf.device)
         work = self.reduce_scatter(out, buf, async_op=True, bucket=b)
         self.inflight.append((b, work, buf, out))
+        live = sum(tensor_bytes(f[2]) + tensor_bytes(f[3]) for f in self.inflight)
+        self.grads_peak = max(self.grads_peak, live + sum(tensor_bytes(g) for g in self.gshard)
+                              + sum(tensor_bytes(p.grad) for p in self.bk.params))
+        self._drain(block=False)
+
+    def _drain(self, block: bool) -> None:
+        """Fold completed reduce-scatters into the shard and free their full buffers."""
+        keep = []
+        for b, work, buf, out in self.inflight:
+            if block or work.is_completed():
+                work.wait()
+                self.gshard[b].add_(out)
+            else:
+                keep.append((b, work, buf, out))
+        self.inflight = keep
 
     def finish_grads(self) -> None:
         if self.stage == 1:
@@ -92,10 +109,7 @@ class Zero12(Strategy):
                 self.gshard[b].copy_(out)
         else:
             with self.tracer.span("wait_grads", cat="comm_wait"):
-                for b, work, _buf, out in self.inflight:
-                    work.wait()
-                    self.gshard[b].add_(out)
-            self.inflight.clear()
+                self._drain(block=True)
         for g in self.gshard:
             g.div_(self.n)
 
@@ -127,7 +141,10 @@ class Zero12(Strategy):
         optim = self.adam.state_bytes() + sum(tensor_bytes(g) for g in self.grad32 or [])
         if not self.fp32_master:
             optim += sum(tensor_bytes(m) for m in self.master)
-        return {"params": tensor_bytes(self.flat), "grads": grads, "optim": optim}
+        out = {"params": tensor_bytes(self.flat), "grads": grads, "optim": optim}
+        if self.stage == 2:
+            out["grads_peak"] = max(self.grads_peak, grads)
+        return out
 
     def layout(self):
         return {**super().layout(), "buckets": len(self.bk.groups),

@@ -187,6 +187,12 @@ def test_reference_memory_matches_seeds(world):
         for rank in range(n):
             m = mem_after_step(out / f"ref-{k}", rank)
             assert (m["params"], m["grads"], m["optim"]) == want, (k, rank)
+    for rank in range(n):  # ZeRO-2: full bucket gradients live only until their reduce-
+        # scatter completes (on a starved CPU that can be the end of backward, so the bound
+        # is the full gradients + the shard + the in-flight outputs), then only the shard
+        m = [r for r in read_trace(out / "ref-zero2", rank) if r.get("phase") == "after_backward"]
+        assert all(4 * H * H <= r["grads_peak"] <= 4 * PSI + 2 * 4 * PSI // n for r in m)
+        assert all(r["grads"] == 4 * PSI // n for r in m)
     for rank in range(n):
         m = mem_after_step(out / "ref-ps", rank)
         assert m["optim"] == (8 * P if rank == 0 else 0)

@@ -142,6 +142,15 @@ def test_ddp_overlap(launched):
                 overlapped += [r for r in recs if r["type"] == "comm" and r["step"] == step
                                and r["op"] == "all_reduce" and r["ts_ns"] + r["dur_ns"] < end]
             assert overlapped, (name, step)
+        for recs in traces:  # per-layer spans nest inside forward / backward
+            for kind in ("forward", "backward"):
+                outer = [r for r in recs if r["type"] == "span" and r["name"] == kind
+                         and r["step"] == 1][0]
+                inner = [r for r in recs if r["type"] == "span" and r["step"] == 1
+                         and r["name"] == f"{kind}.layer"]
+                assert sorted(r["layer"] for r in inner) == list(range(6)), (name, kind)
+                assert all(outer["ts_ns"] <= r["ts_ns"] and r["ts_ns"] + r["dur_ns"]
+                           <= outer["ts_ns"] + outer["dur_ns"] for r in inner), (name, kind)
         buckets = [r["bucket"] for r in traces[0] if r["type"] == "comm" and r["step"] == 1
                    and r["op"] == "all_reduce"]
         assert len(buckets) == len(set(buckets)) >= 6, (name, buckets)  # each bucket once

@@ -4,10 +4,10 @@ worker may retry any of them after a timeout or a backend restart."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, BackgroundTasks, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
-from backend import crud
+from backend import crud, views
 from backend.api.deps import DbDep, RunDep, SettingsDep, WorkerDep
 from backend.api.schemas import ClaimIn, FinishIn, LogBatch, WorkerIn
 from backend.core.db import get_sessionmaker
@@ -52,9 +52,12 @@ async def upload(request: Request, run: RunDep, settings: SettingsDep, path: str
 
 
 @router.post("/runs/{run_id}/finish")
-def finish(db: DbDep, run: RunDep, body: FinishIn, _: WorkerDep) -> dict:
+def finish(db: DbDep, run: RunDep, body: FinishIn, _: WorkerDep, settings: SettingsDep,
+           background: BackgroundTasks) -> dict:
     run = crud.finish(db, run.id, status=body.status, exit_code=body.exit_code, error=body.error,
                       summary=body.summary, provenance=body.provenance)
+    if body.summary is not None:  # the files are uploaded: parse the trace before anyone asks
+        background.add_task(views.load_trace, settings.runs_dir / run.id)
     return {"status": run.status}
 
 

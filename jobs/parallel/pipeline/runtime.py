@@ -20,6 +20,8 @@ its BW (or W); the peak in-flight count and bytes are kept in `peak` and traced 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from jobs import schedules
@@ -56,7 +58,6 @@ class PipelineRuntime:
 
     def _span(self, a):
         if self.tracer is None:
-            import contextlib
             return contextlib.nullcontext()
         self.tracer.microbatch = a.mb
         return self.tracer.span(a.kind, cat="compute", action=a.kind, microbatch=a.mb,
