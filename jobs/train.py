@@ -275,7 +275,8 @@ def run_in_group(spec: JobSpec, out: Path, backend: str) -> dict | None:
     dims = ParallelDims.from_spec(spec, world)
     mesh = dims.build_mesh(device.type)
     tracer = Tracer(out, rank, world, coords=dims.coords(rank),
-                    meta={"backend": backend, "spec": spec.to_dict(), "strategy": spec.strategy})
+                    meta={"backend": backend, "spec": spec.to_dict(), "strategy": spec.strategy},
+                    cuda_events=device.type == "cuda")
     ctx = RunContext(spec, out, rank, world, backend, device, dims, mesh, tracer)
     summary = None
     try:

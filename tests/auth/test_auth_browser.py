@@ -132,10 +132,15 @@ def test_team_dashboard_login_submit_see_others_logout(team_svc, bob_run, alice_
     pg.wait_for_url(f"**/login?next=%2Fruns%2F{mine}")
 
 
-@pytest.mark.xfail(strict=False, reason="the runs table does not read `can_modify` yet "
-                   "(frontend/static/js/runs.js shows cancel on every queued run)")
 def test_no_cancel_button_on_others_runs(team_svc, bob_run, alice_page):
     pg = alice_page
+    # alice's own queued run (idle queue: it stays queued) has one, so the check can fail.
+    mine = pg.evaluate(f"""async () => (await (await fetch('/api/runs', {{method: 'POST',
+        headers: {{'Content-Type': 'application/json'}}, body: JSON.stringify({{
+        preset: 'ddp', name: 'alice own', runtime: {{queue: '{team_svc.idle}'}}}})
+        }})).json()).id""")
+    pg.goto(f"{team_svc.url}/")
+    expect(pg.locator(f"tr[data-run-id='{mine}'] button.cancel")).to_have_count(1)
     expect(pg.locator(f"tr[data-run-id='{bob_run}']")).to_contain_text("bob")
     expect(pg.locator(f"tr[data-run-id='{bob_run}'] button.cancel")).to_have_count(
         0, timeout=5_000)

@@ -28,7 +28,7 @@ function renderHead() {
   $("#run-error").textContent = run.error || "";
   $("#clone-link").href = `/new?clone=${encodeURIComponent(run.id)}`;
   const cancel = $("#cancel-btn");
-  cancel.hidden = FINISHED.includes(run.status);
+  cancel.hidden = FINISHED.includes(run.status) || run.can_modify === false;
   renderCards();
 }
 

@@ -43,7 +43,8 @@ function row(r) {
     text: r.name });
   const tags = el("span", {}, ...r.tags.map((t) => el("span", { class: "tag", text: t })));
   const actions = el("td");
-  if (r.status === "queued" || r.status === "running") {
+  // can_modify is the server's answer for this user (own run, or admin); absent = local mode.
+  if ((r.status === "queued" || r.status === "running") && r.can_modify !== false) {
     actions.append(el("button", { type: "button", class: "small cancel", text: "cancel",
       onclick: async (ev) => {
         ev.target.disabled = true;
