@@ -57,6 +57,23 @@ def bytes_sent(op: str, payload_bytes: int, n: int, *, is_root: bool = False) ->
     raise ValueError(f"unknown collective {op!r}")
 
 
+def bytes_recv(op: str, payload_bytes: int, n: int, *, is_root: bool = False) -> float:
+    """Bytes one rank receives: the mirror of `bytes_sent` with the same factors."""
+    if n <= 1 or op == "barrier":
+        return 0.0
+    if op in RING_OPS:
+        return bytes_sent(op, payload_bytes, n)
+    if op in ("broadcast", "scatter"):
+        return 0.0 if is_root else float(payload_bytes)
+    if op in ("reduce", "gather"):
+        return (n - 1) * float(payload_bytes) if is_root else 0.0
+    if op in ("recv", "irecv", "send_recv"):
+        return float(payload_bytes)
+    if op in ("send", "isend"):
+        return 0.0
+    raise ValueError(f"unknown collective {op!r}")
+
+
 def algbw(payload_bytes: int, seconds: float) -> float:
     """Algorithm bandwidth in bytes/s: S / t."""
     return payload_bytes / seconds if seconds > 0 else float("inf")

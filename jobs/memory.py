@@ -72,6 +72,10 @@ class MemoryBook:
         self.samples: list[dict] = []
 
     def add(self, phase: str, step: int, sample: dict) -> None:
+        # keep set-up, step 0 and the latest step only (long runs stay small)
+        if self.samples and self.samples[-1]["step"] not in (-1, 0, step):
+            last = self.samples[-1]["step"]
+            self.samples = [x for x in self.samples if x["step"] != last]
         self.samples.append({"phase": phase, "step": step, **sample})
         for k, v in sample.items():
             if isinstance(v, int) and v >= self.peak.get(k, -1):
@@ -82,7 +86,7 @@ class MemoryBook:
         model_state = {k: self.peak.get(k, 0) for k in ("params", "grads", "optim")}
         return {"peak_bytes": dict(self.peak), "peak_at": dict(self.at),
                 "model_state_peak_bytes": model_state,
-                "phases": [s for s in self.samples if s["step"] in (0, self._last_step())]}
+                "phases": [s for s in self.samples if s["step"] in (-1, 0, self._last_step())]}
 
     def _last_step(self) -> int:
         return max((s["step"] for s in self.samples), default=0)

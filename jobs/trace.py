@@ -43,28 +43,11 @@ _LIVE: weakref.WeakSet = weakref.WeakSet()
 _HANDLERS_INSTALLED = False
 
 
-def bytes_recv(op: str, payload_bytes: int, n: int, *, is_root: bool = False) -> float:
-    """Bytes one rank receives, from the same commbytes factors (the mirror of bytes_sent)."""
-    if n <= 1 or op == "barrier":
-        return 0.0
-    if op in commbytes.RING_OPS:
-        return commbytes.bytes_sent(op, payload_bytes, n)
-    if op in ("broadcast", "scatter"):
-        return 0.0 if is_root else commbytes.bytes_sent(op, payload_bytes, n, is_root=True)
-    if op in ("reduce", "gather"):
-        return (n - 1) * commbytes.bytes_sent(op, payload_bytes, n) if is_root else 0.0
-    if op in ("recv", "irecv", "send_recv"):
-        return commbytes.bytes_sent("send", payload_bytes, n)
-    if op in ("send", "isend"):
-        return 0.0
-    raise ValueError(f"unknown collective {op!r}")
-
-
 @functools.lru_cache(maxsize=4096)
 def _bytes(op: str, payload: int, n: int, is_root: bool) -> tuple[float, float]:
     """(sent, received) for one op, cached: steps repeat the same sizes (Fractions are slow)."""
     return (commbytes.bytes_sent(op, payload, n, is_root=is_root),
-            bytes_recv(op, payload, n, is_root=is_root))
+            commbytes.bytes_recv(op, payload, n, is_root=is_root))
 
 
 _STATM: list = []

@@ -122,3 +122,24 @@ def test_format_row():
                             "21000.0", "22000.0", "0.799", "0.799", "8.0", "ok"]
     assert format_row({**row, "correct": False, "busbw_frac_of_copy": None}).split()[-2:] \
         == ["0.799", "FAIL"]
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter", "all_gather", "all_to_all",
+                                "reduce"])
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_bytes_received_mirror_bytes_sent(op, n):
+    """Conservation: over a group, what the ranks send is what the ranks receive. (Broadcast
+    is the exception by convention: the root is charged S once, as nccl-tests does, while
+    every other rank receives S, forwarded along a chain or tree.)"""
+    from jobs.commbytes import bytes_recv, bytes_sent
+    S = 1 << 20
+    roots = [r == 0 for r in range(n)]
+    sent = sum(bytes_sent(op, S, n, is_root=root) for root in roots)
+    recv = sum(bytes_recv(op, S, n, is_root=root) for root in roots)
+    assert sent == pytest.approx(recv) and sent > 0
+
+
+def test_broadcast_receivers_get_the_array():
+    from jobs.commbytes import bytes_recv
+    assert bytes_recv("broadcast", 100, 4, is_root=False) == 100
+    assert bytes_recv("broadcast", 100, 4, is_root=True) == 0

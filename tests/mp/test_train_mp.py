@@ -120,6 +120,11 @@ def test_preset_matches_single_process(name, runs):
     assert set(pipe["stages"]) == {str(i) for i in range(spec.parallel.pp)}
     for st in pipe["stages"].values():
         assert 0 <= st["idle_fraction"] < 1 and st["peak_inflight_microbatches"] >= 1
+        assert st["peak_activation_bytes"] > 0
+        if spec.parallel.pp > 1 and spec.parallel.pp_schedule == "gpipe":  # m in flight
+            assert st["peak_inflight_microbatches"] == spec.parallel.microbatches
+        if spec.parallel.pp > 1 and spec.parallel.pp_schedule == "1f1b":  # at most p
+            assert st["peak_inflight_microbatches"] <= spec.parallel.pp
     axes = set().union(*(v.keys() for v in summary["bytes_by_axis"].values()))
     want = {a for a, n in (("tp", spec.parallel.tp), ("pp", spec.parallel.pp),
                            ("dp", spec.parallel.dp)) if n > 1}

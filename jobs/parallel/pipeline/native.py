@@ -52,7 +52,7 @@ class NativePipeline:
             self.sched = MULTI[schedule](self.pstages, n_microbatches=m, loss_fn=loss)
         self.first = any(ps.stage_index == 0 for ps in self.pstages)
         self.last = any(ps.stage_index == self.n_stages - 1 for ps in self.pstages)
-        self.live = 0
+        self.live: dict = {}  # (micro-batch, chunk) -> bytes saved for backward
 
     def _span(self, kind, mb, chunk, stage):
         self.tracer.microbatch = mb
@@ -65,12 +65,20 @@ class NativePipeline:
         s = ps.stage_index
 
         def fwd(orig, mb, *a, **k):
-            with self._span("F", mb, chunk, s):
+            saved = [0]
+
+            def pack(t):
+                saved[0] += t.numel() * t.element_size()
+                return t
+
+            with self._span("F", mb, chunk, s), \
+                    torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 out = orig(mb, *a, **k)
-            self.live += 1
-            self.peak["inflight_microbatches"] = max(self.peak["inflight_microbatches"],
-                                                     self.live)
-            self.tracer.memory(inflight_microbatches=self.live)
+            self.live[(mb, chunk)] = saved[0]
+            n, b = len(self.live), sum(self.live.values())
+            self.peak["inflight_microbatches"] = max(self.peak["inflight_microbatches"], n)
+            self.peak["activation_bytes"] = max(self.peak["activation_bytes"], b)
+            self.tracer.memory(activations=b, inflight_microbatches=n)
             return out
 
         def bwd(orig, mb, *a, **k):
@@ -78,13 +86,13 @@ class NativePipeline:
             with self._span("BW" if full else "B", mb, chunk, s):
                 out = orig(mb, *a, **k)
             if full:
-                self._freed()
+                self._freed(mb, chunk)
             return out
 
         def wgt(orig, mb, *a, **k):
             with self._span("W", mb, chunk, s):
                 out = orig(mb, *a, **k)
-            self._freed()
+            self._freed(mb, chunk)
             return out
 
         def ops(orig, op, phase, mb, *a, **k):
@@ -106,9 +114,10 @@ class NativePipeline:
                                 ("get_bwd_recv_ops", "recv", "bwd")):
             setattr(ps, name, functools.partial(ops, getattr(ps, name), op, phase))
 
-    def _freed(self):
-        self.live -= 1
-        self.tracer.memory(inflight_microbatches=self.live)
+    def _freed(self, mb: int, chunk: int):
+        self.live.pop((mb, chunk), None)
+        self.tracer.memory(activations=sum(self.live.values()),
+                           inflight_microbatches=len(self.live))
 
     def step(self, microbatches: list) -> float | None:
         x = torch.cat([mb[0] for mb in microbatches])
