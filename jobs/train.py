@@ -195,6 +195,16 @@ def tokens_per_step(spec: JobSpec) -> int:
     return spec.train.global_batch * (spec.model.seq_len if spec.model.arch == "gpt" else 1)
 
 
+def backend_provenance(backend: str) -> dict:
+    """Versions the run depended on, for the run's provenance (the worker adds host facts)."""
+    info = {"torch": torch.__version__, "process_group_backend": backend,
+            "gloo": f"bundled with torch {torch.__version__}" if backend == "gloo" else None}
+    if torch.cuda.is_available():
+        info.update(cuda=torch.version.cuda, device_name=torch.cuda.get_device_name(),
+                    nccl=".".join(map(str, torch.cuda.nccl.version())))
+    return info
+
+
 def summarize(ctx: RunContext, per_rank: list[dict]) -> dict:
     spec, world = ctx.spec, ctx.world
     dp = ctx.dims.dp
@@ -213,7 +223,8 @@ def summarize(ctx: RunContext, per_rank: list[dict]) -> dict:
             "ranks": [{"rank": i, **{k: r[k] for k in ("coords", "comm", "memory", "layout",
                                                         "clock_error_ns", "process_memory")}}
                       for i, r in enumerate(per_rank)],
-            "notes": per_rank[0]["notes"], "formula_check": formula_check(spec, per_rank)}
+            "notes": per_rank[0]["notes"], "formula_check": formula_check(spec, per_rank),
+            "provenance": backend_provenance(ctx.backend)}
 
 
 def formula_check(spec: JobSpec, per_rank: list[dict]) -> dict:
