@@ -74,6 +74,8 @@ class ParallelSpec:
                       choices=DP_MODES)
     zero_stage: int = _f(0, "ZeRO stage on the DP axis (0 = replicate)", ge=0, le=3)
     sequence_parallel: bool = _f(False, "Megatron sequence parallelism (needs tp > 1)")
+    vocab_parallel: bool = _f(False, "vocabulary-parallel embedding and LM head (gpt, tp > 1, "
+                              "reference engine)")
     pp_schedule: str = _f("1f1b", "pipeline schedule", choices=PP_SCHEDULES)
     microbatches: int = _f(1, "micro-batches per step per DP replica", ge=1, le=4096)
     virtual_stages: int = _f(1, "model chunks per pipeline rank (interleaved 1F1B)", ge=1, le=64)
@@ -398,6 +400,51 @@ def _cross_checks(s: JobSpec, max_world_size: int) -> list[dict]:
                       "dp_mode 'ps'"))
     if t.fp32_grads and t.precision != "bf16":
         e.append(_err(("train", "fp32_grads"), "only applies to precision 'bf16'"))
+    return e + _engine_checks(s)
+
+
+def _engine_checks(s: JobSpec) -> list[dict]:
+    """Combinations the implementations refuse, refused here at submit with the reason."""
+    e: list[dict] = []
+    m, p, t = s.model, s.parallel, s.train
+    mp = p.tp > 1 or p.pp > 1
+    if p.tp > 1 and m.arch != "gpt":
+        e.append(_err(("model", "arch"), "tensor parallelism needs arch 'gpt' (attention heads "
+                      "and the transformer MLP are what Megatron splits)"))
+    if p.vocab_parallel:
+        if p.tp < 2 or m.arch != "gpt" or p.engine != "reference":
+            e.append(_err(("parallel", "vocab_parallel"),
+                          "needs parallel.tp > 1, arch 'gpt' and engine 'reference'"))
+        elif m.vocab % p.tp:
+            e.append(_err(("model", "vocab"), f"vocab = {m.vocab} must be divisible by tp = "
+                          f"{p.tp} with vocab_parallel"))
+    if mp and t.precision != "fp32":
+        e.append(_err(("train", "precision"), "model parallelism (tp or pp > 1) runs in fp32 "
+                      "only; bf16 is available for data parallelism"))
+    if mp and t.activation_checkpointing:
+        e.append(_err(("train", "activation_checkpointing"),
+                      "not available with tp or pp > 1 yet"))
+    if p.engine == "reference" and p.dp > 1 and mp:
+        if p.zero_stage == 3:
+            e.append(_err(("parallel", "zero_stage"), "reference ZeRO-3 gathers parameters in "
+                          "its own forward, which the model-parallel runtime bypasses; use "
+                          "engine 'native' (FSDP2) with tp/pp"))
+        elif p.zero_stage == 2 and p.pp > 1:
+            e.append(_err(("parallel", "zero_stage"), "reference ZeRO-2 with pipeline "
+                          "parallelism would reduce-scatter per micro-batch; use zero_stage "
+                          "0 or 1"))
+        elif p.zero_stage == 2 and p.sequence_parallel:
+            e.append(_err(("parallel", "zero_stage"), "reference ZeRO-2 reduce-scatters "
+                          "gradients before the sequence-parallel LayerNorm / bias gradients "
+                          "are summed over tp; use zero_stage 0 or 1, or engine 'native'"))
+    if p.engine == "native" and p.dp > 1:
+        if p.dp_mode == "ps" and not p.zero_stage:
+            e.append(_err(("parallel", "engine"), "dp_mode 'ps' has no native PyTorch "
+                          "component: it runs on the reference engine only"))
+        if t.precision == "bf16" and p.zero_stage < 2:
+            e.append(_err(("train", "precision"), "on the native engine bf16 needs FSDP2 "
+                          "(zero_stage 2 or 3); DistributedDataParallel and "
+                          "ZeroRedundancyOptimizer run in fp32 here"))
     return e
 
 

@@ -30,30 +30,6 @@ from jobs.parallel.pipeline.stage import Stage, split_stages
 from jobs.parallel.tensor import allreduce_sequence_parallel_grads, apply_tensor_parallel
 
 
-def check(spec) -> None:
-    """Combinations this module refuses, with the reason (the spec validator does the rest)."""
-    p = spec.parallel
-    if p.tp > 1 and spec.model.arch != "gpt":
-        raise ValueError("tensor parallelism needs model.arch 'gpt' (attention heads and the "
-                         "transformer MLP are what Megatron splits)")
-    if p.dp > 1 and p.zero_stage == 3 and p.engine == "reference":
-        raise ValueError("reference ZeRO-3 gathers parameters in its own forward, which the "
-                         "model-parallel runtime bypasses; use engine 'native' (FSDP2)")
-    if p.sequence_parallel and p.dp > 1 and p.zero_stage == 2 and p.engine == "reference":
-        raise ValueError("reference ZeRO-2 reduce-scatters gradients during backward, before "
-                         "the sequence-parallel LayerNorm / bias gradients are summed over tp; "
-                         "use zero_stage 0/1 or engine 'native'")
-    if p.pp > 1 and p.dp > 1 and p.zero_stage >= 2 and p.engine == "reference":
-        raise ValueError("ZeRO-2/3 with pipeline parallelism is not supported: they reduce-"
-                         "scatter (and re-gather) per micro-batch; use zero_stage 0 or 1")
-    if getattr(p, "vocab_parallel", False) and (p.tp < 2 or p.engine != "reference"):
-        raise ValueError("vocab_parallel needs tp > 1 and engine 'reference'")
-    if spec.train.precision != "fp32":
-        raise ValueError("model parallelism runs in fp32 only (precision 'bf16' is DP-only)")
-    if spec.train.activation_checkpointing:
-        raise ValueError("activation_checkpointing is not supported with tp/pp yet")
-
-
 def build_stages(ctx) -> tuple[dict[int, nn.Module], object]:
     """This rank's model stages {chunk: module}, sharded over tp, and the loss function."""
     spec, dims = ctx.spec, ctx.dims
@@ -78,7 +54,7 @@ def build_stages(ctx) -> tuple[dict[int, nn.Module], object]:
             for st in stages.values():
                 apply_tensor_parallel(st, group, tracer=ctx.tracer,
                                       sequence_parallel=p.sequence_parallel)
-            if getattr(p, "vocab_parallel", False):  # a spec field yet to come (report)
+            if p.vocab_parallel:
                 from jobs.parallel.vocab_parallel import apply_vocab_parallel, vocab_parallel_loss
                 starts = [apply_vocab_parallel(st, group, tracer=ctx.tracer,
                                                sequence_parallel=p.sequence_parallel)
@@ -118,7 +94,6 @@ def make_strategy(ctx, stages):
 
 def run(ctx) -> dict:
     spec, dims, tr = ctx.spec, ctx.dims, ctx.tracer
-    check(spec)
     p = spec.parallel
     c = dims.coords(ctx.rank)
     stages, loss_fn = build_stages(ctx)

@@ -69,6 +69,26 @@ RULES = [
      "only applies to precision 'bf16'"),
     ("queue name", {"runtime": {"queue": "a b;rm"}}, ["runtime", "queue"], "must match"),
     ("empty name", {"name": "  "}, ["name"], "1 to 200 characters"),
+    ("tensor parallelism needs a transformer", {"parallel": {"tp": 2}},
+     ["model", "arch"], "tensor parallelism needs arch 'gpt'"),
+    ("vocab parallel needs tp", {"model": {"arch": "gpt"}, "parallel": {
+        "dp": 2, "vocab_parallel": True}}, ["parallel", "vocab_parallel"], "needs parallel.tp > 1"),
+    ("model parallelism is fp32", {"parallel": {"pp": 2}, "train": {"precision": "bf16"}},
+     ["train", "precision"], "runs in fp32 only"),
+    ("no checkpointing with pp", {"parallel": {"pp": 2}, "train": {
+        "activation_checkpointing": True}}, ["train", "activation_checkpointing"],
+     "not available with tp or pp > 1"),
+    ("reference ZeRO-3 is DP only", {"model": {"arch": "gpt"}, "parallel": {
+        "dp": 2, "tp": 2, "zero_stage": 3}, "runtime": {"nproc_per_node": 4}},
+     ["parallel", "zero_stage"], "use engine 'native' (FSDP2)"),
+    ("reference ZeRO-2 with pipelines", {"parallel": {"dp": 2, "pp": 2, "zero_stage": 2},
+                                         "runtime": {"nproc_per_node": 4}},
+     ["parallel", "zero_stage"], "reduce-scatter per micro-batch"),
+    ("native parameter server", {"parallel": {"dp": 2, "dp_mode": "ps", "engine": "native"}},
+     ["parallel", "engine"], "no native PyTorch component"),
+    ("native bf16 needs FSDP2", {"parallel": {"dp": 2, "engine": "native"},
+                                 "train": {"precision": "bf16"}},
+     ["train", "precision"], "needs FSDP2"),
 ]
 
 
