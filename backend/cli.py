@@ -70,20 +70,28 @@ RUN_COLS = [("id", "ID"), ("name", "NAME"), ("strategy", "STRATEGY"), ("world_si
             ("status", "STATUS"), ("owner", "OWNER"), ("created_at", "CREATED")]
 
 
-def cmd_submit(a) -> int:
+def _spec_body(a, what: str) -> dict:
+    """SPEC.json ('-' = stdin) and/or --preset NAME -> the request body."""
     body: dict = {}
     if a.spec:
-        text = sys.stdin.read() if a.spec == "-" else Path(a.spec).read_text()
         try:
+            text = sys.stdin.read() if a.spec == "-" else Path(a.spec).read_text()
             body = json.loads(text)
+        except OSError as exc:
+            raise CliError(f"{a.spec}: cannot read it ({exc.strerror})") from exc
         except ValueError as exc:
             raise CliError(f"{a.spec}: not valid JSON ({exc})") from exc
         if not isinstance(body, dict):
-            raise CliError(f"{a.spec}: must hold a JSON object (a job spec)")
+            raise CliError(f"{a.spec}: must hold a JSON object ({what})")
     if a.preset:
         body = {"preset": a.preset, **body}
     if not body:
-        raise CliError("give a SPEC.json, or --preset NAME (see GET /api/presets)")
+        raise CliError(f"give a {what} JSON file, or --preset NAME (see GET /api/presets)")
+    return body
+
+
+def cmd_submit(a) -> int:
+    body = _spec_body(a, "job spec")
     if a.name:
         body["name"] = a.name
     run = _request("POST", "/api/runs", json=body)
@@ -166,17 +174,7 @@ def cmd_cancel(a) -> int:
 
 
 def cmd_predict(a) -> int:
-    body: dict = {}
-    if a.spec:
-        text = sys.stdin.read() if a.spec == "-" else Path(a.spec).read_text()
-        try:
-            body = json.loads(text)
-        except ValueError as exc:
-            raise CliError(f"{a.spec}: not valid JSON ({exc})") from exc
-    if a.preset:
-        body = {"preset": a.preset, **body}
-    if not body:
-        raise CliError("give a SPEC.json / what-if JSON, or --preset NAME")
+    body = _spec_body(a, "job spec or what-if")
     out = _request("POST", "/api/predict", json=body)
     if a.json:
         print(json.dumps(out, indent=1))

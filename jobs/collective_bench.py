@@ -16,19 +16,18 @@ prints an nccl-tests-like table as it goes.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from jobs.comm import sweep
-from jobs.spec import JobSpec, parse_spec
+from jobs.entry import job_main
+from jobs.spec import JobSpec
 from jobs.trace import Tracer
 
 COPY_MIN_BYTES, COPY_MAX_BYTES = 32 << 20, 256 << 20
@@ -162,23 +161,7 @@ def run(spec: JobSpec, out: Path) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jobs.collective_bench")
-    ap.add_argument("--spec", required=True, type=Path)
-    ap.add_argument("--out", required=True, type=Path)
-    args = ap.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    rank = os.environ.get("RANK", "0")
-    try:
-        spec = parse_spec(json.loads(args.spec.read_text()), max_world_size=1 << 30)
-        if spec.kind != "collective_bench":
-            raise ValueError(f"spec kind is {spec.kind!r}; jobs.collective_bench runs "
-                             "'collective_bench' specs")
-        run(spec, args.out)
-    except BaseException as exc:  # noqa: BLE001 - any failure is reported, then re-raised
-        (args.out / f"error-rank{rank}.txt").write_text(
-            f"rank {rank}: {type(exc).__name__}: {exc}\n\n{traceback.format_exc()}")
-        raise
-    return 0
+    return job_main("python -m jobs.collective_bench", "collective_bench", run, argv)
 
 
 if __name__ == "__main__":

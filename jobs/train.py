@@ -12,13 +12,11 @@ summary. How a strategy plugs in: docs/strategies.md.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib
 import json
 import os
 import sys
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,9 +25,10 @@ import torch.distributed as dist
 
 from jobs.data import local_microbatches
 from jobs.dims import ParallelDims
+from jobs.entry import job_main
 from jobs.memory import MemoryBook, SavedTensorCounter, param_storages, process_memory
 from jobs.models import model_module
-from jobs.spec import JobSpec, parse_spec
+from jobs.spec import JobSpec
 from jobs.trace import Tracer
 
 
@@ -322,20 +321,7 @@ def run_in_group(spec: JobSpec, out: Path, backend: str) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jobs.train")
-    ap.add_argument("--spec", required=True, type=Path)
-    ap.add_argument("--out", required=True, type=Path)
-    args = ap.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    rank = os.environ.get("RANK", "0")
-    try:
-        spec = parse_spec(json.loads(args.spec.read_text()), max_world_size=1 << 30)
-        run(spec, args.out)
-    except BaseException as exc:  # noqa: BLE001 - any failure is reported, then re-raised
-        (args.out / f"error-rank{rank}.txt").write_text(
-            f"rank {rank}: {type(exc).__name__}: {exc}\n\n{traceback.format_exc()}")
-        raise
-    return 0
+    return job_main("python -m jobs.train", "train", run, argv)
 
 
 if __name__ == "__main__":

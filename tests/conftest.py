@@ -84,10 +84,10 @@ def settings(tmp_path, db_url):
 
 # --- processes -----------------------------------------------------------------------------------
 
-def pids_with_run_id(run_id: str) -> list[int]:
-    """Every process on the machine whose environment carries PARALAB_RUN_ID=run_id, including
-    processes re-parented to PID 1. Written independently of worker/procs.py on purpose."""
-    needle = f"PARALAB_RUN_ID={run_id}".encode()
+def pids_with_env(key: str, value: str) -> list[int]:
+    """Every process on the machine whose environment carries key=value, including processes
+    re-parented to PID 1. Written independently of worker/procs.py on purpose."""
+    needle = f"{key}={value}".encode()
     pids = []
     for d in os.listdir("/proc"):
         if d.isdigit():
@@ -98,6 +98,10 @@ def pids_with_run_id(run_id: str) -> list[int]:
             except OSError:
                 continue
     return pids
+
+
+def pids_with_run_id(run_id: str) -> list[int]:
+    return pids_with_env("PARALAB_RUN_ID", run_id)
 
 
 def children_of(pid: int) -> list[int]:

@@ -10,23 +10,9 @@ import subprocess
 import httpx
 import pytest
 
-from tests.conftest import ROOT, free_port, wait_for
+from tests.conftest import ROOT, free_port, pids_with_env, wait_for
 
 pytestmark = pytest.mark.slow
-
-
-def pids_with_env(key: str, value: str) -> list[int]:
-    needle = f"{key}={value}".encode()
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/environ", "rb") as f:
-                    if needle in f.read().split(b"\0"):
-                        out.append(int(d))
-            except OSError:
-                pass
-    return out
 
 
 def start_make_run(tmp_path, port):

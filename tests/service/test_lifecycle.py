@@ -4,8 +4,11 @@ subprocesses, real Redis, real PostgreSQL, real torchrun with 2 gloo ranks.
 Process checks scan /proc for PARALAB_RUN_ID, which finds ranks even after they are
 re-parented to PID 1 (they are not in torchrun's process group)."""
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -124,3 +127,35 @@ def test_backend_restarted_while_a_run_is_going(redis_service):
     assert len(done["summary"]["loss"]) == 1500
     log = svc.http.get(f"/api/runs/{run['id']}/logs").text
     assert "finished: succeeded" in log
+
+
+def test_cli_submit_wait_runs_show_logs_cancel(redis_service, tmp_path):
+    svc = redis_service
+    env = {**svc.env, "PARALAB_URL": svc.url}
+
+    def cli(*args, stdin=None):
+        return subprocess.run([sys.executable, "-m", "backend.cli", *args], env=env,
+                              capture_output=True, text=True, input=stdin, timeout=300)
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"name": "from the cli", "train": {"steps": 2},
+                                "runtime": {"queue": svc.queue}}))
+    r = cli("submit", str(spec), "--preset", "ddp", "--wait", "--json")
+    assert r.returncode == 0, r.stderr
+    run = json.loads(r.stdout)
+    assert run["status"] == "succeeded" and run["name"] == "from the cli"
+    listed = json.loads(cli("runs", "--json", "--strategy", "ddp").stdout)
+    assert run["id"] in [x["id"] for x in listed["items"]]
+    table = cli("runs").stdout.splitlines()
+    assert table[0].split()[:3] == ["ID", "NAME", "STRATEGY"] and any(
+        run["id"] in line for line in table[1:])
+    assert "succeeded" in cli("show", run["id"]).stdout
+    assert "[paralab] launching" in cli("logs", run["id"]).stdout
+    assert "finished: succeeded" in cli("logs", run["id"], "-f").stdout  # ends with the run
+    bad = cli("submit", "-", stdin=json.dumps({"preset": "ddp", "parallel": {"dp": 3}}))
+    assert bad.returncode == 2 and "parallel: dp*tp*pp" in bad.stderr
+    assert cli("submit", "-", stdin="{not json").returncode == 2
+    again = cli("cancel", run["id"])
+    assert again.returncode == 2 and "already succeeded" in again.stderr
+    out = cli("predict", "--preset", "zero3")
+    assert out.returncode == 0 and "per rank" in out.stdout

@@ -1,0 +1,33 @@
+"""The command line every job module shares: `--spec SPEC.json --out DIR`, and the failure
+report the worker reads (`DIR/error-rank{R}.txt`: the rank's exception, then its traceback)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+from jobs.spec import JobSpec, parse_spec
+
+
+def job_main(prog: str, kind: str, run: Callable[[JobSpec, Path], object],
+             argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=prog)
+    ap.add_argument("--spec", required=True, type=Path)
+    ap.add_argument("--out", required=True, type=Path)
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rank = os.environ.get("RANK", "0")
+    try:
+        spec = parse_spec(json.loads(args.spec.read_text()), max_world_size=1 << 30)
+        if spec.kind != kind:
+            raise ValueError(f"spec kind is {spec.kind!r}; {prog} runs {kind!r} specs")
+        run(spec, args.out)
+    except BaseException as exc:  # noqa: BLE001 - any failure is reported, then re-raised
+        (args.out / f"error-rank{rank}.txt").write_text(
+            f"rank {rank}: {type(exc).__name__}: {exc}\n\n{traceback.format_exc()}")
+        raise
+    return 0
