@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from jobs.comm import sweep
-from jobs.entry import job_main
+from jobs.entry import exit_now, job_main
 from jobs.spec import JobSpec
 from jobs.trace import Tracer
 
@@ -165,4 +164,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -16,7 +16,6 @@ import contextlib
 import importlib
 import json
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import torch.distributed as dist
 
 from jobs.data import local_microbatches
 from jobs.dims import ParallelDims
-from jobs.entry import job_main
+from jobs.entry import exit_now, job_main
 from jobs.memory import MemoryBook, SavedTensorCounter, param_storages, process_memory
 from jobs.models import model_module
 from jobs.spec import JobSpec
@@ -325,4 +324,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
