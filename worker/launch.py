@@ -39,6 +39,11 @@ def build_argv(spec: Mapping, *, python: str, spec_path: Path, out_dir: Path,
     ]
 
 
+def supervised(argv: list[str], *, python: str, grace_s: float) -> list[str]:
+    """Run `argv` under worker.shim, which stops the whole job when the worker goes away."""
+    return [python, "-m", "worker.shim", "--grace", f"{grace_s:g}", "--", *argv]
+
+
 def build_env(base: Mapping[str, str], *, run_id: str, omp_threads: int) -> dict[str, str]:
     env = {k: v for k, v in base.items() if k not in _SCRUBBED}
     env.update({

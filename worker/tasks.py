@@ -27,7 +27,7 @@ from backend.core.config import Settings, get_settings
 from jobs.spec import parse_spec
 from worker.app import TASK_NAME
 from worker.client import BackendClient, BackendUnavailable
-from worker.launch import build_argv, build_env, job_timeout_s
+from worker.launch import build_argv, build_env, job_timeout_s, supervised
 from worker.procs import kill_run_processes, pdeathsig_preexec
 from worker.provenance import devices, provenance
 
@@ -123,8 +123,9 @@ class JobSupervisor:
         self.out.mkdir(parents=True, exist_ok=True)
         spec_path = self.dir / "spec.json"
         spec_path.write_text(json.dumps(self.spec, indent=1))
-        argv = build_argv(self.spec, python=sys.executable, spec_path=spec_path, out_dir=self.out,
-                          log_dir=self.dir / "torchrun-logs")
+        argv = supervised(build_argv(self.spec, python=sys.executable, spec_path=spec_path,
+                                     out_dir=self.out, log_dir=self.dir / "torchrun-logs"),
+                          python=sys.executable, grace_s=self.settings.kill_grace_s)
         env = build_env(os.environ, run_id=self.run_id, omp_threads=self.settings.job_omp_threads)
         timeout = job_timeout_s(self.spec, self.settings.max_job_timeout_s)
         self.logs = LogShipper(self.client, self.run_id)
@@ -183,12 +184,15 @@ class JobSupervisor:
         return None, ""
 
     def _stop(self, proc: subprocess.Popen, why: str) -> None:
-        self.say(f"{why}: sending SIGTERM to torchrun (pid {proc.pid})")
+        """SIGTERM to the job's shim: it stops torchrun, and SIGKILLs what is left after the
+        grace period. Should the shim itself hang, everything of the run is killed here."""
+        self.say(f"{why}: stopping the job (SIGTERM to torchrun, SIGKILL after "
+                 f"{self.settings.kill_grace_s:g} s)")
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(self.settings.kill_grace_s)
+            proc.wait(self.settings.kill_grace_s + 5)
         except subprocess.TimeoutExpired:
-            self.say("torchrun still running after the grace period: SIGKILL")
+            self.say("the job did not stop: SIGKILL to every process of the run")
             proc.kill()
         kill_run_processes(self.run_id)
 

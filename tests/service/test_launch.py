@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from jobs.spec import parse_spec
-from worker.launch import build_argv, build_env, job_timeout_s
+from worker.launch import build_argv, build_env, job_timeout_s, supervised
 
 
 def _argv(spec):
@@ -47,3 +47,38 @@ def test_env_carries_run_id_and_drops_worker_secrets():
 def test_timeout_is_capped():
     spec = parse_spec({"preset": "ddp", "runtime": {"timeout_s": 500}}).to_dict()
     assert job_timeout_s(spec, 100) == 100 and job_timeout_s(spec, 1000) == 500
+
+
+def test_the_job_runs_under_its_shim():
+    argv = supervised(["torchrun", "x"], python="/py", grace_s=5)
+    assert argv == ["/py", "-m", "worker.shim", "--grace", "5", "--", "torchrun", "x"]
+
+
+def test_shim_stops_the_job_when_its_parent_dies(tmp_path):
+    """worker -> shim -> job: SIGKILL the 'worker' and the shim takes the job down."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import pids_with_run_id, wait_for
+    run_id = f"shimtest{os.getpid()}"
+    env = {**os.environ, "PARALAB_RUN_ID": run_id}
+    # The job ignores SIGTERM, so only the shim's SIGKILL after the grace period stops it.
+    job = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+           "signal.SIG_IGN); time.sleep(600)"]
+    fake_worker = subprocess.Popen(
+        [sys.executable, "-c", "import os, subprocess, sys, time; subprocess.Popen(sys.argv[2:], "
+         "env={**os.environ, 'PARALAB_RUN_ID': sys.argv[1]}); time.sleep(600)", run_id,
+         *supervised(job, python=sys.executable, grace_s=1)],
+        env={k: v for k, v in env.items() if k != "PARALAB_RUN_ID"}, start_new_session=True)
+    try:
+        wait_for(lambda: len(pids_with_run_id(run_id)) == 2, 30, "shim and job to start")
+        time.sleep(0.5)  # let the job install its SIGTERM-ignoring handler
+        os.kill(fake_worker.pid, signal.SIGKILL)
+        fake_worker.wait()
+        wait_for(lambda: not pids_with_run_id(run_id), 30, "the shim to stop the job")
+    finally:
+        for pid in pids_with_run_id(run_id):
+            os.kill(pid, signal.SIGKILL)

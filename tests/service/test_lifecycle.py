@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -20,8 +21,8 @@ pytestmark = pytest.mark.slow
 LONG = {"preset": "ddp", "name": "long", "train": {"steps": 1_000_000}}
 
 
-def wait_ranks_running(svc, run_id, n=3):
-    """torchrun + its ranks are up once n processes carry the run's ID."""
+def wait_ranks_running(svc, run_id, n=4):
+    """The job's shim, torchrun and its 2 ranks are up once n processes carry the run's ID."""
     svc.wait_status(run_id, "running", 60)
     return wait_for(lambda: len(p := pids_with_run_id(run_id)) >= n and p, 60,
                     f"{n} processes of run {run_id}")
@@ -65,7 +66,10 @@ def test_cancel_stops_every_process(redis_service):
     svc = redis_service
     run = svc.submit(LONG)
     pids = wait_ranks_running(svc, run["id"])
-    torchrun = min(pids)
+    argvs = {p: Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0") for p in pids}
+    torchrun = next(p for p, a in argvs.items() if a[1:3] == [b"-m", b"torch.distributed.run"])
+    shim = next(p for p, a in argvs.items() if a[1:3] == [b"-m", b"worker.shim"])
+    assert children_of(shim) == [torchrun]
     ranks = children_of(torchrun)
     assert len(ranks) >= 2 and set(ranks) <= set(pids), (ranks, pids)  # every child carries it
     t0 = time.monotonic()
