@@ -214,6 +214,18 @@ class Service:
             raise AssertionError(f"run {run_id}: {self.run(run_id)}\n{self.logs()}") from None
 
 
+def embedded_service(tmp: Path):
+    """Body of a fixture: backend + worker on the embedded default (SQLite, filesystem
+    broker), started and stopped around the tests that share it."""
+    svc = Service(tmp, db_url=f"sqlite:///{tmp / 'p.db'}", redis_url=None)
+    try:
+        svc.start_backend()
+        svc.start_worker()
+        yield svc
+    finally:
+        svc.close()
+
+
 @pytest.fixture
 def redis_service(tmp_path, pg_server_url):
     """Backend + worker on real Redis and real PostgreSQL (the team deployment's services)."""

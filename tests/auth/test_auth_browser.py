@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import secrets
 import subprocess
-from pathlib import Path
 
 import httpx
 import pytest
 from playwright.sync_api import expect
 
 from tests.conftest import Service
-from tests.frontend.browser import CHROMIUM, launch_chromium
+from tests.frontend.browser import chromium_browser
 
 PASSWORD = "team mode pass 1"
 EVIL = "<img src=x onerror=alert(1)> $(id)"
@@ -66,13 +65,7 @@ def bob_run(team_svc) -> str:
 
 @pytest.fixture(scope="module")
 def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as pw:
-        b = launch_chromium(pw)
-        yield b
-        b.close()
+    yield from chromium_browser()
 
 
 @pytest.fixture

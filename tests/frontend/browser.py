@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 
 from tests.conftest import ROOT
 
@@ -15,6 +19,17 @@ SHOTS = ROOT / "test-artifacts" / "screenshots"
 
 def launch_chromium(pw):
     return pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+
+
+def chromium_browser() -> Iterator:
+    """Body of a module-scoped `browser` fixture: Debian's Chromium through Playwright."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as pw:
+        b = launch_chromium(pw)
+        yield b
+        b.close()
 
 
 def shot(pg, name: str) -> None:

@@ -4,35 +4,20 @@ worker` on a fresh SQLite database, embedded broker) and one headless Chromium (
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from tests.conftest import Service
-from tests.frontend.browser import CHROMIUM, launch_chromium
+from tests.conftest import embedded_service
+from tests.frontend.browser import chromium_browser
 
 
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("dashboard")
-    service = Service(tmp, db_url=f"sqlite:///{tmp}/p.db", redis_url=None)
-    try:
-        service.start_backend()
-        service.start_worker()
-        yield service
-    finally:
-        service.close()
+    yield from embedded_service(tmp_path_factory.mktemp("dashboard"))
 
 
 @pytest.fixture(scope="module")
 def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as pw:
-        b = launch_chromium(pw)
-        yield b
-        b.close()
+    yield from chromium_browser()
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ analysis headline for every training run."""
 import pytest
 
 from jobs.spec import AVAILABLE, PRESETS, parse_spec
-from tests.conftest import Service
+from tests.conftest import embedded_service
 
 pytestmark = pytest.mark.slow
 
@@ -17,14 +17,7 @@ SMALL = {"train": {"steps": 2}}
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("presets")
-    svc = Service(tmp, db_url=f"sqlite:///{tmp / 'p.db'}", redis_url=None)
-    try:
-        svc.start_backend()
-        svc.start_worker()
-        yield svc
-    finally:
-        svc.close()
+    yield from embedded_service(tmp_path_factory.mktemp("presets"))
 
 
 def test_every_preset_is_available():
