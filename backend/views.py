@@ -348,10 +348,14 @@ def _theory(trace: Trace, step: int) -> dict | None:
         fill = sum(known) / len(known)
         return [(x if x is not None else fill) / 1e3 for x in means]
 
-    def per_stage(x):  # per pipeline rank -> per global stage (chunk * p + rank)
-        return x if isinstance(x, float) else [x[s % p] for s in range(p * v)]
+    place = schedules.placement_of(sched)
+
+    def per_stage(x):  # per pipeline rank -> per global stage (the schedule's placement)
+        if isinstance(x, float):
+            return x
+        return [x[schedules.rank_of(s, p, v, place)] for s in range(p * v)]
     t_f = per_stage(mean_ms("forward"))
-    if sched == "zero-bubble":
+    if sched in schedules.SPLIT_BACKWARD:
         t_b, t_w = per_stage(mean_ms("backward (input)")), per_stage(mean_ms("backward (weight)"))
     else:
         t_b, t_w = per_stage(mean_ms("backward")), 0.0

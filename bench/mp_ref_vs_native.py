@@ -25,7 +25,10 @@ sys.path.insert(0, str(ROOT))
 from jobs.spec import parse_spec  # noqa: E402
 
 GPT = {"arch": "gpt", "layers": 4, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 256}
-PRESETS = ("tp", "sp", "pp-gpipe", "pp-1f1b", "pp-interleaved", "pp-zb", "3d")
+PRESETS = ("tp", "sp", "pp-gpipe", "pp-1f1b", "pp-interleaved", "pp-zb", "pp-zbv", "3d",
+           "tp+vocab")
+# names that are a preset plus parallel overrides
+VARIANTS = {"tp+vocab": ("tp", {"vocab_parallel": True})}
 
 
 def free_port() -> int:
@@ -34,10 +37,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(preset: str, engine: str, steps: int, out: Path) -> dict:
+def run(name: str, engine: str, steps: int, out: Path) -> dict:
+    preset, extra = VARIANTS.get(name, (name, {}))
     spec = parse_spec({"preset": preset, "model": GPT,
-                       "parallel": {"engine": engine, **({"microbatches": 4}
-                                                         if preset.startswith("pp") else {})},
+                       "parallel": {"engine": engine, **extra, **({"microbatches": 4}
+                                                                  if preset.startswith("pp")
+                                                                  else {})},
                        "train": {"steps": steps, "global_batch": 16}})
     out.mkdir(parents=True, exist_ok=True)
     (out / "spec.json").write_text(json.dumps(spec.to_dict()))
@@ -48,7 +53,7 @@ def run(preset: str, engine: str, steps: int, out: Path) -> dict:
            "--out", str(out)]
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     if p.returncode:
-        raise SystemExit(f"{preset}/{engine} failed:\n{p.stderr[-3000:]}")
+        raise SystemExit(f"{name}/{engine} failed:\n{p.stderr[-3000:]}")
     return json.loads((out / "summary.json").read_text())
 
 

@@ -6,17 +6,32 @@ ranks really did.
 
 Stable public API (names and shapes are a contract; extend, do not rename):
 
-    SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zero-bubble")
+    SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zero-bubble", "zbv")
+    SPLIT_BACKWARD = ("zero-bubble", "zbv")      schedules whose backward is B + W (no BW)
+    PLACEMENTS = ("loop", "v")
 
     Action(kind, mb, chunk, stage)               NamedTuple
         kind   "F"  forward
                "BW" full backward (input- and weight-gradient together)
-               "B"  backward, input gradient only   (zero-bubble)
-               "W"  backward, weight gradient only  (zero-bubble; needs the B of the same mb)
+               "B"  backward, input gradient only   (zero-bubble, zbv)
+               "W"  backward, weight gradient only  (zero-bubble, zbv; needs the B of the same mb)
         mb     micro-batch id, 0 <= mb < m
-        chunk  model chunk on this rank, 0 <= chunk < v (always 0 unless interleaved)
-        stage  global model stage = chunk * p + rank, 0 <= stage < p * v; data flows
-               stage 0 -> p*v-1 forward and back in reverse. `str(a)` is e.g. "F3" or "BW3c1".
+        chunk  model chunk on this rank, 0 <= chunk < v (always 0 unless interleaved or zbv);
+               chunk = stage // p in every placement
+        stage  global model stage = stage_of(rank, chunk, p, v, placement_of(schedule)),
+               0 <= stage < p * v; data flows stage 0 -> p*v-1 forward and back in reverse.
+               `str(a)` is e.g. "F3" or "BW3c1".
+
+    placement_of(schedule) -> "loop" | "v"
+        how global stages sit on ranks: "v" for zbv, "loop" for every other schedule.
+    stage_of(rank, chunk, p, v=1, placement="loop") -> int
+        loop: chunk * p + rank (Megatron / torch interleaved; v = 1 gives stage = rank).
+        v:    chunk * p + rank for even chunks, chunk * p + p-1-rank for odd ones (torch's
+              generate_stage_to_rank_mapping(style="v")); with v = 2 rank r holds stages r and
+              2p-1-r, so stages p-1 and p are both on rank p-1 and rank 0 holds the first and
+              the last stage.
+    rank_of(stage, p, v=1, placement="loop") -> int
+        the pipeline rank that runs `stage` (the inverse of stage_of).
 
     schedule_actions(schedule, p, m, v=1) -> list[list[Action]]
         the ordered actions of every pipeline rank (index = pipeline rank). A rank runs its list
@@ -24,7 +39,7 @@ Stable public API (names and shapes are a contract; extend, do not rename):
 
     dependencies(action, p, v) -> list[Action]
         what must have finished first: F(s) <- F(s-1); last stage's B/BW <- its own F;
-        B/BW(s) <- B/BW(s+1) and its own F(s); W(s) <- B(s).
+        B/BW(s) <- B/BW(s+1) and its own F(s); W(s) <- B(s). Placement-free (global stages).
 
     simulate(schedule, p, m, v=1, t_f=1.0, t_b_input=1.0, t_b_weight=1.0, t_comm=0.0) -> dict
         event simulation of that order. Times are per model stage (one chunk of one rank) in
@@ -45,7 +60,7 @@ Stable public API (names and shapes are a contract; extend, do not rename):
     closed_form_bubble(schedule, p, m, v=1, convention="total") -> float | None
         (p-1)/(v*m+p-1) over total time, or (p-1)/(v*m) over ideal time, for gpipe / 1f1b /
         interleaved with equal stage times (v = 1 except interleaved); (p-1)/p for naive
-        ((p-1) over ideal); None for zero-bubble (take it from `simulate`).
+        ((p-1) over ideal); None for zero-bubble and zbv (take it from `simulate`).
 
     explore(schedule, p, m, v=1) -> dict
         the pure schedule: `simulate` with unit times (t_f = t_b_input = t_b_weight = 1) plus
@@ -67,13 +82,26 @@ Schedules (every rank r of p):
     zero-bubble  ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"): for x = 0 .. m+p-2:
                  F_x, B_{x-(p-1-r)}, W_{x-(p-1)} (each if in range). Same warm-up and peak
                  activation memory as 1F1B (<= p micro-batches in flight); W fills the cool-down.
+    zbv          ZB-V (Qi et al. 2023, section 6): the per-rank order of
+                 torch.distributed.pipelining's ScheduleZBVZeroBubble (its I = our B). v must be
+                 2, V placement (rank r holds stages r and 2p-1-r, chunks 0 and 1). With
+                 n = max(m, 2p-1): warm-up 2(p-r)-1 chunk-0 forwards, r (F chunk 1, F chunk 0)
+                 pairs, p-r (F, B, W) of chunk 1; steady (F, B, W) on chunk 0 then on chunk 1
+                 until both chunks have run n forwards; cool-down r (B chunk 0, B chunk 1) pairs,
+                 p-r (B, W) of chunk 0, then the chunk-1 Ws, then the chunk-0 Ws; actions of
+                 micro-batches >= m are dropped (torch's bubbles). Activation memory of 1F1B's
+                 busiest rank: once m >= 2p-1 every rank peaks at 2p chunks (p micro-batches of
+                 its half-size chunks). With t_F = t_B = t_W (per chunk) only the start-up
+                 staggering idles, (p-1) t_F per rank: below ZB-H1 at the same p and m.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zero-bubble")
+SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zero-bubble", "zbv")
+SPLIT_BACKWARD = ("zero-bubble", "zbv")
+PLACEMENTS = ("loop", "v")
 KINDS = ("F", "B", "W", "BW")
 
 CONVENTION = (
@@ -102,10 +130,47 @@ def _check(schedule: str, p: int, m: int, v: int) -> None:
     for name, val in (("p", p), ("m", m), ("v", v)):
         if isinstance(val, bool) or not isinstance(val, int) or val < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {val!r}")
-    if v > 1 and schedule != "interleaved":
+    if schedule == "zbv":
+        if v != 2:
+            raise ValueError(f"zbv needs v = 2 (two model chunks per rank in a V), got v = {v}")
+    elif v > 1 and schedule != "interleaved":
         raise ValueError(f"v must be 1 unless the schedule is 'interleaved' (got v = {v})")
     if schedule == "interleaved" and m % p:
         raise ValueError(f"interleaved needs m to be a multiple of p (m = {m}, p = {p})")
+
+
+def placement_of(schedule: str) -> str:
+    """How `schedule` lays global stages on ranks: "v" for zbv, "loop" otherwise."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    return "v" if schedule == "zbv" else "loop"
+
+
+def _check_place(p: int, v: int, placement: str) -> None:
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+    if p < 1 or v < 1:
+        raise ValueError(f"p and v must be >= 1, got p = {p}, v = {v}")
+
+
+def stage_of(rank: int, chunk: int, p: int, v: int = 1, placement: str = "loop") -> int:
+    """Global model stage of `chunk` on pipeline `rank` (see module docstring)."""
+    _check_place(p, v, placement)
+    if not (0 <= rank < p and 0 <= chunk < v):
+        raise ValueError(f"need 0 <= rank < p = {p} and 0 <= chunk < v = {v}, "
+                         f"got rank {rank}, chunk {chunk}")
+    if placement == "v" and chunk % 2:
+        return chunk * p + p - 1 - rank
+    return chunk * p + rank
+
+
+def rank_of(stage: int, p: int, v: int = 1, placement: str = "loop") -> int:
+    """The pipeline rank that runs global `stage` (inverse of `stage_of`)."""
+    _check_place(p, v, placement)
+    if not 0 <= stage < p * v:
+        raise ValueError(f"need 0 <= stage < p*v = {p * v}, got {stage}")
+    chunk, pos = divmod(stage, p)
+    return p - 1 - pos if placement == "v" and chunk % 2 else pos
 
 
 def _one_f_one_b(p: int, m: int, r: int, split: bool) -> list[Action]:
@@ -141,6 +206,52 @@ def _interleaved(p: int, m: int, v: int, r: int) -> list[Action]:
     return out
 
 
+def _zbv(p: int, m: int, r: int) -> list[Action]:
+    """torch.distributed.pipelining.ScheduleZBVZeroBubble._calculate_single_rank_operations,
+    torch-free (I -> "B"); rank r runs stages r (chunk 0) and 2p-1-r (chunk 1)."""
+    n = max(2 * p - 1, m)  # torch pads to 2p-1 micro-batches, then drops the extra actions
+    stage = (r, 2 * p - 1 - r)
+    out: list[Action] = []
+    cnt = {"f0": 0, "f1": 0, "b0": 0, "b1": 0}
+
+    def add(kind: str, chunk: int, key: str | None = None, mb: int | None = None) -> None:
+        if mb is None:
+            mb = cnt[key]
+            cnt[key] += 1
+        out.append(Action(kind, mb, chunk, stage[chunk]))
+
+    def fbw(chunk: int) -> None:  # B and W of the same (next) micro-batch
+        b = f"b{chunk}"
+        add("B", chunk, mb=cnt[b])
+        add("W", chunk, b)
+
+    for _ in range(2 * (p - r) - 1):  # warm-up
+        add("F", 0, "f0")
+    for _ in range(r):
+        add("F", 1, "f1")
+        add("F", 0, "f0")
+    for _ in range(p - r):
+        add("F", 1, "f1")
+        fbw(1)
+    while cnt["f1"] < cnt["f0"] or cnt["f0"] < n:  # steady
+        if cnt["f0"] < n:
+            add("F", 0, "f0")
+        fbw(0)
+        add("F", 1, "f1")
+        fbw(1)
+    w0, w1 = cnt["b0"], cnt["b1"]  # cool-down
+    for _ in range(r):
+        add("B", 0, "b0")
+        add("B", 1, "b1")
+    for _ in range(p - r):
+        add("B", 0, "b0")
+        add("W", 0, mb=w0)
+        w0 += 1
+    out += [Action("W", j, 1, stage[1]) for j in range(w1, cnt["b1"])]
+    out += [Action("W", j, 0, stage[0]) for j in range(w0, cnt["b0"])]
+    return [a for a in out if a.mb < m]
+
+
 def schedule_actions(schedule: str, p: int, m: int, v: int = 1) -> list[list[Action]]:
     """Per pipeline rank, the ordered actions of one optimizer step (see module docstring)."""
     _check(schedule, p, m, v)
@@ -155,6 +266,8 @@ def schedule_actions(schedule: str, p: int, m: int, v: int = 1) -> list[list[Act
             acts = _one_f_one_b(p, m, r, split=False)
         elif schedule == "zero-bubble":
             acts = _one_f_one_b(p, m, r, split=True)
+        elif schedule == "zbv":
+            acts = _zbv(p, m, r)
         else:
             acts = _interleaved(p, m, v, r)
         ranks.append(acts)
@@ -197,8 +310,9 @@ def _per_stage(name: str, val, n: int) -> list[float]:
     return vals
 
 
-def _run(actions, p, v, tf, tb, tw, t_comm):
+def _run(actions, p, v, tf, tb, tw, t_comm, placement="loop"):
     """Start/end of every action; ranks run their lists in order."""
+    home = [rank_of(s, p, v, placement) for s in range(p * v)]
     dur = {"F": tf, "B": tb, "W": tw, "BW": [b + w for b, w in zip(tb, tw, strict=True)]}
     end: dict[Action, float] = {}
     free = [0.0] * p
@@ -216,7 +330,7 @@ def _run(actions, p, v, tf, tb, tw, t_comm):
                     if d not in end:
                         ok = False
                         break
-                    ready = max(ready, end[d] + (t_comm if d.stage % p != r else 0.0))
+                    ready = max(ready, end[d] + (t_comm if home[d.stage] != r else 0.0))
                 if not ok:
                     break
                 e = ready + dur[a.kind][a.stage]
@@ -249,7 +363,7 @@ def closed_form_bubble(schedule: str, p: int, m: int, v: int = 1,
     if convention not in ("total", "ideal"):
         raise ValueError("convention must be 'total' or 'ideal'")
     _check(schedule, p, m, v)
-    if schedule == "zero-bubble":
+    if schedule in SPLIT_BACKWARD:
         return None
     if schedule == "naive":
         # every micro-batch crosses the whole pipeline alone: busy 1/p of the time
@@ -269,8 +383,9 @@ def simulate(schedule: str, p: int, m: int, v: int = 1, t_f=1.0, t_b_input=1.0,
     tw = _per_stage("t_b_weight", t_b_weight, n)
     if t_comm < 0:
         raise ValueError("t_comm must be >= 0")
-    spans = _run(actions, p, v, tf, tb, tw, float(t_comm))
-    base = spans if t_comm == 0 else _run(actions, p, v, tf, tb, tw, 0.0)
+    place = placement_of(schedule)
+    spans = _run(actions, p, v, tf, tb, tw, float(t_comm), place)
+    base = spans if t_comm == 0 else _run(actions, p, v, tf, tb, tw, 0.0, place)
     makespan = max((s[-1][2] for s in spans if s), default=0.0)
     base_makespan = max((s[-1][2] for s in base if s), default=0.0)
     ranks = []
@@ -293,7 +408,7 @@ def simulate(schedule: str, p: int, m: int, v: int = 1, t_f=1.0, t_b_input=1.0,
         })
     uniform = len(set(tf)) == 1 and len(set(tb)) == 1 and len(set(tw)) == 1 and t_comm == 0
     closed = None
-    if uniform and schedule != "zero-bubble":
+    if uniform and schedule not in SPLIT_BACKWARD:
         closed = {"total": closed_form_bubble(schedule, p, m, v, "total"),
                   "ideal": closed_form_bubble(schedule, p, m, v, "ideal"),
                   "formula_total": "(p-1)/p" if schedule == "naive" else "(p-1)/(v*m+p-1)",

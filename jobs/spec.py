@@ -23,7 +23,8 @@ DEFAULT_MAX_WORLD_SIZE = 8
 ARCHS = ("mlp", "gpt", "timed")
 KINDS = ("train", "collective_bench")
 DP_MODES = ("ps", "allreduce", "ddp")
-PP_SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zero-bubble")
+PP_PARTITIONS = ("even", "measured")
+PP_SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zero-bubble", "zbv")
 ENGINES = ("reference", "native")
 PRECISIONS = ("fp32", "bf16")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -74,11 +75,15 @@ class ParallelSpec:
                       choices=DP_MODES)
     zero_stage: int = _f(0, "ZeRO stage on the DP axis (0 = replicate)", ge=0, le=3)
     sequence_parallel: bool = _f(False, "Megatron sequence parallelism (needs tp > 1)")
-    vocab_parallel: bool = _f(False, "vocabulary-parallel embedding and LM head (gpt, tp > 1, "
-                              "reference engine)")
+    vocab_parallel: bool = _f(False, "vocabulary-parallel embedding and LM head (gpt, tp > 1)")
     pp_schedule: str = _f("1f1b", "pipeline schedule", choices=PP_SCHEDULES)
     microbatches: int = _f(1, "micro-batches per step per DP replica", ge=1, le=4096)
-    virtual_stages: int = _f(1, "model chunks per pipeline rank (interleaved 1F1B)", ge=1, le=64)
+    virtual_stages: int = _f(1, "model chunks per pipeline rank (interleaved 1F1B; 2 for zbv)",
+                             ge=1, le=64)
+    pp_partition: str = _f("even", "how layers are cut into pipeline stages: even by count, or "
+                           "by per-layer forward + backward time measured on rank 0 before "
+                           "training (embedding / head counted with the first / last layer)",
+                           choices=PP_PARTITIONS)
     engine: str = _f("reference", "reference: written from the seeds with explicit collectives; "
                      "native: PyTorch's own components", choices=ENGINES)
     bucket_mb: float = _f(25.0, "DDP / ZeRO-2 gradient bucket size in MiB", ge=0.0001, le=4096)
@@ -206,6 +211,10 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     _pre("pp-zb", "Pipeline, zero-bubble (split backward)",
          "torch.distributed.pipelining.ScheduleInterleavedZeroBubble", "(beyond the seeds)",
          parallel={"pp": 2, "pp_schedule": "zero-bubble", "microbatches": 4}, **_DP2),
+    _pre("pp-zbv", "Pipeline, ZB-V zero-bubble (two chunks per rank in a V)",
+         "torch.distributed.pipelining.ScheduleZBVZeroBubble", "(beyond the seeds)",
+         parallel={"pp": 2, "pp_schedule": "zbv", "microbatches": 4, "virtual_stages": 2},
+         **_DP2),
     _pre("3d", "DP x TP x PP", "DeviceMesh + FSDP2 + DTensor + pipelining", "000",
          model={"arch": "gpt"},
          parallel={"dp": 2, "tp": 2, "pp": 2, "microbatches": 2},
@@ -218,7 +227,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
 # the reason, until their implementation lands.
 AVAILABLE: set[str] = {"single", "ddp", "dp-allreduce", "dp-ps", "zero1", "zero2", "zero3", "fsdp",
                        "collective-sweep"}
-AVAILABLE |= {"tp", "sp", "pp-gpipe", "pp-1f1b", "pp-interleaved", "pp-zb", "3d",
+AVAILABLE |= {"tp", "sp", "pp-gpipe", "pp-1f1b", "pp-interleaved", "pp-zb", "pp-zbv", "3d",
               "ddp+tp", "ddp+sp", "zero1+tp", "zero2+tp", "fsdp+tp", "zero1+pp-1f1b",
               "dp-allreduce+pp-interleaved"}  # model parallelism (issue 4)
 
@@ -240,7 +249,8 @@ def derive_strategy(spec: JobSpec) -> str:
         parts.append("sp" if p.sequence_parallel else "tp")
     if p.pp > 1:
         parts.append({"naive": "pp-naive", "gpipe": "pp-gpipe", "1f1b": "pp-1f1b",
-                      "interleaved": "pp-interleaved", "zero-bubble": "pp-zb"}[p.pp_schedule])
+                      "interleaved": "pp-interleaved", "zero-bubble": "pp-zb",
+                      "zbv": "pp-zbv"}[p.pp_schedule])
     if p.dp > 1 and p.tp > 1 and p.pp > 1:
         return "3d"
     return "+".join(parts) or "single"
@@ -367,9 +377,13 @@ def _cross_checks(s: JobSpec, max_world_size: int) -> list[dict]:
         if m.hidden % m.heads:
             e.append(_err(("model", "heads"),
                           f"heads = {m.heads} must divide model.hidden = {m.hidden}"))
-    if m.layers % (p.pp * p.virtual_stages):
+    if p.pp_partition == "even" and m.layers % (p.pp * p.virtual_stages):
         e.append(_err(("model", "layers"),
                       f"layers = {m.layers} must be divisible by pp*virtual_stages = "
+                      f"{p.pp * p.virtual_stages} (or use parallel.pp_partition 'measured')"))
+    if p.pp_partition == "measured" and m.layers < p.pp * p.virtual_stages:
+        e.append(_err(("model", "layers"),
+                      f"layers = {m.layers} must be at least pp*virtual_stages = "
                       f"{p.pp * p.virtual_stages}"))
     per = p.dp * p.microbatches * t.grad_accum
     if t.global_batch % per:
@@ -383,9 +397,18 @@ def _cross_checks(s: JobSpec, max_world_size: int) -> list[dict]:
             e.append(_err(("model", "seq_len"),
                           f"seq_len = {m.seq_len} must be divisible by tp = {p.tp} "
                           "with sequence parallelism"))
-    if p.virtual_stages > 1 and p.pp_schedule != "interleaved":
+    if p.pp_schedule == "zbv":
+        if p.virtual_stages != 2:
+            e.append(_err(("parallel", "virtual_stages"),
+                          f"parallel.virtual_stages = {p.virtual_stages} must be 2 with "
+                          "pp_schedule 'zbv' (two model chunks per rank, placed in a V)"))
+    elif p.virtual_stages > 1 and p.pp_schedule != "interleaved":
         e.append(_err(("parallel", "virtual_stages"),
-                      "must be 1 unless pp_schedule is 'interleaved'"))
+                      "must be 1 unless pp_schedule is 'interleaved' (or 2 with 'zbv')"))
+    if p.virtual_stages > 1 and p.pp == 1:
+        e.append(_err(("parallel", "virtual_stages"),
+                      f"virtual_stages = {p.virtual_stages} needs parallel.pp > 1 (model chunks "
+                      "are spread over pipeline ranks)"))
     if p.pp > 1:
         if p.pp_schedule == "naive" and p.microbatches != 1:
             e.append(_err(("parallel", "microbatches"),
@@ -412,9 +435,9 @@ def _engine_checks(s: JobSpec) -> list[dict]:
         e.append(_err(("model", "arch"), "tensor parallelism needs arch 'gpt' (attention heads "
                       "and the transformer MLP are what Megatron splits)"))
     if p.vocab_parallel:
-        if p.tp < 2 or m.arch != "gpt" or p.engine != "reference":
+        if p.tp < 2 or m.arch != "gpt":
             e.append(_err(("parallel", "vocab_parallel"),
-                          "needs parallel.tp > 1, arch 'gpt' and engine 'reference'"))
+                          "needs parallel.tp > 1 and arch 'gpt'"))
         elif m.vocab % p.tp:
             e.append(_err(("model", "vocab"), f"vocab = {m.vocab} must be divisible by tp = "
                           f"{p.tp} with vocab_parallel"))

@@ -44,6 +44,7 @@ class RunContext:
     dims: ParallelDims
     mesh: object
     tracer: Tracer
+    partition: dict | None = None  # pipeline stage split, set by model_parallel.build_stages
 
 
 def build_strategy(ctx: RunContext, model):

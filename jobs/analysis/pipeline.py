@@ -33,9 +33,10 @@ def _layout(tr: Traces, spec, pred: dict | None) -> tuple[str, int, int, int] | 
     return None
 
 
-def stage_times(tr: Traces, p: int, v: int, steps: set[int]) -> dict:
+def stage_times(tr: Traces, p: int, v: int, steps: set[int], placement: str = "loop") -> dict:
     """Mean measured seconds per global model stage of F, input-gradient and weight-gradient
-    backward (a full BW counts as input-gradient)."""
+    backward (a full BW counts as input-gradient). Spans without a `stage` are placed by their
+    chunk and `placement` (jobs.schedules.placement_of(schedule))."""
     acc: dict[tuple[str, int], list[float]] = defaultdict(list)
     for rank, recs in tr.ranks.items():
         pp = int(tr.coords(rank).get("pp", rank) or 0)
@@ -45,7 +46,7 @@ def stage_times(tr: Traces, p: int, v: int, steps: set[int]) -> dict:
                 continue
             st = r.get("stage")
             if not isinstance(st, int):
-                st = int(r.get("chunk") or 0) * p + pp
+                st = schedules.stage_of(pp, int(r.get("chunk") or 0), p, v, placement)
             acc[("B" if a == "BW" else a, st)].append(r["dur_ns"] / 1e9)
 
     def mean(kind):
@@ -75,7 +76,9 @@ def stage_bubbles_table(tr: Traces, spec, pred: dict | None) -> list[dict]:
     sim = closed = None
     if schedule is not None:
         try:
-            sim = schedules.simulate(schedule, p, m, v, **stage_times(tr, p, v, set(use)))
+            sim = schedules.simulate(schedule, p, m, v,
+                                     **stage_times(tr, p, v, set(use),
+                                                   schedules.placement_of(schedule)))
             closed = schedules.closed_form_bubble(schedule, p, m, v)
         except ValueError as exc:
             tr.warnings.append(f"bubble simulation failed ({exc})")

@@ -51,10 +51,10 @@ _SPECS = {
                                                               k["input_list"]), None),
     "reduce": ("reduce", lambda a, k: _nbytes(a[0] if a else k["tensor"]), "dst"),
     "send": ("send", lambda a, k: _nbytes(a[0] if a else k["tensor"]), "dst"),
-    "isend": ("send", lambda a, k: _nbytes(a[0] if a else k["tensor"]), "dst"),
     "recv": ("recv", lambda a, k: _nbytes(a[0] if a else k["tensor"]), "src"),
-    "irecv": ("recv", lambda a, k: _nbytes(a[0] if a else k["tensor"]), "src"),
 }
+# isend / irecv stay unwrapped: P2POp checks their identity (distributed_c10d._check_op), so a
+# wrapper would break batch_isend_irecv (pipelining's p2p); their callers trace them instead.
 _ARGPOS = {"src": 1, "dst": 1}
 ORIGINAL = {k: getattr(dist, k) for k in _SPECS if hasattr(dist, k)}  # unwrapped, for hooks
 _lock = threading.Lock()
@@ -71,6 +71,9 @@ def _wrap(name: str, fn, tracer, axis_of):
                                       "reduce_scatter_single") and len(args) > 2:
             group = next((a for a in args[2:] if isinstance(a, dist.ProcessGroup)), None)
         pg = group or dist.group.WORLD
+        axis = axis_of(pg)
+        if axis is None:  # a group someone else traces (pipelining's p2p): pass through
+            return fn(*args, **kwargs)
         n = dist.get_world_size(pg)
         extra, is_root = {}, False
         if role is not None:
@@ -84,15 +87,14 @@ def _wrap(name: str, fn, tracer, axis_of):
                 is_root = who == me
             else:
                 extra["peer"] = who
-        axis = axis_of(pg)
-        if kwargs.get("async_op") or name in ("isend", "irecv"):
+        if kwargs.get("async_op"):
             extra["async"] = True
         h = tracer.comm_start(op, payload_bytes=payload_of(args, kwargs), group_size=n,
                               axis=axis, group=axis if "peer" not in extra else
                               f"{axis}:p2p", is_root=is_root, source=f"torch.distributed.{name}",
                               device=False, **extra)
         work = fn(*args, **kwargs)
-        if work is None:
+        if not hasattr(work, "get_future"):  # blocking call: None, or recv's sender rank
             h.done()
             return work
         try:
@@ -105,12 +107,15 @@ def _wrap(name: str, fn, tracer, axis_of):
 
 
 @contextlib.contextmanager
-def capture(tracer, axis_names: dict | None = None):
+def capture(tracer, axis_names: dict | None = None, *, only_named: bool = False):
     """Record every public torch.distributed collective called inside the block.
-    `axis_names` maps process groups to axis names ("dp", ...); others are named by group."""
+    `axis_names` maps process groups to axis names ("dp", ...); others are named by group, or,
+    with `only_named`, not recorded (their owner traces them, e.g. the pipeline's p2p)."""
     names = {id(g): a for g, a in (axis_names or {}).items()}
 
-    def axis_of(pg) -> str:
+    def axis_of(pg) -> str | None:
+        if only_named:
+            return names.get(id(pg))
         return names.get(id(pg), f"pg:{getattr(pg, 'group_name', '?')}")
 
     with _lock:

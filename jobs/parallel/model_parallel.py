@@ -26,7 +26,7 @@ from jobs.data import local_microbatches
 from jobs.memory import MemoryBook, process_memory
 from jobs.models import model_module
 from jobs.parallel.pipeline.runtime import PipelineRuntime
-from jobs.parallel.pipeline.stage import Stage, split_stages
+from jobs.parallel.pipeline.stage import Stage, partition_even, split_stages
 from jobs.parallel.tensor import allreduce_sequence_parallel_grads, apply_tensor_parallel
 
 
@@ -39,7 +39,9 @@ def build_stages(ctx) -> tuple[dict[int, nn.Module], object]:
     c = dims.coords(ctx.rank)
     loss_fn = mod.loss_fn
     if dims.pp > 1:
-        stages = split_stages(full, dims.pp, p.virtual_stages, c["pp"])
+        sizes = measured_partition(ctx, full, mod) if p.pp_partition == "measured" else None
+        stages = split_stages(full, dims.pp, p.virtual_stages, c["pp"], sizes=sizes,
+                              placement=schedules.placement_of(p.pp_schedule))
     else:
         stages = {0: Stage(getattr(full, "embed", None), list(_layers(full)),
                            getattr(full, "head", None), index=0, first_layer=0)}
@@ -48,7 +50,18 @@ def build_stages(ctx) -> tuple[dict[int, nn.Module], object]:
             from jobs.parallel.tensor import apply_native_tensor_parallel
             for st in stages.values():
                 apply_native_tensor_parallel(st, ctx.mesh["tp"],
-                                             sequence_parallel=p.sequence_parallel)
+                                             sequence_parallel=p.sequence_parallel,
+                                             vocab_parallel=p.vocab_parallel)
+            if p.vocab_parallel:
+                from jobs.parallel.vocab_parallel import (
+                    apply_native_vocab_parallel,
+                    native_vocab_parallel_loss,
+                )
+                heads = [apply_native_vocab_parallel(st, ctx.mesh["tp"],
+                                                     sequence_parallel=p.sequence_parallel)
+                         for st in stages.values()]
+                if any(heads):
+                    loss_fn = native_vocab_parallel_loss(loss_fn)
         else:
             group = ctx.mesh["tp"].get_group()
             for st in stages.values():
@@ -67,6 +80,24 @@ def build_stages(ctx) -> tuple[dict[int, nn.Module], object]:
         st._layer_attr = attr
         st.to(ctx.device)
     return stages, loss_fn
+
+
+def measured_partition(ctx, full, mod) -> list[int]:
+    """Layers per global stage from per-layer costs timed on rank 0 (one micro-batch of this
+    run's size) and broadcast, so every rank cuts the model at the same places."""
+    from jobs.parallel.pipeline.stage import measure_layer_costs, partition_by_cost
+    spec, dims = ctx.spec, ctx.dims
+    box = [None]
+    if ctx.rank == 0:
+        rounds = spec.parallel.microbatches * spec.train.grad_accum
+        x, y = local_microbatches(spec, 0, 0, dims.dp, rounds)[0]
+        with ctx.tracer.span("partition", cat="compute"):
+            box[0] = measure_layer_costs(full, x, y, mod.loss_fn)
+    dist.broadcast_object_list(box, src=0)
+    costs = box[0]
+    sizes = partition_by_cost(costs, dims.pp * spec.parallel.virtual_stages)
+    ctx.partition = {"mode": "measured", "layer_costs_s": costs, "layers_per_stage": sizes}
+    return sizes
 
 
 def _layers(model):
@@ -122,7 +153,7 @@ def run(ctx) -> dict:
         mbs = local_microbatches(spec, step, c["dp"], dims.dp, m * accum, ctx.device)
         strategy.zero_grad()
         total = None
-        with tr.span("step", cat="step"), strategy.comm_context():
+        with tr.span("step", cat="step"), strategy.comm_context(), _loss_context(p):
             with strategy.no_sync():
                 for a in range(accum):
                     loss = rt.step(mbs[a * m:(a + 1) * m])
@@ -150,6 +181,16 @@ def run(ctx) -> dict:
     if ctx.rank == 0:
         result["summary"] = _str_keys(summarize(ctx, gathered, schedule))
     return result
+
+
+def _loss_context(p):
+    """Native vocab parallelism: cross-entropy on vocab-sharded DTensor logits needs
+    `loss_parallel()` around forward and backward."""
+    if p.engine == "native" and p.vocab_parallel:
+        from torch.distributed.tensor.parallel import loss_parallel
+        return loss_parallel()
+    import contextlib
+    return contextlib.nullcontext()
 
 
 def _str_keys(obj):
@@ -189,7 +230,10 @@ def summarize(ctx, per_rank: list[dict], schedule: str) -> dict:
     spec, dims = ctx.spec, ctx.dims
     p = spec.parallel
     out = dp_summary(ctx, [{**r, "losses": [x or 0.0 for x in r["losses"]]} for r in per_rank])
-    last = [r for r in per_rank if r["coords"]["pp"] == dims.pp - 1 and r["coords"]["tp"] == 0]
+    # the rank holding the last stage (pp rank 0 in zbv's V placement) reports the loss
+    last_pp = schedules.rank_of(dims.pp * p.virtual_stages - 1, dims.pp, p.virtual_stages,
+                                schedules.placement_of(schedule))
+    last = [r for r in per_rank if r["coords"]["pp"] == last_pp and r["coords"]["tp"] == 0]
     out["loss"] = [sum(r["losses"][s] for r in last) / len(last)
                    for s in range(spec.train.steps)]
     measured = bubbles.summary(ctx.out)
@@ -206,7 +250,10 @@ def summarize(ctx, per_rank: list[dict], schedule: str) -> dict:
             **measured["memory"].get(str(s), {})} for s in range(dims.pp)},
         "closed_form_bubble": schedules.closed_form_bubble(schedule, dims.pp, p.microbatches,
                                                            p.virtual_stages),
-        "simulated_with": sim["times"], "convention": schedules.CONVENTION}
+        "simulated_with": sim["times"], "convention": schedules.CONVENTION,
+        "partition": ctx.partition or {"mode": "even", "layers_per_stage": (
+            partition_even(spec.model.layers, dims.pp * p.virtual_stages) if dims.pp > 1
+            else [spec.model.layers])}}
     out["bytes_by_axis"] = measured["bytes_by_axis"]
     out["mesh"] = {"pp": dims.pp, "dp": dims.dp, "tp": dims.tp}
     return out

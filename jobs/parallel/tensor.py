@@ -146,9 +146,10 @@ def allreduce_sequence_parallel_grads(model: nn.Module, group, tracer=None) -> N
         off += n
 
 
-def apply_native_tensor_parallel(model: nn.Module, tp_mesh, *,
-                                 sequence_parallel: bool = False) -> nn.Module:
-    """The same plan with DTensor: parallelize_module over a 1-D `tp_mesh`."""
+def apply_native_tensor_parallel(model: nn.Module, tp_mesh, *, sequence_parallel: bool = False,
+                                 vocab_parallel: bool = False) -> nn.Module:
+    """The same plan with DTensor: parallelize_module over a 1-D `tp_mesh`. With
+    `vocab_parallel` the head's input is left to `apply_native_vocab_parallel`'s plan."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -176,9 +177,10 @@ def apply_native_tensor_parallel(model: nn.Module, tp_mesh, *,
             parallelize_module(model.embed, tp_mesh, PrepareModuleOutput(
                 output_layouts=Replicate(), desired_output_layouts=Shard(1)))
         if getattr(model, "head", None) is not None:
-            parallelize_module(model.head, tp_mesh, {
-                "norm": SequenceParallel(),
-                "out": PrepareModuleInput(input_layouts=(Shard(1),),
-                                          desired_input_layouts=(Replicate(),),
-                                          use_local_output=True)})
+            plan = {"norm": SequenceParallel()}
+            if not vocab_parallel:
+                plan["out"] = PrepareModuleInput(input_layouts=(Shard(1),),
+                                                 desired_input_layouts=(Replicate(),),
+                                                 use_local_output=True)
+            parallelize_module(model.head, tp_mesh, plan)
     return model

@@ -48,11 +48,10 @@ class NativeMP(Strategy):
     @contextlib.contextmanager
     def comm_context(self):
         with contextlib.ExitStack() as stack:
-            if self.group is not None and self.pp == 1:
-                # capture.py's wrapper of a blocking dist.recv (used by pipelining's warm-up)
-                # expects a Work; until that is fixed, dp bytes are not traced with pp > 1
+            if self.group is not None:
+                # only the dp group: the pipeline's own p2p are traced by pipeline/native.py
                 from jobs.parallel.capture import capture
-                stack.enter_context(capture(self.tracer, {self.group: "dp"}))
+                stack.enter_context(capture(self.tracer, {self.group: "dp"}, only_named=True))
             if self.tp and self.tracer.step == 0:  # a Python dispatch mode slows every op:
                 stack.enter_context(FuncolRecorder(self.tracer, "tp"))  # step 0 only
             yield

@@ -100,3 +100,42 @@ def apply_vocab_parallel(model: nn.Module, group, *, tracer=None,
         else:
             head.out = TPRegion(col, group, tracer, False)
     return start
+
+
+def apply_native_vocab_parallel(model: nn.Module, tp_mesh, *,
+                                sequence_parallel: bool = False) -> bool:
+    """The same sharding with DTensor, after `apply_native_tensor_parallel`: the token embedding
+    row-wise over the vocabulary (DTensor masks the other shards' ids and all-reduces the
+    partial lookup, b*s*h), the LM head column-wise with logits left sharded on the vocabulary
+    (Shard(-1)), for `native_vocab_parallel_loss` under `loss_parallel()`. Returns whether this
+    module holds the head."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+    embed, head = getattr(model, "embed", None), getattr(model, "head", None)
+    if embed is not None:
+        inner = embed[0] if isinstance(embed, nn.Sequential) else embed
+        parallelize_module(inner.tok, tp_mesh, RowwiseParallel(input_layouts=Replicate(),
+                                                               output_layouts=Replicate()))
+    if head is None:
+        return False
+    # With SP the head's input is sequence-sharded: the column-parallel head all-gathers it
+    # (reduce-scatter backward) instead of PrepareModuleInput's gather to a local tensor.
+    parallelize_module(head, tp_mesh, {"out": ColwiseParallel(
+        input_layouts=Shard(1) if sequence_parallel else Replicate(),
+        output_layouts=Shard(-1), use_local_output=False)})
+    return True
+
+
+def native_vocab_parallel_loss(loss_fn):
+    """loss_fn on vocab-sharded DTensor logits: run under `torch.distributed.tensor.parallel.
+    loss_parallel()` (forward and backward), it all-reduces max, target logit and sum of
+    exponentials over tp instead of gathering the logits. The loss comes back as a plain
+    (replicated) tensor so the pipeline runtimes treat it as any other."""
+    def wrapped(logits, target):
+        out = loss_fn(logits, target)
+        return out.to_local() if hasattr(out, "to_local") else out
+    return wrapped

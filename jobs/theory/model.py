@@ -16,7 +16,8 @@ Tensor parallelism (jobs/parallel/tensor.py, Megatron): q/k/v, fc1 (weights and 
 fc2 (weights) are split over tp; LayerNorms, the proj/fc2 biases, the embeddings and the LM head
 are replicated. mlp and timed are not tensor-parallel in paralab; for them the what-if rule
 "parameters / tp" is used. Pipeline parallelism: the blocks are split evenly over p*v chunks;
-chunk c of rank r is stage c*p + r; stage 0 also holds the embeddings, the last stage the head.
+chunk c of rank r is stage c*p + r (zbv's V placement: rank r holds stages r and 2p-1-r, see
+jobs.schedules.stage_of); stage 0 also holds the embeddings, the last stage the head.
 """
 
 from __future__ import annotations
@@ -50,8 +51,11 @@ def _fields(model) -> dict:
                                             "vocab")}
 
 
-def stage_params(model, pp: int, v: int, tp: int) -> list[int]:
-    """Parameters held by one TP rank of each pipeline rank (index = pipeline rank)."""
+def stage_params(model, pp: int, v: int, tp: int, placement: str = "loop") -> list[int]:
+    """Parameters held by one TP rank of each pipeline rank (index = pipeline rank);
+    `placement` is jobs.schedules.placement_of(schedule)."""
+    from jobs.schedules import stage_of
+
     m = _fields(model)
     h, L = m["hidden"], m["layers"]
     chunks = pp * v
@@ -61,7 +65,7 @@ def stage_params(model, pp: int, v: int, tp: int) -> list[int]:
     for r in range(pp):
         total = 0.0
         for c in range(v):
-            s = c * pp + r
+            s = stage_of(r, c, pp, v, placement)
             nblocks = per_chunk + (1 if s < extra else 0)
             if m["arch"] == "gpt":
                 total += nblocks * ((12 * h * h + 6 * h) / tp + 6 * h)

@@ -131,6 +131,19 @@ def _pipeline(w: dict) -> dict:
         source = "schedule simulator (jobs/schedules.py)"
     elif closed_t is not None:
         total, ideal, source = closed_t, closed_i, "closed form"
+    elif sched == "zbv" and m >= 2 * p - 1 and p * (2 * p - 1) * v * 3 <= MAX_SIM_ACTIONS:
+        # ZB-V with equal stages: the idle per rank stops growing once m >= 2p-1 (the steady
+        # phase adds no bubble), so simulate m = 2p-1 and add the extra micro-batches' work
+        small = schedules.simulate(sched, p, 2 * p - 1, v, tf, tb, tw)
+        idle = max(r["idle_s"] for r in small["ranks"])
+        busy = v * m * (tf + tb + tw)
+        total, ideal = idle / (busy + idle), idle / busy
+        source = "schedule simulator at m = 2p-1, extrapolated (ZB-V idle is constant in m)"
+    elif sched == "zbv":  # p > ~129 with many micro-batches: not simulated, a rough figure
+        busy = v * m * (tf + tb + tw)
+        idle = (p - 1) * (tf + tb + tw)
+        total, ideal = idle / (busy + idle), idle / busy
+        source = "rough estimate, too large to simulate: 1F1B's (p-1)(t_f+t_b+t_w) per chunk"
     else:  # zero-bubble, too large to simulate: ZB-H1 bubble (p-1)(t_F + t_B - t_W)
         busy = m * (tf + tb + tw)
         idle = max(0.0, (p - 1) * (tf + tb - tw))
@@ -138,8 +151,9 @@ def _pipeline(w: dict) -> dict:
     formula = {"total": "(p-1)/(v*m+p-1)", "ideal": "(p-1)/(v*m)"}[conv]
     if sched == "naive":
         formula = {"total": "(p-1)/p", "ideal": "p-1"}[conv]
-    if sched == "zero-bubble":
-        formula = "simulated ZB-H1 idle / " + ("step time" if conv == "total" else "busy time")
+    if sched in schedules.SPLIT_BACKWARD:
+        formula = f"simulated {'ZB-V' if sched == 'zbv' else 'ZB-H1'} idle / " + \
+            ("step time" if conv == "total" else "busy time")
     value = total if conv == "total" else ideal
     inputs = {"p": p, "m": m, "v": v, "schedule": sched}
     return {"schedule": sched, "p": p, "m": m, "v": v, "bubble_fraction": value,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jobs.schedules import SCHEDULES
+from jobs.schedules import SCHEDULES, placement_of
 from jobs.spec import DP_MODES, JobSpec, SpecError, derive_strategy
 
 from .comm import ALGORITHMS, COMM_CONVENTIONS
@@ -112,8 +112,13 @@ def parse_whatif(data: dict) -> dict:
 
 
 def _cross(w: dict, errors: list) -> None:
-    if w["virtual_stages"] > 1 and w["pp_schedule"] != "interleaved":
-        errors.append(_err("virtual_stages", "must be 1 unless pp_schedule is 'interleaved'"))
+    if w["pp_schedule"] == "zbv":
+        if w["virtual_stages"] != 2:
+            errors.append(_err("virtual_stages", f"virtual_stages = {w['virtual_stages']} must "
+                               "be 2 with pp_schedule 'zbv' (two chunks per rank in a V)"))
+    elif w["virtual_stages"] > 1 and w["pp_schedule"] != "interleaved":
+        errors.append(_err("virtual_stages",
+                           "must be 1 unless pp_schedule is 'interleaved' (or 2 with 'zbv')"))
     if w["pp"] > 1 and w["pp_schedule"] == "interleaved" and w["microbatches"] % w["pp"]:
         errors.append(_err("microbatches", f"microbatches = {w['microbatches']} must be a "
                            f"multiple of pp = {w['pp']} for the interleaved schedule"))
@@ -159,7 +164,8 @@ def inputs_from_spec(spec: JobSpec, overrides: dict | None = None) -> dict:
     if overrides:
         checked = parse_whatif({**{k: v for k, v in w.items() if v is not None}, **overrides})
         w.update({k: checked[k] for k in overrides})
-    w["rank_params"] = stage_params(m, p.pp, p.virtual_stages, p.tp)
+    w["rank_params"] = stage_params(m, p.pp, p.virtual_stages, p.tp,
+                                    placement_of(p.pp_schedule))
     w["strategy"] = derive_strategy(spec)
     w["world_size"] = spec.world_size
     return w

@@ -81,6 +81,18 @@ def test_pipeline_step_has_the_theoretical_schedule_and_a_breakdown(tmp_path):
         assert parts == pytest.approx(row["step_s"], rel=1e-6, abs=1e-9)
 
 
+def test_zbv_pipeline_theory_follows_the_v(tmp_path):
+    write_trace(tmp_path, ranks=2, steps=3, mb=4, pp=True)
+    for f in tmp_path.glob("trace-rank*.jsonl"):
+        f.write_text(f.read_text().replace('"pp_schedule": "1f1b", "virtual_stages": 1',
+                                           '"pp_schedule": "zbv", "virtual_stages": 2'))
+    th = views.gantt(views.load_trace(tmp_path), step=1)["theory"]
+    assert (th["schedule"], th["p"], th["v"]) == ("zbv", 2, 2) and len(th["rows"]) == 2
+    for row in th["rows"]:
+        assert len(row["spans"]) == 2 * 4 * 3  # F, B, W of 4 micro-batches on both chunks
+        assert {s["chunk"] for s in row["spans"]} == {0, 1}
+
+
 @pytest.fixture
 def client(tmp_path):
     url = f"sqlite:///{tmp_path}/v.db"

@@ -1,6 +1,9 @@
 """Worker for test_pipeline.py. argv: OUT MODE
-  correct: every schedule x arch (gpt, mlp, timed) on p = world vs a single-process run
-  bubble:  timed layers that sleep; traces per schedule under OUT/<schedule>/ for bubbles.py
+  correct: every schedule x arch (gpt, mlp, timed) on p = world vs a single-process run; zbv
+           (p = 2 only) also on the native engine (torch's ScheduleZBVZeroBubble), key
+           "<arch>/zbv/native"
+  bubble:  timed layers that sleep; traces per run under OUT/<run>/ for bubbles.py, one run per
+           schedule (zbv at p = 2 only) plus "zbv-native" (p = 2)
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from jobs import schedules
 from jobs.entry import exit_now
 from jobs.models import model_module
+from jobs.parallel.pipeline.native import NativePipeline
 from jobs.parallel.pipeline.runtime import PipelineRuntime
 from jobs.parallel.pipeline.stage import split_stages
 from jobs.spec import ModelSpec
@@ -28,23 +33,33 @@ def cases(p):
     yield "1f1b", 4, 1
     yield "interleaved", 4, 2
     yield "zero-bubble", 4, 1
+    if p == 2:  # ZB-V: two chunks per rank in a V; checked at p = 2 to keep the test short
+        yield "zbv", 4, 2
 
 
-def run_pipeline(ms, schedule, m, v, p, rank, steps, tracer=None):
+def run_pipeline(ms, schedule, m, v, p, rank, steps, tracer=None, engine="reference"):
     mod = model_module(ms.arch)
     full = mod.build(ms, 0)
     names = {id(q): n for n, q in full.named_parameters()}
-    stages = split_stages(full, p, v, rank)
+    stages = split_stages(full, p, v, rank, placement=schedules.placement_of(schedule))
     params = [q for st in stages.values() for q in st.parameters()]
     mb = GB // m
     shape = (mb, ms.seq_len, ms.hidden) if ms.arch == "gpt" else (mb, ms.hidden)
-    rt = PipelineRuntime(stages, schedule=schedule, p=p, m=m, v=v, rank=rank,
-                         pp_ranks=list(range(p)), loss_fn=mod.loss_fn, act_shape=shape,
-                         tracer=tracer)
+    if engine == "native":
+        rt = NativePipeline(stages, schedule=schedule, p=p, m=m, v=v, rank=rank, pp_group=None,
+                            loss_fn=mod.loss_fn, tracer=tracer)
+    else:
+        rt = PipelineRuntime(stages, schedule=schedule, p=p, m=m, v=v, rank=rank,
+                             pp_ranks=list(range(p)), loss_fn=mod.loss_fn, act_shape=shape,
+                             tracer=tracer)
     opt = torch.optim.Adam(params, lr=1e-3)
     for step in range(steps):
         if tracer is not None:
             tracer.step = step
+            if engine == "native":
+                # the simulator starts every rank together; torch's ZB-V lets rank 0 (which
+                # finishes first) run ahead into the next step, so line the ranks up
+                dist.barrier()
         x, y = mod.batch(ms, GB, 0, step)
         opt.zero_grad()
         rt.step(list(zip(x.chunk(m), y.chunk(m), strict=True)))
@@ -86,17 +101,23 @@ def main(out: Path, mode: str):
                     continue
                 got, peak = run_pipeline(ms, schedule, m, v, p, rank, 3)
                 res[f"{arch}/{schedule}"] = {"err": rel_err(got, ref), **peak}
+                if schedule == "zbv":
+                    got, peak = run_pipeline(ms, schedule, m, v, p, rank, 3, engine="native")
+                    res[f"{arch}/{schedule}/native"] = {"err": rel_err(got, ref), **peak}
     else:
         t = float(mode.split(":")[1]) if ":" in mode else 0.04
-        for schedule, m, v in cases(p):
+        runs = [(s, m, v, "reference", s) for s, m, v in cases(p)]
+        runs += [(s, m, v, "native", f"{s}-native") for s, m, v in cases(p) if s == "zbv"]
+        for schedule, m, v, engine, name in runs:
             m = 2 if schedule == "naive" else 4
             ms = ModelSpec(arch="timed", layers=p * v, hidden=8, t_forward=t,
                            t_backward_input=t, t_backward_weight=t)
-            tracer = Tracer(out / schedule, rank, p, coords={"pp": rank, "dp": 0, "tp": 0},
+            tracer = Tracer(out / name, rank, p, coords={"pp": rank, "dp": 0, "tp": 0},
                             meta={"backend": "gloo", "m": m, "v": v})
-            _, peak = run_pipeline(ms, schedule, m, v, p, rank, 3, tracer)
+            _, peak = run_pipeline(ms, schedule, m, v, p, rank, 3, tracer, engine)
             tracer.close()
-            res[schedule] = {"m": m, "v": v, "t": t, **peak}
+            res[name] = {"schedule": schedule, "engine": engine, "m": m, "v": v, "t": t,
+                         **peak}
     allres = [None] * p
     dist.all_gather_object(allres, res)
     if rank == 0:

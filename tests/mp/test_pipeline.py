@@ -1,5 +1,6 @@
 """Pipeline runtime: every schedule vs a single-process run; measured bubbles on the timed model
-vs the schedule simulator; activation memory (GPipe m, 1F1B <= p); PP bytes."""
+vs the schedule simulator; activation memory (GPipe m, 1F1B <= p); PP bytes. ZB-V (zbv, p = 2
+only) runs on both engines: the reference runtime and torch's ScheduleZBVZeroBubble."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from jobs.parallel.pipeline.stage import partition_by_cost, partition_even
 # several torchrun launches (module fixtures), slower still on a loaded 2-core box
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zero-bubble")
+SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zero-bubble", "zbv")
 TOL = 0.02  # idle-fraction points, measured vs simulated
 
 
@@ -36,6 +37,19 @@ def test_schedule_matches_single_process(correct, arch, schedule):
         assert r[f"{arch}/{schedule}"]["err"] <= 1e-5
 
 
+@pytest.mark.parametrize("arch", ["gpt", "mlp", "timed"])
+def test_zbv_native_matches_single_process(correct, arch):
+    # torch.distributed.pipelining.ScheduleZBVZeroBubble on V-placed PipelineStages
+    for r in correct["ranks"]:
+        assert r[f"{arch}/zbv/native"]["err"] <= 1e-5
+
+
+def test_zbv_activation_memory(correct):
+    # p = 2, m = 4 >= 2p-1: each rank holds 2p = 4 half-size chunks at its peak
+    for r in correct["ranks"]:
+        assert r["gpt/zbv"]["inflight_microbatches"] == 4
+
+
 def test_activation_memory_gpipe_m_1f1b_p(correct):
     for r in correct["ranks"]:
         assert r["gpt/gpipe"]["inflight_microbatches"] == 4  # m
@@ -53,23 +67,28 @@ def bubble(request, tmp_path_factory):
 def test_bubbles_match_simulator(bubble):
     p, out, res = bubble
     rows = []
-    for schedule in SCHEDULES:
-        info = res["ranks"][0][schedule]
-        b = bubbles.stage_bubbles(bubbles.load(out / schedule), steps=[1, 2])  # 0 warms up
+    names = list(res["ranks"][0])  # every schedule; zbv (reference and native) at p = 2 only
+    assert [n for n in names if n in SCHEDULES] == [s for s in SCHEDULES if p == 2 or s != "zbv"]
+    if p == 2:
+        assert "zbv-native" in names
+    for name in names:
+        info = res["ranks"][0][name]
+        schedule = info["schedule"]
+        b = bubbles.stage_bubbles(bubbles.load(out / name), steps=[1, 2])  # 0 warms up
         # Other processes on the machine only ever add delay: take the least disturbed step
         # (shortest window), as a benchmark takes its fastest run.
         step = min(b["steps"], key=lambda k: b["steps"][k]["window_s"])
         meas = b["steps"][step]["stages"]
         # the simulator fed this step's real action costs: sleeps overshoot on a loaded
         # machine, which stretches busy and idle alike; what is compared is the schedule
-        times = bubbles.measured_stage_times(bubbles.load(out / schedule), [step],
+        times = bubbles.measured_stage_times(bubbles.load(out / name), [step],
                                              p * info["v"])
         assert all(t >= info["t"] for t in times["t_f"])  # one layer per stage, >= sleep
         sim = schedules.simulate(schedule, p, info["m"], info["v"], **times)
         ideal = schedules.simulate(schedule, p, info["m"], info["v"], info["t"], info["t"],
                                    info["t"])
         for r, r0 in zip(sim["ranks"], ideal["ranks"], strict=True):
-            rows.append((schedule, r["rank"], round(meas[r["rank"]]["idle_fraction"], 4),
+            rows.append((name, r["rank"], round(meas[r["rank"]]["idle_fraction"], 4),
                          round(r["idle_fraction"], 4), round(r0["idle_fraction"], 4)))
     print("schedule, stage, measured, simulated (measured costs), simulated (configured)")
     for row in rows:
@@ -90,3 +109,20 @@ def test_pp_bytes_are_activations_forward_and_gradients_backward(bubble):
         assert len(sends) == 3 * info["m"] * boundaries  # 3 steps x m per boundary
         assert {r["phase"] for r in sends} == ({"fwd"} if rank == 0 else
                                                {"bwd"} if rank == p - 1 else {"fwd", "bwd"})
+
+
+def test_zbv_pp_bytes_skip_the_local_hand_over(bubble):
+    # V placement at p = 2: rank 0 holds stages 0 and 3, rank 1 stages 1 and 2. Stage 1 -> 2
+    # (and its gradient back) stays on rank 1: no p2p record; each rank sends m activations
+    # and m gradients a step, all to the other rank.
+    p, out, res = bubble
+    if p != 2:
+        pytest.skip("zbv is checked at p = 2")
+    for name in ("zbv", "zbv-native"):
+        info = res["ranks"][0][name]
+        act = 8 // info["m"] * 8 * 4
+        for rank, recs in bubbles.load(out / name).items():
+            sends = [r for r in recs if r["type"] == "comm" and r["op"] == "send"]
+            assert all(r["peer"] == 1 - rank and r["payload_bytes"] == act for r in sends), name
+            for phase in ("fwd", "bwd"):
+                assert sum(r["phase"] == phase for r in sends) == 3 * info["m"], (name, phase)

@@ -26,6 +26,7 @@ CASES = {
     "pp-1f1b": {"preset": "pp-1f1b", "model": GPT},
     "pp-interleaved": {"preset": "pp-interleaved", "model": MLP},
     "pp-zb": {"preset": "pp-zb", "model": MLP},
+    "pp-zbv": {"preset": "pp-zbv", "model": GPT},
     "3d": {"preset": "3d", "model": GPT},
     "ddp+sp": {"preset": "sp", "model": GPT, "parallel": {"dp": 2},
                "runtime": {"nproc_per_node": 4}},
@@ -41,9 +42,16 @@ CASES.update({
     "native-zero3+tp": {"preset": "tp", "model": GPT,
                         "parallel": {"dp": 2, "zero_stage": 3, "engine": "native"}, **DP4},
 })
+CASES["tp+vocab"] = {"preset": "tp", "model": GPT, "parallel": {"vocab_parallel": True}}
+# 5 layers do not split evenly over 2 stages: the measured partition cuts them
+CASES["pp-1f1b+measured"] = {"preset": "pp-1f1b", "model": {**GPT, "layers": 5, "vocab": 512},
+                             "parallel": {"pp_partition": "measured"}}
 NATIVE = {f"native-{k}": {**v, "parallel": {**v.get("parallel", {}), "engine": "native"}}
           for k, v in CASES.items() if k in ("tp", "sp", "pp-gpipe", "pp-1f1b", "pp-interleaved",
-                                              "pp-zb", "3d")}
+                                              "pp-zb", "pp-zbv", "3d", "tp+vocab",
+                                              "pp-1f1b+measured")}
+CASES["native-3d+sp+vocab"] = {"preset": "3d", "model": GPT, "parallel": {
+    "engine": "native", "sequence_parallel": True, "vocab_parallel": True}}
 CASES.update(NATIVE)
 
 
@@ -128,6 +136,34 @@ def test_preset_matches_single_process(name, runs):
     axes = set().union(*(v.keys() for v in summary["bytes_by_axis"].values()))
     want = {a for a, n in (("tp", spec.parallel.tp), ("pp", spec.parallel.pp),
                            ("dp", spec.parallel.dp)) if n > 1}
-    if spec.parallel.engine == "native" and spec.parallel.pp > 1:
-        want.discard("dp")  # FSDP2 traffic is not captured under pipelining (threed.py)
     assert want <= axes
+    # every byte is attributed to a mesh axis: nothing counted twice under a raw group name
+    assert axes <= {"tp", "pp", "dp"}
+
+
+def _tp_bytes_step0(out) -> float:
+    total = 0.0
+    for line in (out / "trace-rank0.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r.get("type") == "comm" and r.get("axis") == "tp" and r.get("step") == 0:
+            total += r["payload_bytes"]
+    return total
+
+
+def test_native_vocab_parallel_moves_the_reference_bytes(runs):
+    """DTensor's vocab-parallel embedding (masked lookup + all-reduce) and loss_parallel's
+    cross-entropy (max, target logit, sum-exp all-reduces) move what Megatron's do."""
+    ref, nat = _tp_bytes_step0(runs / "tp+vocab"), _tp_bytes_step0(runs / "native-tp+vocab")
+    plain = _tp_bytes_step0(runs / "tp")
+    assert ref > plain > 0  # vocab parallelism adds the embedding and loss all-reduces
+    assert nat == ref
+
+
+@pytest.mark.parametrize("name", ["pp-1f1b+measured", "native-pp-1f1b+measured"])
+def test_measured_partition_is_reported(runs, name):
+    part = json.loads((runs / name / "summary.json").read_text())["pipeline"]["partition"]
+    assert part["mode"] == "measured"
+    assert len(part["layer_costs_s"]) == 5 and all(c > 0 for c in part["layer_costs_s"])
+    assert sum(part["layers_per_stage"]) == 5 and len(part["layers_per_stage"]) == 2
+    even = json.loads((runs / "pp-1f1b" / "summary.json").read_text())["pipeline"]["partition"]
+    assert even == {"mode": "even", "layers_per_stage": [2, 2]}

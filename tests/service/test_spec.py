@@ -63,6 +63,26 @@ RULES = [
     ("virtual stages need interleaved", {"parallel": {"pp": 2, "virtual_stages": 2},
                                          "model": {"layers": 4}},
      ["parallel", "virtual_stages"], "unless pp_schedule is 'interleaved'"),
+    ("zbv needs two virtual stages", {"parallel": {"pp": 2, "pp_schedule": "zbv"},
+                                      "model": {"layers": 4}},
+     ["parallel", "virtual_stages"],
+     "parallel.virtual_stages = 1 must be 2 with pp_schedule 'zbv'"),
+    ("zbv takes no more than two", {"parallel": {"pp": 2, "pp_schedule": "zbv",
+                                                 "virtual_stages": 4}, "model": {"layers": 8}},
+     ["parallel", "virtual_stages"], "must be 2 with pp_schedule 'zbv'"),
+    ("layers vs zbv chunks", {"model": {"layers": 6}, "parallel": {
+        "pp": 2, "virtual_stages": 2, "pp_schedule": "zbv", "microbatches": 2},
+        "runtime": {"nproc_per_node": 2}, "train": {"global_batch": 8}},
+     ["model", "layers"], "pp*virtual_stages = 4"),
+    ("virtual stages need a pipeline", {"model": {"arch": "gpt"}, "parallel": {
+        "tp": 2, "pp_schedule": "interleaved", "virtual_stages": 2}},
+     ["parallel", "virtual_stages"], "virtual_stages = 2 needs parallel.pp > 1"),
+    ("measured partition needs a layer per stage", {"model": {"layers": 3}, "parallel": {
+        "pp": 2, "virtual_stages": 2, "pp_schedule": "interleaved", "pp_partition": "measured",
+        "microbatches": 2}, "train": {"global_batch": 8}},
+     ["model", "layers"], "must be at least pp*virtual_stages = 4"),
+    ("partition choices", {"parallel": {"pp_partition": "random"}},
+     ["parallel", "pp_partition"], "must be one of"),
     ("ZeRO with a parameter server", {"parallel": {"dp": 2, "dp_mode": "ps", "zero_stage": 1}},
      ["parallel", "zero_stage"], "cannot be combined with dp_mode 'ps'"),
     ("fp32 grads only with bf16", {"train": {"fp32_grads": True}}, ["train", "fp32_grads"],
@@ -159,3 +179,13 @@ def test_json_schema_accepts_specs_and_presets_and_rejects_unknown_fields():
         jsonschema.validate({"parallel": {"dp": 2, "bogus": 1}}, schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"parallel": {"zero_stage": 7}}, schema)
+
+
+def test_zbv_preset_and_label():
+    spec = parse_spec({"preset": "pp-zbv"})
+    p = spec.parallel
+    assert (p.pp, p.pp_schedule, p.virtual_stages) == (2, "zbv", 2)
+    assert spec.strategy == "pp-zbv"
+    assert PRESETS["pp-zbv"].native == "torch.distributed.pipelining.ScheduleZBVZeroBubble"
+    assert "zbv" in field_docs()["parallel.pp_schedule"]["choices"]
+    parse_spec({"preset": "pp-zbv"}, require_available=True)

@@ -119,6 +119,49 @@ def test_zero_bubble_whatif_uses_simulator():
     assert out["pipeline"]["bubble_fraction"] < 3 / 11  # below 1F1B's
 
 
+ZBV = {**BASE, "dp": 1, "pp": 4, "microbatches": 8, "pp_schedule": "zbv", "virtual_stages": 2}
+
+
+def test_zbv_whatif_uses_simulator():
+    out = predict(ZBV)
+    sim = simulate("zbv", 4, 8, 2)
+    assert out["pipeline"]["bubble_fraction"] == pytest.approx(sim["bubble_fraction"])
+    assert out["pipeline"]["source"] == "schedule simulator (jobs/schedules.py)"
+    assert "ZB-V" in out["pipeline"]["explain"]["bubble_fraction"]["formula"]
+    zb = predict({**ZBV, "pp_schedule": "zero-bubble", "virtual_stages": 1})
+    assert out["pipeline"]["bubble_fraction"] < zb["pipeline"]["bubble_fraction"]
+
+
+def test_zbv_too_large_to_simulate_extrapolates_from_2p_minus_1(monkeypatch):
+    import importlib
+    P = importlib.import_module("jobs.theory.predict")  # the module, not the function
+    kw = {**ZBV, "microbatches": 40, "t_f": 1.0, "t_b_input": 2.0, "t_b_weight": 0.5}
+    full = predict(kw)["pipeline"]
+    monkeypatch.setattr(P, "MAX_SIM_ACTIONS", 4 * 7 * 2 * 3)  # only m = 2p-1 = 7 fits
+    ext = predict(kw)["pipeline"]
+    assert "extrapolated" in ext["source"] and ext["simulation"] is None
+    assert ext["bubble_fraction_total"] == pytest.approx(full["bubble_fraction_total"])
+    assert ext["bubble_fraction_ideal"] == pytest.approx(full["bubble_fraction_ideal"])
+
+
+def test_zbv_whatif_needs_two_virtual_stages():
+    with pytest.raises(SpecError) as e:
+        predict({**ZBV, "virtual_stages": 1})
+    assert [x["loc"] for x in e.value.errors] == [["virtual_stages"]]
+
+
+def test_zbv_stage_params_follow_the_v():
+    # V placement at p = 2: rank 0 holds stages 0 (embeddings) and 3 (head), rank 1 two blocks
+    h = 16
+    m = {"arch": "gpt", "layers": 4, "hidden": h, "vocab": 50, "seq_len": 8}
+    v = stage_params(m, 2, 2, 1, "v")
+    assert sum(v) == param_count(m)
+    assert v[1] == 2 * (12 * h * h + 12 * h)
+    assert v != stage_params(m, 2, 2, 1)
+    spec = parse_spec({"preset": "pp-zbv", "model": m})
+    assert predict(spec)["params"]["per_pipeline_rank"] == v
+
+
 def test_activation_memory_gpipe_vs_1f1b():
     dims = {"arch": "gpt", "layers": 8, "hidden": 64, "heads": 4, "seq_len": 32,
             "micro_batch_size": 2}

@@ -10,8 +10,11 @@ from jobs.schedules import (
     closed_form_bubble,
     dependencies,
     explore,
+    placement_of,
+    rank_of,
     schedule_actions,
     simulate,
+    stage_of,
 )
 
 CASES = [(s, p, m, v) for s in ("gpipe", "1f1b") for p in (1, 2, 3, 4) for m in (1, 2, 4, 8)
@@ -164,6 +167,134 @@ def test_explore_is_json_ready():
     import json
     for s in SCHEDULES:
         m = 4
-        out = explore(s, 2, m if s != "naive" else 1, 2 if s == "interleaved" else 1)
+        out = explore(s, 2, m if s != "naive" else 1, 2 if s in ("interleaved", "zbv") else 1)
         json.dumps(out)
         assert "over total time" in out["convention"]
+
+
+# --- ZB-V ----------------------------------------------------------------------------------------
+
+def _torch_zbv_order(p, m):
+    """torch's own ScheduleZBVZeroBubble per-rank compute order, built by its real constructor
+    (which reads only group_size / num_stages / group_rank / submod of its stages, then computes
+    every rank's order and validates it), as (kind, mb, stage) with its I -> our B."""
+    from types import SimpleNamespace
+
+    sch_mod = pytest.importorskip("torch.distributed.pipelining.schedules")
+    stages = [SimpleNamespace(group_size=p, num_stages=2 * p, group_rank=0, submod=None,
+                              stage_index=s) for s in (0, 2 * p - 1)]
+    sch = sch_mod.ScheduleZBVZeroBubble(stages, n_microbatches=m)
+    kind = {"F": "F", "I": "B", "W": "W"}
+    return [[(kind[a.computation_type.value], a.microbatch_index, a.stage_index)
+             for a in sch.pipeline_order[r] if a is not None] for r in range(p)]
+
+
+@pytest.mark.parametrize("p,m", [(p, m) for p in (1, 2, 3, 4) for m in range(1, 3 * p + 3)] +
+                         [(8, 15), (8, 16), (8, 4)])
+def test_zbv_is_torch_schedule_zbv_zero_bubble(p, m):
+    # torch accepts any m >= 1 (it pads to 2p-1 micro-batches and drops the extra actions)
+    ours = [[(a.kind, a.mb, a.stage) for a in acts] for acts in schedule_actions("zbv", p, m, 2)]
+    assert ours == _torch_zbv_order(p, m)
+
+
+def test_zbv_torch_mapping_is_our_v_placement():
+    utils = pytest.importorskip("torch.distributed.pipelining._utils")
+    for p in (1, 2, 3, 4):
+        want = utils.generate_stage_to_rank_mapping(p, 2 * p, style="v")
+        assert {s: rank_of(s, p, 2, "v") for s in range(2 * p)} == want
+        loop = utils.generate_stage_to_rank_mapping(p, 2 * p, style="loop")
+        assert {s: rank_of(s, p, 2, "loop") for s in range(2 * p)} == loop
+
+
+def test_placement_helpers():
+    assert placement_of("zbv") == "v"
+    assert {placement_of(s) for s in SCHEDULES if s != "zbv"} == {"loop"}
+    assert [stage_of(r, c, 4, 2, "v") for r in range(4) for c in range(2)] == \
+        [0, 7, 1, 6, 2, 5, 3, 4]
+    assert [stage_of(r, c, 4, 2) for r in range(4) for c in range(2)] == [0, 4, 1, 5, 2, 6, 3, 7]
+    for place in ("loop", "v"):
+        for p, v in ((1, 1), (2, 2), (4, 2), (3, 3)):
+            for r in range(p):
+                for c in range(v):
+                    s = stage_of(r, c, p, v, place)
+                    assert rank_of(s, p, v, place) == r and s // p == c
+    with pytest.raises(ValueError):
+        placement_of("zigzag")
+    with pytest.raises(ValueError):
+        stage_of(0, 0, 2, 2, "w")
+
+
+@pytest.mark.parametrize("p,m", [(1, 3), (2, 1), (2, 3), (2, 4), (4, 2), (4, 8), (3, 7)])
+def test_zbv_every_rank_runs_each_action_once_in_a_v(p, m):
+    for r, acts in enumerate(schedule_actions("zbv", p, m, 2)):
+        c = Counter((a.kind, a.mb, a.chunk) for a in acts)
+        assert all(n == 1 for n in c.values())
+        assert set(c) == {(k, j, ch) for k in "FBW" for j in range(m) for ch in range(2)}
+        assert {a.stage for a in acts} == {r, 2 * p - 1 - r}
+        assert all(a.stage == stage_of(r, a.chunk, p, 2, "v") for a in acts)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4])
+def test_zbv_simulates_without_deadlock(p):
+    for m in range(1, 3 * p + 2):
+        for times in TIMES:
+            out = simulate("zbv", p, m, 2, *times, t_comm=0.25)
+            assert out["makespan_s"] > 0 and out["closed_form"] is None
+            assert len(out["ranks"]) == p
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (2, 8), (4, 8), (4, 16), (3, 5)])
+def test_zbv_bubble_below_zb_h1(p, m):
+    # same model on the same p ranks: a zbv chunk is half a ZB-H1 stage (times halved); the
+    # fractions do not depend on the scale
+    zbv = simulate("zbv", p, m, 2, 0.5, 0.5, 0.5)
+    zb = simulate("zero-bubble", p, m, 1, 1.0, 1.0, 1.0)
+    assert zbv["bubble_fraction"] < zb["bubble_fraction"]
+    assert zbv["bubble_over_ideal"] < zb["bubble_over_ideal"]
+    assert zbv["makespan_s"] < zb["makespan_s"]
+    assert closed_form_bubble("zbv", p, m, 2) is None
+
+
+def test_zbv_bubble_numbers():
+    # equal t_f = t_b = t_w per chunk: only the start-up staggering is left, (p-1) t_f of idle
+    # per rank once m >= 2p-1 (ZB-H1: (p-1)(t_F + t_B - t_W) per stage, twice as much)
+    for p, m in ((2, 4), (4, 8), (4, 16)):
+        out = simulate("zbv", p, m, 2)
+        assert out["makespan_s"] == pytest.approx(2 * m * 3 + (p - 1))
+        assert [r["idle_s"] for r in out["ranks"]] == pytest.approx([p - 1] * p)
+    assert simulate("zbv", 2, 4, 2)["bubble_fraction"] == pytest.approx(1 / 25)
+    assert simulate("zbv", 4, 8, 2)["bubble_fraction"] == pytest.approx(3 / 51)
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 16)])
+def test_zbv_peak_inflight(p, m):
+    # m >= 2p-1: every rank holds 2p chunks (p micro-batches of its two half-size chunks),
+    # the activation memory of 1F1B's busiest rank
+    out = simulate("zbv", p, m, 2)
+    assert [r["peak_inflight_chunks"] for r in out["ranks"]] == [2 * p] * p
+    assert [r["peak_inflight_microbatches"] for r in out["ranks"]] == [p] * p
+
+
+def test_zbv_order_and_explore():
+    acts = _str(schedule_actions("zbv", 2, 4, 2))
+    assert acts[0][:9] == ["F0", "F1", "F2", "F0c1", "B0c1", "W0c1", "F1c1", "B1c1", "W1c1"]
+    assert acts[1][:5] == ["F0", "F0c1", "F1", "F1c1", "B0c1"]
+    out = explore("zbv", 2, 4, 2)
+    assert out["actions"] == acts
+    assert [s["stage"] for s in out["ranks"][0]["spans"] if s["chunk"] == 1] == [3] * 12
+
+
+@pytest.mark.parametrize("v", [1, 3])
+def test_zbv_needs_v_2(v):
+    with pytest.raises(ValueError, match="v = "):
+        schedule_actions("zbv", 2, 4, v)
+
+
+def test_zbv_t_comm_not_between_stages_on_one_rank():
+    # stages p-1 and p are both on rank p-1: their F / B hand-over costs no t_comm
+    base = simulate("zbv", 2, 4, 2, 1.0, 1.0, 1.0)
+    comm = simulate("zbv", 2, 4, 2, 1.0, 1.0, 1.0, t_comm=0.5)
+    r1 = {(s["kind"], s["mb"], s["stage"]): s for s in comm["ranks"][1]["spans"]}
+    assert r1[("F", 0, 2)]["start"] == r1[("F", 0, 1)]["end"]  # local hand-over
+    assert r1[("F", 0, 1)]["start"] == pytest.approx(1.5)  # from rank 0: + t_comm
+    assert comm["makespan_s"] > base["makespan_s"]

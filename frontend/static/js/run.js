@@ -37,6 +37,13 @@ function card(label, value, sub) {
     el("div", { class: "value", text: value }), sub ? el("div", { class: "sub", text: sub }) : null);
 }
 
+// How the layers were cut into stages (summary.pipeline.partition), e.g. " · layers 2/3 (measured)"
+function partitionNote() {
+  const part = run.summary?.pipeline?.partition;
+  if (!part || !Array.isArray(part.layers_per_stage)) return "";
+  return ` · layers ${part.layers_per_stage.map(Number).join("/")} (${String(part.mode)})`;
+}
+
 function renderCards() {
   const h = headline(run);
   const peak = h.peak_memory_bytes ?? (extra.memory ? Math.max(...memoryTotals(extra.memory)
@@ -51,7 +58,8 @@ function renderCards() {
     card("step time", fmtSeconds(h.step_time_s), "mean per step"),
     card("throughput", h.tokens_per_s ? `${Math.round(h.tokens_per_s).toLocaleString()} tok/s` : "–"),
     card("peak memory", fmtBytes(peak), "busiest rank, model state + activations"),
-    card("bubble", fmtPct(bubble, true), run.pp > 1 ? "idle in pipeline steps" : "no pipeline"),
+    card("bubble", fmtPct(bubble, true), run.pp > 1 ? `idle in pipeline steps${partitionNote()}`
+      : "no pipeline"),
     card("overlap", fmtPct(overlap), "comm hidden under compute"),
     card("exposed comm", fmtSeconds(b?.exposed_comm_s), "mean per step and rank"));
 }

@@ -3,8 +3,12 @@
     gpipe / naive   ScheduleGPipe            1f1b         Schedule1F1B
     interleaved     ScheduleInterleaved1F1B  zero-bubble  ScheduleInterleavedZeroBubble
                                                           (one stage per rank here)
-PipelineStage's stage index is our global stage (chunk * p + rank, the loop placement the
-interleaved schedules expect). The schedules emit no trace of their own (Schedule1F1B has no
+    zbv             ScheduleZBVZeroBubble (v = 2, V placement)
+PipelineStage's stage index is our global stage, `schedules.stage_of(rank, chunk, p, v,
+placement_of(schedule))`: chunk * p + rank (the loop placement the interleaved schedules expect),
+or for zbv stages r and 2p-1-r on rank r (the V placement ScheduleZBVZeroBubble expects; it hands
+the activation between stages p-1 and p on rank p-1 over locally, with no send / receive).
+The schedules emit no trace of their own (Schedule1F1B has no
 profiler annotations), so each PipelineStage's `forward_one_chunk` / `backward_one_chunk` /
 `backward_weight_one_chunk` is wrapped in a `compute` span named like our actions (F, BW or B,
 W) and its `get_*_send_ops` / `get_*_recv_ops` in `comm` records (axis "pp", peer, micro-batch,
@@ -23,10 +27,14 @@ from torch.distributed.pipelining import (
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
     ScheduleInterleavedZeroBubble,
+    ScheduleZBVZeroBubble,
 )
 
+from jobs import schedules
+
 SINGLE = {"naive": ScheduleGPipe, "gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
-MULTI = {"interleaved": ScheduleInterleaved1F1B, "zero-bubble": ScheduleInterleavedZeroBubble}
+MULTI = {"interleaved": ScheduleInterleaved1F1B, "zero-bubble": ScheduleInterleavedZeroBubble,
+         "zbv": ScheduleZBVZeroBubble}
 
 
 class NativePipeline:
@@ -37,9 +45,10 @@ class NativePipeline:
         self.loss_scale = 1.0
         self.peak = {"inflight_microbatches": 0, "activation_bytes": 0}
         self.pstages = []
+        place = schedules.placement_of(schedule)
         for chunk in sorted(stages):
-            ps = PipelineStage(stages[chunk], chunk * p + rank, self.n_stages,
-                               device or torch.device("cpu"), group=pp_group)
+            ps = PipelineStage(stages[chunk], schedules.stage_of(rank, chunk, p, v, place),
+                               self.n_stages, device or torch.device("cpu"), group=pp_group)
             self._instrument(ps, chunk)
             self.pstages.append(ps)
 

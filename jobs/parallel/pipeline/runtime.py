@@ -9,6 +9,11 @@ So the measured timeline and `schedules.simulate` have the same order by constru
 only by real timing. Each action is a `compute` span named after the action (args: action,
 microbatch, chunk, stage); sends and receives are `comm` records with axis "pp".
 
+Placement: stage s runs on pipeline rank `schedules.rank_of(s, p, v, placement_of(schedule))`
+(loop: s mod p; zbv's V: rank r holds stages r and 2p-1-r). Where neighbouring stages share a
+rank (V: stages p-1 and p on rank p-1) the activation / gradient is handed over locally (a copy,
+as a receive would give): no send, no receive, no p2p record.
+
 B / W split: layers with a `backward_weight(key)` method (jobs/models/timed.py) defer their
 weight-gradient work exactly; other stages run an input-only autograd pass in B
 (`inputs=[stage input]`, graph kept) and a parameter-only pass in W, which recomputes the chain
@@ -46,6 +51,8 @@ class PipelineRuntime:
         self.act_shape, self.dtype, self.tracer, self.device = act_shape, dtype, tracer, device
         self.n_stages = p * v
         self.actions = schedules.schedule_actions(schedule, p, m, v)[rank]
+        place = schedules.placement_of(schedule)
+        self.home = [schedules.rank_of(s, p, v, place) for s in range(self.n_stages)]
         self.p2p = P2P(tracer)
         self.peak = {"inflight_microbatches": 0, "activation_bytes": 0}
         self.loss_scale = 1.0 / m  # the caller divides further for gradient accumulation
@@ -54,7 +61,25 @@ class PipelineRuntime:
 
     # --- helpers ---------------------------------------------------------------------------
     def _peer(self, stage: int) -> int:
-        return self.pp_ranks[stage % self.p]
+        return self.pp_ranks[self.home[stage]]
+
+    def _is_local(self, stage: int) -> bool:
+        return self.home[stage] == self.rank
+
+    def _hand_over(self, t, kind: int, mb: int, dst_stage: int, *, chunk: int,
+                   phase: str) -> None:
+        """Send `t` to `dst_stage` (message keyed by (kind, mb, dst_stage)), or keep it here
+        when that stage is on this rank."""
+        if self._is_local(dst_stage):
+            self.local[(kind, mb, dst_stage)] = t.detach().clone()
+        else:
+            self.p2p.send(t, self._peer(dst_stage), tag(kind, mb, dst_stage, self.n_stages),
+                          mb=mb, chunk=chunk, phase=phase)
+
+    def _take(self, kind: int, mb: int, stage: int, src_stage: int, *, chunk: int, phase: str):
+        if self._is_local(src_stage):
+            return self.local.pop((kind, mb, stage))
+        return self.p2p.wait(self.posted.pop((kind, mb, stage)), mb=mb, chunk=chunk, phase=phase)
 
     def _span(self, a):
         if self.tracer is None:
@@ -77,8 +102,7 @@ class PipelineRuntime:
         if s == 0:
             x = microbatches[a.mb][0]
         else:
-            x = self.p2p.wait(self.posted.pop((ACT, a.mb, s)), mb=a.mb, chunk=a.chunk,
-                              phase="fwd").requires_grad_(True)
+            x = self._take(ACT, a.mb, s, s - 1, chunk=a.chunk, phase="fwd").requires_grad_(True)
         saved = _SavedBytes()
         with self._span(a), torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
             y = st(x)
@@ -86,8 +110,7 @@ class PipelineRuntime:
                 y = self.loss_fn(y, microbatches[a.mb][1]) * self.loss_scale
                 self.losses.append(y.detach())
         if s != self.n_stages - 1:
-            self.p2p.send(y, self._peer(s + 1), tag(ACT, a.mb, s + 1, self.n_stages),
-                          mb=a.mb, chunk=a.chunk, phase="fwd")
+            self._hand_over(y, ACT, a.mb, s + 1, chunk=a.chunk, phase="fwd")
         self.live[(a.mb, a.chunk)] = (x, y)
         self.act_bytes[(a.mb, a.chunk)] = saved.n
         self._mem()
@@ -97,8 +120,7 @@ class PipelineRuntime:
         x, y = self.live[(a.mb, a.chunk)]
         g = None
         if s != self.n_stages - 1:
-            g = self.p2p.wait(self.posted.pop((GRAD, a.mb, s)), mb=a.mb, chunk=a.chunk,
-                              phase="bwd")
+            g = self._take(GRAD, a.mb, s, s + 1, chunk=a.chunk, phase="bwd")
         with self._span(a):
             if not split:
                 torch.autograd.backward(y, g)
@@ -113,8 +135,7 @@ class PipelineRuntime:
         if split:
             self.grad_out[(a.mb, a.chunk)] = g
         if s != 0:
-            self.p2p.send(x.grad, self._peer(s - 1), tag(GRAD, a.mb, s - 1, self.n_stages),
-                          mb=a.mb, chunk=a.chunk, phase="bwd")
+            self._hand_over(x.grad, GRAD, a.mb, s - 1, chunk=a.chunk, phase="bwd")
         if not split:
             self._free(a)
 
@@ -142,11 +163,14 @@ class PipelineRuntime:
         for a in self.actions:
             s = a.stage
             if a.kind == "F" and s != 0:
-                key, src = (ACT, a.mb, s), self._peer(s - 1)
+                key, src_stage = (ACT, a.mb, s), s - 1
             elif a.kind in ("BW", "B") and s != self.n_stages - 1:
-                key, src = (GRAD, a.mb, s), self._peer(s + 1)
+                key, src_stage = (GRAD, a.mb, s), s + 1
             else:
                 continue
+            if self._is_local(src_stage):
+                continue  # handed over in memory by this rank's own earlier action
+            src = self._peer(src_stage)
             posted[key] = self.p2p.post(self.act_shape, self.dtype, src,
                                         tag(key[0], a.mb, s, self.n_stages), self.device)
         return posted
@@ -158,6 +182,7 @@ class PipelineRuntime:
         if len(microbatches) != self.m:
             raise ValueError(f"expected {self.m} micro-batches, got {len(microbatches)}")
         self.live, self.act_bytes, self.grad_out, self.losses = {}, {}, {}, []
+        self.local: dict = {}  # (kind, mb, stage) -> tensor from a stage on this rank
         self.posted = self._post_receives()
         for a in self.actions:
             if a.kind == "F":

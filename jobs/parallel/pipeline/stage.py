@@ -2,9 +2,11 @@
 
 A model is seen as `embed` (optional: gpt), the repeated `blocks` / `layers` and `head`
 (optional: gpt). With p ranks and v chunks per rank there are p*v model stages; global stage
-s = chunk * p + rank (Megatron's interleaved placement; v = 1 gives stage = rank). Stage 0 also
-holds the embedding, the last stage the head. Layers are split evenly by count, or by measured
-cost with `partition_by_cost` (contiguous, minimising the most expensive stage).
+s = jobs.schedules.stage_of(rank, chunk, p, v, placement): "loop" (the default) is
+chunk * p + rank (Megatron's interleaved placement; v = 1 gives stage = rank); "v" (zbv, v = 2)
+gives rank r stages r and 2p-1-r, so rank 0 holds both the first and the last stage. Stage 0
+also holds the embedding, the last stage the head. Layers are split evenly by count, or by
+measured cost with `partition_by_cost` (contiguous, minimising the most expensive stage).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import torch.nn as nn
 
 from jobs.models import layer_list
+from jobs.schedules import stage_of
 
 
 class Stage(nn.Module):
@@ -70,8 +73,9 @@ def partition_by_cost(costs: list[float], n_stages: int) -> list[int]:
 
 
 def split_stages(model: nn.Module, p: int, v: int, rank: int,
-                 sizes: list[int] | None = None) -> dict[int, Stage]:
-    """This pipeline rank's stages {chunk: Stage}; the rest of the model is dropped."""
+                 sizes: list[int] | None = None, placement: str = "loop") -> dict[int, Stage]:
+    """This pipeline rank's stages {chunk: Stage}; the rest of the model is dropped.
+    `placement` is "loop" or "v" (`jobs.schedules.placement_of(schedule)`)."""
     layers = layer_list(model)
     if layers is None:
         raise ValueError(f"{type(model).__name__} has no blocks/layers to split into stages")
@@ -80,9 +84,44 @@ def split_stages(model: nn.Module, p: int, v: int, rank: int,
     starts = [sum(sizes[:i]) for i in range(n_stages)]
     out = {}
     for chunk in range(v):
-        s = chunk * p + rank
+        s = stage_of(rank, chunk, p, v, placement)
         out[chunk] = Stage(getattr(model, "embed", None) if s == 0 else None,
                            list(layers[starts[s]:starts[s] + sizes[s]]),
                            getattr(model, "head", None) if s == n_stages - 1 else None,
                            index=s, first_layer=starts[s])
     return out
+
+
+def measure_layer_costs(model: nn.Module, x, y, loss_fn, reps: int = 3) -> list[float]:
+    """Seconds of forward + backward of each layer on one micro-batch (x, y), median of `reps`,
+    run layer by layer on the full model. The embedding's cost is counted with the first layer
+    and the head's (with the loss) with the last, where `split_stages` puts them; the first
+    layer computes no input gradient, as on a pipeline's first stage."""
+    import statistics
+    import time
+
+
+    layers = layer_list(model)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__} has no blocks/layers to split into stages")
+    embed, head = getattr(model, "embed", None), getattr(model, "head", None)
+    parts = [[lyr] for lyr in layers]
+    if embed is not None:
+        parts[0].insert(0, embed)
+    if head is not None:
+        parts[-1].append(head)
+    samples: list[list[float]] = [[] for _ in parts]
+    for _ in range(reps + 1):  # the first round warms up allocators and kernels
+        h = x
+        for i, mods in enumerate(parts):
+            inp = h.detach().requires_grad_(i > 0 and h.is_floating_point())
+            t0 = time.perf_counter()
+            out = inp
+            for mod in mods:
+                out = mod(out)
+            last = i == len(parts) - 1
+            (loss_fn(out, y) if last else out.sum()).backward()
+            samples[i].append(time.perf_counter() - t0)
+            h = out.detach()
+    model.zero_grad(set_to_none=True)
+    return [statistics.median(s[1:]) for s in samples]
