@@ -1,6 +1,6 @@
 """Pipeline runtime: every schedule vs a single-process run; measured bubbles on the timed model
-vs the schedule simulator; activation memory (GPipe m, 1F1B <= p); PP bytes. ZB-V (zbv, p = 2
-only) runs on both engines: the reference runtime and torch's ScheduleZBVZeroBubble."""
+vs the schedule simulator; activation memory (GPipe m, 1F1B <= p); PP bytes. ZB-V (zbv) runs on
+both engines: the reference runtime and torch's ScheduleZBVZeroBubble (native bubbles at p = 2)."""
 
 from __future__ import annotations
 
@@ -67,8 +67,8 @@ def bubble(request, tmp_path_factory):
 def test_bubbles_match_simulator(bubble):
     p, out, res = bubble
     rows = []
-    names = list(res["ranks"][0])  # every schedule; zbv (reference and native) at p = 2 only
-    assert [n for n in names if n in SCHEDULES] == [s for s in SCHEDULES if p == 2 or s != "zbv"]
+    names = list(res["ranks"][0])  # every schedule; zbv on the native engine at p = 2 only
+    assert [n for n in names if n in SCHEDULES] == list(SCHEDULES)
     if p == 2:
         assert "zbv-native" in names
     for name in names:
@@ -112,17 +112,27 @@ def test_pp_bytes_are_activations_forward_and_gradients_backward(bubble):
 
 
 def test_zbv_pp_bytes_skip_the_local_hand_over(bubble):
-    # V placement at p = 2: rank 0 holds stages 0 and 3, rank 1 stages 1 and 2. Stage 1 -> 2
-    # (and its gradient back) stays on rank 1: no p2p record; each rank sends m activations
-    # and m gradients a step, all to the other rank.
+    # V placement: rank r holds stages r and 2p-1-r. Stage p-1 -> p (and its gradient back)
+    # stays on rank p-1: no p2p record. A rank sends m activations a step across each of its
+    # stages' forward boundaries to another rank, m gradients across each backward one, always
+    # to a neighbouring rank (p = 2: rank 0 sends forward from stage 0 only, rank 1 from
+    # stage 2 only; p = 4: the middle ranks send from both of their stages).
     p, out, res = bubble
-    if p != 2:
-        pytest.skip("zbv is checked at p = 2")
-    for name in ("zbv", "zbv-native"):
+    n = 2 * p
+
+    def crossings(rank: int, step: int) -> int:
+        mine = [schedules.stage_of(rank, c, p, 2, "v") for c in (0, 1)]
+        return sum(0 <= s + step < n and schedules.rank_of(s + step, p, 2, "v") != rank
+                   for s in mine)
+
+    assert [crossings(r, 1) for r in range(p)] == ([1, 1] if p == 2 else [1, 2, 2, 1])
+    for name in [x for x in ("zbv", "zbv-native") if x in res["ranks"][0]]:
         info = res["ranks"][0][name]
         act = 8 // info["m"] * 8 * 4
         for rank, recs in bubbles.load(out / name).items():
             sends = [r for r in recs if r["type"] == "comm" and r["op"] == "send"]
-            assert all(r["peer"] == 1 - rank and r["payload_bytes"] == act for r in sends), name
-            for phase in ("fwd", "bwd"):
-                assert sum(r["phase"] == phase for r in sends) == 3 * info["m"], (name, phase)
+            assert all(abs(r["peer"] - rank) == 1 and r["payload_bytes"] == act
+                       for r in sends), name
+            for phase, step in (("fwd", 1), ("bwd", -1)):
+                got = sum(r["phase"] == phase for r in sends)
+                assert got == 3 * info["m"] * crossings(rank, step), (name, rank, phase, got)
