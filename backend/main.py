@@ -15,7 +15,17 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
 from backend import crud
-from backend.api.routes import analysis, history, internal, meta, predict, runs, users, views
+from backend.api.routes import (
+    analysis,
+    history,
+    internal,
+    meta,
+    predict,
+    runs,
+    schedules,
+    users,
+    views,
+)
 from backend.api.routes import auth as auth_routes
 from backend.auth import AuthMiddleware
 from backend.core.config import Settings, get_settings
@@ -84,6 +94,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(predict.router)
     app.include_router(analysis.router)
     app.include_router(views.router)
+    app.include_router(schedules.router)
     app.include_router(auth_routes.router)
     app.include_router(auth_routes.pages)
     app.include_router(users.router)

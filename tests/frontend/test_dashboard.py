@@ -220,7 +220,7 @@ def test_collectives_page_overlays_sweeps(svc, idle_queue, page):
 
 
 def test_pages_and_vendored_plotly_are_served(svc):
-    for path in ("/", "/new", "/compare", "/collectives", "/runs/abc"):
+    for path in ("/", "/new", "/compare", "/collectives", "/schedules", "/runs/abc"):
         r = httpx.get(svc.url + path)
         assert r.status_code == 200 and "<main>" in r.text, path
     r = httpx.get(svc.url + "/static/vendor/plotly.min.js")

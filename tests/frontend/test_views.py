@@ -124,6 +124,6 @@ def test_view_endpoints_answer_from_the_trace(client):
     assert client.get(f"/api/runs/{rid}/tables/nope.csv").status_code == 404
     assert client.get(f"/api/runs/{rid}/tables/step_rank.json").json()[0]["step"] == 0
     assert views.to_csv([{"name": "=cmd|x"}]).splitlines()[1] == "'=cmd|x"
-    for page in ("/new", "/compare", "/collectives", f"/runs/{rid}"):
+    for page in ("/new", "/compare", "/collectives", "/schedules", f"/runs/{rid}"):
         assert client.get(page).status_code == 200
     assert client.get("/static/vendor/plotly.min.js").status_code == 200

@@ -172,3 +172,8 @@ def page_compare() -> FileResponse:
 @router.get("/collectives", include_in_schema=False)
 def page_collectives() -> FileResponse:
     return _page("collectives.html")
+
+
+@router.get("/schedules", include_in_schema=False)
+def page_schedules() -> FileResponse:
+    return _page("schedules.html")

@@ -61,6 +61,8 @@ export const api = {
   breakdown: (id) => optional(request("GET", `/api/runs/${enc(id)}/breakdown`)),
   comm: (id) => optional(request("GET", `/api/runs/${enc(id)}/comm`)),
   sweeps: (ids) => request("GET", "/api/sweeps" + qs({ ids: ids?.join(",") })),
+  schedules: () => request("GET", "/api/schedules"),
+  exploreSchedule: (params) => request("GET", "/api/schedules/explore" + qs(params)),
   // The analysis (issue 5) of a finished run, fetched once per page.
   metrics(id) {
     metricsCache[id] ??= optional(request("GET", `/api/runs/${enc(id)}/metrics`));

@@ -1,0 +1,95 @@
+"""The pipeline schedule explorer's API (issue 4): the pure schedule of any configuration, from
+the torch-free simulator `jobs.schedules`, without compute noise.
+
+Auth is the app's default (AuthMiddleware): open in local mode, credentials in team mode, as
+GET /api/presets."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Query
+
+from jobs import schedules as sched
+
+router = APIRouter(prefix="/api/schedules", tags=["schedules"])
+
+# Work bound: the simulator runs every (rank, chunk, micro-batch) of p*v*m, i.e. 2 or 3 actions
+# each (F + BW, or F + B + W): at most 60000 spans, a few MB of JSON, ~1 s of CPU.
+MAX_PVM = 20000
+LIMITS = {"p": (1, 64), "m": (1, 512), "v": (1, 16)}
+TIME_MAX = 1e6
+DEFAULTS = {"schedule": "1f1b", "p": 4, "m": 8, "v": 1, "t_f": 1.0, "t_b_input": 1.0,
+            "t_b_weight": 1.0, "t_comm": 0.0}
+
+
+def _error(field: str, msg: str) -> HTTPException:
+    return HTTPException(422, [{"loc": ["query", field], "msg": msg, "type": "value_error"}])
+
+
+def field_of(message: str) -> str:
+    """The query parameter a `jobs.schedules` ValueError is about (its messages start with the
+    field's name, or name the rule: "zbv needs v = 2", "interleaved needs m ...")."""
+    if message.startswith("zbv needs v") or message.startswith("v must"):
+        return "v"
+    if message.startswith("interleaved needs m") or message.startswith("m must"):
+        return "m"
+    for name in ("t_b_input", "t_b_weight", "t_comm", "t_f", "p", "schedule"):
+        if message.startswith(name + " "):
+            return name
+    return "schedule"
+
+
+def _time(default: float, doc: str):
+    return Query(default, ge=0, le=TIME_MAX, allow_inf_nan=False, description=doc)
+
+
+@router.get("")
+def schedules() -> dict:
+    """What the explorer accepts: the schedules, their placement, bounds and defaults."""
+    return {"schedules": list(sched.SCHEDULES), "split_backward": list(sched.SPLIT_BACKWARD),
+            "placements": {s: sched.placement_of(s) for s in sched.SCHEDULES},
+            "kinds": list(sched.KINDS),
+            "limits": {**{k: {"min": lo, "max": hi} for k, (lo, hi) in LIMITS.items()},
+                       "p*v*m": {"max": MAX_PVM}, "times": {"min": 0, "max": TIME_MAX}},
+            "defaults": DEFAULTS, "convention": sched.CONVENTION}
+
+
+@router.get("/explore")
+def explore(
+    schedule: str = Query(..., description=f"one of {', '.join(sched.SCHEDULES)}"),
+    p: int = Query(..., ge=LIMITS["p"][0], le=LIMITS["p"][1], description="pipeline ranks"),
+    m: int = Query(..., ge=LIMITS["m"][0], le=LIMITS["m"][1], description="micro-batches"),
+    v: int = Query(1, ge=LIMITS["v"][0], le=LIMITS["v"][1],
+                   description="virtual stages (model chunks) per rank: >1 only for "
+                               "interleaved, exactly 2 for zbv"),
+    t_f: float = _time(1.0, "forward time of one model stage (relative units)"),
+    t_b_input: float = _time(1.0, "input-gradient backward time of one stage"),
+    t_b_weight: float = _time(1.0, "weight-gradient backward time of one stage "
+                                                 "(a full BW takes t_b_input + t_b_weight)"),
+    t_comm: float = _time(0.0, "added to every dependency that crosses ranks"),
+) -> dict:
+    """The simulated schedule: `jobs.schedules.simulate` (spans per rank, idle fractions,
+    makespan, bubble fractions, closed form, convention) plus the per-rank action lists,
+    the stage placement and the global stages each rank holds."""
+    if schedule not in sched.SCHEDULES:
+        raise _error("schedule", f"schedule must be one of {', '.join(sched.SCHEDULES)}, "
+                                 f"got {schedule!r}")
+    try:
+        sched.closed_form_bubble(schedule, p, m, v)  # the simulator's rules, without the work
+    except ValueError as exc:
+        raise _error(field_of(str(exc)), str(exc)) from exc
+    if p * v * m > MAX_PVM:
+        raise _error("m", f"p*v*m must be <= {MAX_PVM} (the explorer simulates every rank, "
+                          f"chunk and micro-batch), got {p}*{v}*{m} = {p * v * m}")
+    try:
+        out = sched.simulate(schedule, p, m, v, t_f=t_f, t_b_input=t_b_input,
+                             t_b_weight=t_b_weight, t_comm=t_comm)
+    except ValueError as exc:
+        raise _error(field_of(str(exc)), str(exc)) from exc
+    placement = sched.placement_of(schedule)
+    out["placement"] = placement
+    out["split_backward"] = schedule in sched.SPLIT_BACKWARD
+    out["actions"] = [[str(a) for a in acts]
+                      for acts in sched.schedule_actions(schedule, p, m, v)]
+    for rank in out["ranks"]:
+        rank["stages"] = [sched.stage_of(rank["rank"], c, p, v, placement) for c in range(v)]
+    return out
