@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -41,18 +42,26 @@ def main(out: Path, hidden: int, layers: int, mb: int, steps: int) -> None:
                              act_shape=(mb, hidden), tracer=tracer)
         params = [q for st in stages.values() for q in st.parameters()]
         opt = torch.optim.SGD(params, lr=1e-4)
-        for step in range(steps):
+        cpu = []  # this thread's CPU seconds in each pipeline step: below its busy span time
+        for step in range(steps):  # when the rank lost its core while computing
             tracer.step = step
             x, y = mlp.batch(ms, mb * m, 0, step)
             x.requires_grad_(True)
             opt.zero_grad()
             dist.barrier()  # both ranks start the step together
+            c0 = time.thread_time()
             rt.step(list(zip(x.chunk(m), y.chunk(m), strict=True)))
+            cpu.append(time.thread_time() - c0)
             opt.step()
         tracer.close()
-        res[schedule] = {"m": m, "v": v}
+        res[schedule] = {"m": m, "v": v, "cpu_s": cpu}
+    every = [None] * p
+    dist.all_gather_object(every, res)
     if rank == 0:
-        (out / "result.json").write_text(json.dumps({"cases": res, "world": p}))
+        cases = {s: {"m": c["m"], "v": c["v"], "cpu_s": {r: every[r][s]["cpu_s"]
+                                                          for r in range(p)}}
+                 for s, c in res.items()}
+        (out / "result.json").write_text(json.dumps({"cases": cases, "world": p}))
     dist.barrier()
     dist.destroy_process_group()
 
