@@ -37,6 +37,11 @@ Stable public API (names and shapes are a contract; extend, do not rename):
         the ordered actions of every pipeline rank (index = pipeline rank). A rank runs its list
         in order; an action waits for its dependencies (see `dependencies`).
 
+    check(schedule, p, m, v=1) -> None
+        raises ScheduleError (a ValueError with `field`: the argument the broken rule is about)
+        unless the configuration is accepted; every function below that takes a schedule
+        checks it the same way.
+
     dependencies(action, p, v) -> list[Action]
         what must have finished first: F(s) <- F(s-1); last stage's B/BW <- its own F;
         B/BW(s) <- B/BW(s+1) and its own F(s); W(s) <- B(s). Placement-free (global stages).
@@ -124,19 +129,31 @@ class Action(NamedTuple):
         return self._asdict()
 
 
-def _check(schedule: str, p: int, m: int, v: int) -> None:
+class ScheduleError(ValueError):
+    """A configuration the schedules refuse; `field` names the argument the rule is about
+    ("schedule", "p", "m", "v", "t_f", "t_b_input", "t_b_weight" or "t_comm")."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+def check(schedule: str, p: int, m: int, v: int = 1) -> None:
+    """Raise ScheduleError unless (schedule, p, m, v) is a configuration the schedules accept."""
     if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+        raise ScheduleError("schedule", f"schedule must be one of {', '.join(SCHEDULES)}, "
+                                        f"got {schedule!r}")
     for name, val in (("p", p), ("m", m), ("v", v)):
         if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {val!r}")
+            raise ScheduleError(name, f"{name} must be an integer >= 1, got {val!r}")
     if schedule == "zbv":
         if v != 2:
-            raise ValueError(f"zbv needs v = 2 (two model chunks per rank in a V), got v = {v}")
+            raise ScheduleError("v", "zbv needs v = 2 (two model chunks per rank in a V), "
+                                     f"got v = {v}")
     elif v > 1 and schedule != "interleaved":
-        raise ValueError(f"v must be 1 unless the schedule is 'interleaved' (got v = {v})")
+        raise ScheduleError("v", f"v must be 1 unless the schedule is 'interleaved' (got v = {v})")
     if schedule == "interleaved" and m % p:
-        raise ValueError(f"interleaved needs m to be a multiple of p (m = {m}, p = {p})")
+        raise ScheduleError("m", f"interleaved needs m to be a multiple of p (m = {m}, p = {p})")
 
 
 def placement_of(schedule: str) -> str:
@@ -254,7 +271,7 @@ def _zbv(p: int, m: int, r: int) -> list[Action]:
 
 def schedule_actions(schedule: str, p: int, m: int, v: int = 1) -> list[list[Action]]:
     """Per pipeline rank, the ordered actions of one optimizer step (see module docstring)."""
-    _check(schedule, p, m, v)
+    check(schedule, p, m, v)
     ranks = []
     for r in range(p):
         if schedule == "naive":
@@ -304,9 +321,9 @@ def _per_stage(name: str, val, n: int) -> list[float]:
     else:
         vals = [float(x) for x in val]
         if len(vals) != n:
-            raise ValueError(f"{name} must be a number or a list of p*v = {n} numbers")
+            raise ScheduleError(name, f"{name} must be a number or a list of p*v = {n} numbers")
     if any(x < 0 for x in vals):
-        raise ValueError(f"{name} must be >= 0")
+        raise ScheduleError(name, f"{name} must be >= 0")
     return vals
 
 
@@ -362,7 +379,7 @@ def closed_form_bubble(schedule: str, p: int, m: int, v: int = 1,
     """The textbook bubble with equal stage times; None where there is no closed form here."""
     if convention not in ("total", "ideal"):
         raise ValueError("convention must be 'total' or 'ideal'")
-    _check(schedule, p, m, v)
+    check(schedule, p, m, v)
     if schedule in SPLIT_BACKWARD:
         return None
     if schedule == "naive":
@@ -382,7 +399,7 @@ def simulate(schedule: str, p: int, m: int, v: int = 1, t_f=1.0, t_b_input=1.0,
     tb = _per_stage("t_b_input", t_b_input, n)
     tw = _per_stage("t_b_weight", t_b_weight, n)
     if t_comm < 0:
-        raise ValueError("t_comm must be >= 0")
+        raise ScheduleError("t_comm", "t_comm must be >= 0")
     place = placement_of(schedule)
     spans = _run(actions, p, v, tf, tb, tw, float(t_comm), place)
     base = spans if t_comm == 0 else _run(actions, p, v, tf, tb, tw, 0.0, place)

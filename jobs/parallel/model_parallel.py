@@ -14,6 +14,7 @@ the trace next to the simulator's, per-stage activation memory) and per-rank `by
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 
@@ -26,7 +27,13 @@ from jobs.data import local_microbatches
 from jobs.memory import MemoryBook, process_memory
 from jobs.models import model_module
 from jobs.parallel.pipeline.runtime import PipelineRuntime
-from jobs.parallel.pipeline.stage import Stage, partition_even, split_stages
+from jobs.parallel.pipeline.stage import (
+    Stage,
+    measure_layer_costs,
+    partition_by_cost,
+    partition_even,
+    split_stages,
+)
 from jobs.parallel.tensor import allreduce_sequence_parallel_grads, apply_tensor_parallel
 
 
@@ -39,12 +46,17 @@ def build_stages(ctx) -> tuple[dict[int, nn.Module], object]:
     c = dims.coords(ctx.rank)
     loss_fn = mod.loss_fn
     if dims.pp > 1:
-        sizes = measured_partition(ctx, full, mod) if p.pp_partition == "measured" else None
+        if p.pp_partition == "measured":
+            sizes = measured_partition(ctx, full, mod)
+        else:
+            sizes = partition_even(spec.model.layers, dims.pp * p.virtual_stages)
+            ctx.partition = {"mode": "even", "layers_per_stage": sizes}
         stages = split_stages(full, dims.pp, p.virtual_stages, c["pp"], sizes=sizes,
                               placement=schedules.placement_of(p.pp_schedule))
     else:
         stages = {0: Stage(getattr(full, "embed", None), list(_layers(full)),
                            getattr(full, "head", None), index=0, first_layer=0)}
+        ctx.partition = {"mode": "even", "layers_per_stage": [spec.model.layers]}
     if dims.tp > 1:
         if p.engine == "native":
             from jobs.parallel.tensor import apply_native_tensor_parallel
@@ -85,7 +97,6 @@ def build_stages(ctx) -> tuple[dict[int, nn.Module], object]:
 def measured_partition(ctx, full, mod) -> list[int]:
     """Layers per global stage from per-layer costs timed on rank 0 (one micro-batch of this
     run's size) and broadcast, so every rank cuts the model at the same places."""
-    from jobs.parallel.pipeline.stage import measure_layer_costs, partition_by_cost
     spec, dims = ctx.spec, ctx.dims
     box = [None]
     if ctx.rank == 0:
@@ -189,7 +200,6 @@ def _loss_context(p):
     if p.engine == "native" and p.vocab_parallel:
         from torch.distributed.tensor.parallel import loss_parallel
         return loss_parallel()
-    import contextlib
     return contextlib.nullcontext()
 
 
@@ -251,9 +261,7 @@ def summarize(ctx, per_rank: list[dict], schedule: str) -> dict:
         "closed_form_bubble": schedules.closed_form_bubble(schedule, dims.pp, p.microbatches,
                                                            p.virtual_stages),
         "simulated_with": sim["times"], "convention": schedules.CONVENTION,
-        "partition": ctx.partition or {"mode": "even", "layers_per_stage": (
-            partition_even(spec.model.layers, dims.pp * p.virtual_stages) if dims.pp > 1
-            else [spec.model.layers])}}
+        "partition": ctx.partition}
     out["bytes_by_axis"] = measured["bytes_by_axis"]
     out["mesh"] = {"pp": dims.pp, "dp": dims.dp, "tp": dims.tp}
     return out

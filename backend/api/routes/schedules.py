@@ -25,19 +25,6 @@ def _error(field: str, msg: str) -> HTTPException:
     return HTTPException(422, [{"loc": ["query", field], "msg": msg, "type": "value_error"}])
 
 
-def field_of(message: str) -> str:
-    """The query parameter a `jobs.schedules` ValueError is about (its messages start with the
-    field's name, or name the rule: "zbv needs v = 2", "interleaved needs m ...")."""
-    if message.startswith("zbv needs v") or message.startswith("v must"):
-        return "v"
-    if message.startswith("interleaved needs m") or message.startswith("m must"):
-        return "m"
-    for name in ("t_b_input", "t_b_weight", "t_comm", "t_f", "p", "schedule"):
-        if message.startswith(name + " "):
-            return name
-    return "schedule"
-
-
 def _time(default: float, doc: str):
     return Query(default, ge=0, le=TIME_MAX, allow_inf_nan=False, description=doc)
 
@@ -70,21 +57,16 @@ def explore(
     """The simulated schedule: `jobs.schedules.simulate` (spans per rank, idle fractions,
     makespan, bubble fractions, closed form, convention) plus the per-rank action lists,
     the stage placement and the global stages each rank holds."""
-    if schedule not in sched.SCHEDULES:
-        raise _error("schedule", f"schedule must be one of {', '.join(sched.SCHEDULES)}, "
-                                 f"got {schedule!r}")
     try:
-        sched.closed_form_bubble(schedule, p, m, v)  # the simulator's rules, without the work
-    except ValueError as exc:
-        raise _error(field_of(str(exc)), str(exc)) from exc
-    if p * v * m > MAX_PVM:
-        raise _error("m", f"p*v*m must be <= {MAX_PVM} (the explorer simulates every rank, "
-                          f"chunk and micro-batch), got {p}*{v}*{m} = {p * v * m}")
-    try:
+        sched.check(schedule, p, m, v)  # the simulator's rules, before its work is bounded
+        if p * v * m > MAX_PVM:
+            raise sched.ScheduleError("m", f"p*v*m must be <= {MAX_PVM} (the explorer "
+                                           "simulates every rank, chunk and micro-batch), got "
+                                           f"{p}*{v}*{m} = {p * v * m}")
         out = sched.simulate(schedule, p, m, v, t_f=t_f, t_b_input=t_b_input,
                              t_b_weight=t_b_weight, t_comm=t_comm)
-    except ValueError as exc:
-        raise _error(field_of(str(exc)), str(exc)) from exc
+    except sched.ScheduleError as exc:
+        raise _error(exc.field, str(exc)) from exc
     placement = sched.placement_of(schedule)
     out["placement"] = placement
     out["split_backward"] = schedule in sched.SPLIT_BACKWARD

@@ -11,6 +11,9 @@ measured cost with `partition_by_cost` (contiguous, minimising the most expensiv
 
 from __future__ import annotations
 
+import statistics
+import time
+
 import torch.nn as nn
 
 from jobs.models import layer_list
@@ -97,10 +100,6 @@ def measure_layer_costs(model: nn.Module, x, y, loss_fn, reps: int = 3) -> list[
     run layer by layer on the full model. The embedding's cost is counted with the first layer
     and the head's (with the loss) with the last, where `split_stages` puts them; the first
     layer computes no input gradient, as on a pipeline's first stage."""
-    import statistics
-    import time
-
-
     layers = layer_list(model)
     if layers is None:
         raise ValueError(f"{type(model).__name__} has no blocks/layers to split into stages")
