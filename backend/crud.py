@@ -236,3 +236,15 @@ def reap_lost_runs(db: Session, *, timeout_s: float) -> list[str]:
                   f"last heartbeat {run.heartbeat_at.isoformat()}"))
     db.commit()
     return [r.id for r in lost]
+
+
+def latest_sweep(db: Session, queue: str, *, exclude: str | None = None) -> Run | None:
+    """The one "latest sweep" rule: the newest succeeded collective bandwidth sweep with results
+    on the same worker queue (one queue per host pool), so a run is compared with a sweep of
+    its own hosts, never with another pool's."""
+    q = (select(Run).where(Run.kind == "collective_bench", Run.status == "succeeded",
+                           Run.queue == queue)
+         .order_by(Run.created_at.desc()).limit(20))
+    if exclude is not None:
+        q = q.where(Run.id != exclude)
+    return next((r for r in db.scalars(q) if (r.summary or {}).get("results")), None)

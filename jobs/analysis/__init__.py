@@ -5,14 +5,22 @@ docs/trace-schema.md.
     analyze_run_dir(out_dir, spec=None) -> {"schema", "run", "headline", "tables", "warnings"}
     write_analysis(out_dir, spec=None)  -> headline  (writes analysis.json, trace.perfetto.json)
     to_perfetto(traces, spec=None)      -> Trace Event Format dict
-    tables_to_csv(tables, name)         -> CSV text of one table
+    tables_to_csv(tables, name)         -> CSV text of one table (rows_to_csv: the one writer)
     load_run_dir(out_dir) / from_records({rank: [records]}) -> Traces
 """
 
-from .export import assign_lanes, tables_to_csv, to_perfetto
+from .export import assign_lanes, rows_to_csv, tables_to_csv, to_perfetto
 from .load import Traces, from_records, load_run_dir
-from .run import ANALYSIS_FILE, PERFETTO_FILE, TABLES, analyze, analyze_run_dir, write_analysis
+from .run import (
+    ANALYSIS_FILE,
+    PERFETTO_FILE,
+    SCHEMA,
+    TABLES,
+    analyze,
+    analyze_run_dir,
+    write_analysis,
+)
 
-__all__ = ["ANALYSIS_FILE", "PERFETTO_FILE", "TABLES", "Traces", "analyze", "analyze_run_dir",
-           "assign_lanes", "from_records", "load_run_dir", "tables_to_csv", "to_perfetto",
-           "write_analysis"]
+__all__ = ["ANALYSIS_FILE", "PERFETTO_FILE", "SCHEMA", "TABLES", "Traces", "analyze",
+           "analyze_run_dir", "assign_lanes", "from_records", "load_run_dir", "rows_to_csv",
+           "tables_to_csv", "to_perfetto", "write_analysis"]

@@ -18,10 +18,12 @@ Standard library only.
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 
 from jobs import commbytes
 
+from . import rules
 from .load import Traces
 
 NS = 1e9
@@ -128,30 +130,74 @@ def collectives_table(tr: Traces) -> list[dict]:
 
 
 def stragglers_table(coll_rows: list[dict], step_rows: list[dict]) -> list[dict]:
-    """Per step: the rank the others waited for longest (sum of wait_s over the step's
-    instances where it arrived last); without multi-rank instances, the rank with the
-    longest compute."""
+    """Per step with multi-rank collectives: the rank that arrived last at the instances that
+    made the others wait longest (sum of `wait_s` over the step's instances where it was last),
+    and whether that wait passes the straggler threshold (rules.RULES["straggler"])."""
     caused: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     times_last: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    clock: dict[int, float] = defaultdict(float)
     for r in coll_rows:
         if r["step"] >= 0 and len(r["ranks"]) >= 2:
             caused[r["step"]][r["last_rank"]] += r["wait_s"]
             times_last[r["step"]][r["last_rank"]] += 1
-    compute: dict[int, dict[int, float]] = defaultdict(dict)
+            clock[r["step"]] = max(clock[r["step"]], r["clock_error_s"])
+    step_s: dict[int, float] = defaultdict(float)
     for r in step_rows:
-        compute[r["step"]][r["rank"]] = r["compute_s"]
+        step_s[r["step"]] = max(step_s[r["step"]], r["step_s"])
     rows = []
-    for step in sorted(set(caused) | set(compute)):
-        if caused.get(step):
-            c = caused[step]
-            rank = max(c, key=lambda k: (c[k], -k))
-            rows.append({"step": step, "rank": rank, "basis": "last arrival",
-                         "caused_wait_s": c[rank], "times_last": times_last[step][rank]})
-        elif len(compute.get(step, {})) >= 2:
-            c = compute[step]
-            rank = max(c, key=lambda k: (c[k], -k))
-            rows.append({"step": step, "rank": rank, "basis": "longest compute",
-                         "caused_wait_s": None, "times_last": 0})
+    for step in sorted(caused):
+        c = caused[step]
+        rank = max(c, key=lambda k: (c[k], -k))
+        frac = c[rank] / step_s[step] if step_s.get(step) else None
+        flagged = (frac is not None and frac >= rules.STRAGGLER_MIN_WAIT_FRACTION
+                   and c[rank] > clock[step])
+        rows.append({"step": step, "rank": rank, "caused_wait_s": c[rank],
+                     "times_last": times_last[step][rank], "step_s": step_s.get(step),
+                     "wait_fraction": frac, "clock_error_s": clock[step],
+                     "flagged": bool(flagged)})
+    return rows
+
+
+def straggler_of_run(straggler_rows: list[dict]) -> dict:
+    """The run's straggler (rules.RULES["straggler"]): {"rank", "flagged_steps", "steps",
+    "caused_wait_median_s"}; rank None when no rank is flagged often enough."""
+    use = set(rules.steady(r["step"] for r in straggler_rows))
+    rows = [r for r in straggler_rows if r["step"] in use]
+    flagged: dict[int, list[float]] = defaultdict(list)
+    for r in rows:
+        if r["flagged"]:
+            flagged[r["rank"]].append(r["caused_wait_s"])
+    out = {"rank": None, "flagged_steps": 0, "steps": len(rows), "caused_wait_median_s": None}
+    if not flagged:
+        return out
+    rank = max(flagged, key=lambda k: (len(flagged[k]), -k))
+    n = len(flagged[rank])
+    if n >= rules.STRAGGLER_MIN_STEP_SHARE * len(rows):
+        out.update(rank=rank, flagged_steps=n,
+                   caused_wait_median_s=statistics.median(flagged[rank]))
+    else:
+        out["flagged_steps"] = n
+    return out
+
+
+def bandwidth_table(coll_rows: list[dict]) -> list[dict]:
+    """Per (op, axis, message size, group size), over the steady steps' complete instances:
+    count, median / min transfer time (`duration_s`), and the median algbw / busbw of the
+    instances: what the bandwidth-vs-size chart draws and the sweep comparison joins."""
+    use = set(rules.steady(r["step"] for r in coll_rows if r["step"] >= 0))
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in coll_rows:
+        if r["step"] in use and r["complete"] and r["busbw_GBps"] is not None:
+            groups[(r["op"], str(r["axis"]), r["payload_bytes"], r["group_size"])].append(r)
+    rows = []
+    for (op, axis, size, n), rs in sorted(groups.items()):
+        rows.append({"op": op, "axis": axis, "payload_bytes": size, "group_size": n,
+                     "instances": len(rs),
+                     "duration_median_s": statistics.median(r["duration_s"] for r in rs),
+                     "duration_min_s": min(r["duration_s"] for r in rs),
+                     "wait_median_s": statistics.median(r["wait_s"] for r in rs),
+                     "algbw_GBps": statistics.median(r["algbw_GBps"] for r in rs),
+                     "busbw_GBps": statistics.median(r["busbw_GBps"] for r in rs)})
     return rows
 
 

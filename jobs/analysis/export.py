@@ -126,25 +126,37 @@ def to_perfetto(traces, spec: dict | None = None) -> dict:
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
 
 
-def _cell(v):
+# A spreadsheet runs a cell that starts with one of these as a formula (OWASP "CSV
+# injection"); such text cells get a leading apostrophe. Numbers are written as numbers.
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(v):
+    """One CSV cell: None empty, nested values as compact JSON, formula-like text neutralised."""
     if v is None:
         return ""
     if isinstance(v, dict | list | tuple):
-        return json.dumps(v, separators=(",", ":"))
+        v = json.dumps(v, separators=(",", ":"))
+    if isinstance(v, str) and v.startswith(FORMULA_START):
+        return "'" + v
     return v
 
 
-def tables_to_csv(tables: dict, name: str) -> str:
-    """One table as CSV (header = the union of the rows' keys, in first-seen order; nested
-    values as compact JSON, None as empty). KeyError for an unknown table."""
-    rows = tables[name]
+def rows_to_csv(rows: list[dict]) -> str:
+    """CSV of rows (header = the union of the rows' keys, in first-seen order). The one CSV
+    writer: every download (analysis tables, run lists) goes through it."""
     cols: dict[str, None] = {}
     for r in rows:
         for k in r:
             cols.setdefault(k, None)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(list(cols))
+    w.writerow([csv_cell(c) for c in cols])
     for r in rows:
-        w.writerow([_cell(r.get(c)) for c in cols])
+        w.writerow([csv_cell(r.get(c)) for c in cols])
     return buf.getvalue()
+
+
+def tables_to_csv(tables: dict, name: str) -> str:
+    """One analysis table as CSV. KeyError for an unknown table."""
+    return rows_to_csv(tables[name])

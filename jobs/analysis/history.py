@@ -6,7 +6,6 @@ plain dicts; standard library only.
 from __future__ import annotations
 
 import math
-import statistics
 from collections import defaultdict
 
 
@@ -23,23 +22,19 @@ def sweep_points(sweep_summary: dict) -> dict[tuple[str, int], list[tuple[int, f
     return {k: sorted(v) for k, v in out.items()}
 
 
-def bandwidth_vs_sweep(coll_rows: list[dict], sweep_summary: dict) -> list[dict]:
-    """Per (op, group size, payload): the median measured busbw of the run's steady instances
-    (steps >= 1, or all if none) next to the sweep's point of the nearest size (log scale),
-    same op and group size; ratio = measured / sweep."""
+def bandwidth_vs_sweep(bandwidth_rows: list[dict], sweep_summary: dict) -> list[dict]:
+    """Each row of the run's `bandwidth` table (median busbw per op, group size and payload
+    over the steady steps) next to the sweep's point of the nearest size (log scale), same op
+    and group size; ratio = measured / sweep."""
     pts = sweep_points(sweep_summary)
-    steady = [r for r in coll_rows if r.get("step", -1) >= 1 and r.get("busbw_GBps")]
-    use = steady or [r for r in coll_rows if r.get("busbw_GBps")]
-    groups: dict[tuple, list[float]] = defaultdict(list)
-    for r in use:
-        groups[(r["op"], r["group_size"], r["payload_bytes"])].append(r["busbw_GBps"])
     rows = []
-    for (op, n, size), bws in sorted(groups.items()):
+    for b in bandwidth_rows:
+        op, n, size = b["op"], b["group_size"], b["payload_bytes"]
         cand = pts.get((op, n)) or []
         near = min(cand, key=lambda p: abs(math.log(p[0] / size))) if cand and size else None
-        measured = statistics.median(bws)
-        rows.append({"op": op, "group_size": n, "payload_bytes": size, "instances": len(bws),
-                     "measured_busbw_GBps": measured,
+        measured = b["busbw_GBps"]
+        rows.append({"op": op, "axis": b["axis"], "group_size": n, "payload_bytes": size,
+                     "instances": b["instances"], "measured_busbw_GBps": measured,
                      "sweep_bytes": near[0] if near else None,
                      "sweep_busbw_GBps": near[1] if near else None,
                      "ratio": measured / near[1] if near and near[1] else None})

@@ -1,16 +1,17 @@
-"""Per pipeline stage: measured bubble, split into schedule-inherent and stall.
+"""Per pipeline stage: the measured bubble (from the step_rank table), split into what the
+schedule itself imposes and stall; and the schedule simulated with the run's own stage times.
 
-Measured (jobs.bubbles.stage_bubbles, helper-4's module, reused as is): per step the window
-runs from the first pipeline action span (F / B / W / BW) on any rank to the last one's end;
-a stage's idle fraction is 1 − busy / window, averaged over its ranks and over steps ≥ 1.
-
-Split: `inherent_s` is the idle time the schedule itself imposes (warm-up, cool-down and the
-steady-state gaps of the same action order) given the measured per-stage action times: the
-jobs.schedules simulator run with the mean measured t_f / t_b_input / t_b_weight of every model
-stage and no communication delay. `stall_s = idle_s − inherent_s` is the rest: waiting on a
-neighbour (transfer, jitter, a slow peer). Both are also given as fractions of the measured
-window, so inherent + stall = measured_idle_fraction. `simulated` is the simulator's own idle
-fraction (idle / its makespan) and `closed_form` the textbook (p−1)/(v·m+p−1).
+Measured (rules.RULES["bubble"]): per (step, rank) `pipeline_idle_s / pipeline_window_s` of the
+step_rank table, averaged over the stage's ranks and the steady steps. That is the simulator's
+convention (idle / makespan), so it sits next to:
+  simulated     jobs.schedules.simulate with the mean measured t_f / t_b_input / t_b_weight of
+                every model stage over the steady steps and no communication delay
+  closed_form   the textbook (p−1)/(v·m+p−1) for equal stages
+Split: `inherent_s` is the idle time the simulated schedule has on that stage (warm-up,
+cool-down and the steady-state gaps of the same action order); `stall_s = idle_s − inherent_s`
+is the rest: waiting on a neighbour (transfer, jitter, a slow peer). As fractions of the
+measured window, inherent + stall = measured_idle_fraction.
+`simulation()` is also what the Gantt draws under the measured timeline, so the two agree.
 Standard library only.
 """
 
@@ -18,12 +19,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from jobs import bubbles, schedules
+from jobs import schedules
 
+from . import rules
 from .load import Traces
+from .steps import ACTIONS
 
 
-def _layout(tr: Traces, spec, pred: dict | None) -> tuple[str, int, int, int] | None:
+def layout(tr: Traces, spec, pred: dict | None) -> tuple[str, int, int, int] | None:
+    """(schedule, p, m, v) of a pipeline run, or None."""
     pipe = pred or {}
     if pipe.get("schedule") and pipe.get("p", 1) > 1:
         return pipe["schedule"], int(pipe["p"]), int(pipe["m"]), int(pipe.get("v") or 1)
@@ -42,7 +46,7 @@ def stage_times(tr: Traces, p: int, v: int, steps: set[int], placement: str = "l
         pp = int(tr.coords(rank).get("pp", rank) or 0)
         for r in recs:
             a = r.get("action")
-            if r.get("type") != "span" or a not in bubbles.ACTIONS or r.get("step") not in steps:
+            if r.get("type") != "span" or a not in ACTIONS or r.get("step") not in steps:
                 continue
             st = r.get("stage")
             if not isinstance(st, int):
@@ -58,46 +62,59 @@ def stage_times(tr: Traces, p: int, v: int, steps: set[int], placement: str = "l
     return {"t_f": mean("F"), "t_b_input": mean("B"), "t_b_weight": mean("W")}
 
 
-def stage_bubbles_table(tr: Traces, spec, pred: dict | None) -> list[dict]:
-    lay = _layout(tr, spec, pred)
-    stages = {int(tr.coords(r).get("pp", 0) or 0) for r in tr.ranks}
-    if lay is None and len(stages) < 2:
-        return []
-    measured = bubbles.stage_bubbles(tr.ranks)
-    all_steps = sorted(measured["steps"])
-    if not all_steps:
-        tr.warnings.append("pipeline run without pipeline action spans (F/B/W/BW): no bubble")
+def bubble_steps(step_rows: list[dict]) -> list[int]:
+    """The steady steps of the rows that have a pipeline window."""
+    return rules.steady(r["step"] for r in step_rows if r.get("pipeline_window_s"))
+
+
+def simulation(tr: Traces, lay: tuple[str, int, int, int] | None, steps: list[int]) -> dict | None:
+    """The schedule simulated with the run's mean stage times over `steps` (seconds), or None.
+    ValueError from the simulator propagates (caller decides)."""
+    if lay is None or lay[0] is None or not steps:
+        return None
+    schedule, p, m, v = lay
+    times = stage_times(tr, p, v, set(steps), schedules.placement_of(schedule))
+    if not any(times["t_f"]):
+        return None
+    return schedules.simulate(schedule, p, m, v, **times)
+
+
+def stage_bubbles_table(tr: Traces, spec, pred: dict | None, step_rows: list[dict]) -> list:
+    lay = layout(tr, spec, pred)
+    pipe_rows = [r for r in step_rows if r.get("pipeline_window_s")]
+    if not pipe_rows:
+        if lay is not None:
+            tr.warnings.append("pipeline run without pipeline action spans (F/B/W/BW): "
+                               "no bubble")
         return []
     if lay is None:
         tr.warnings.append("pipeline layout unknown (no spec): measured bubble only")
-        lay = (None, max(stages) + 1, None, 1)
+        lay = (None, max(int(r["pp"] or 0) for r in pipe_rows) + 1, None, 1)
     schedule, p, m, v = lay
-    use = [s for s in all_steps if s >= 1] or all_steps
+    use = set(bubble_steps(step_rows))
     sim = closed = None
     if schedule is not None:
         try:
-            sim = schedules.simulate(schedule, p, m, v,
-                                     **stage_times(tr, p, v, set(use),
-                                                   schedules.placement_of(schedule)))
+            sim = simulation(tr, lay, sorted(use))
             closed = schedules.closed_form_bubble(schedule, p, m, v)
         except ValueError as exc:
             tr.warnings.append(f"bubble simulation failed ({exc})")
+    by_stage: dict[int, list[dict]] = defaultdict(list)
+    for r in pipe_rows:
+        if r["step"] in use:
+            by_stage[int(r["pp"] or 0)].append(r)
     rows = []
-    for stage in range(p):
-        vals = [measured["steps"][s]["stages"].get(stage) for s in use]
-        windows = [measured["steps"][s]["window_s"] for s, x in zip(use, vals, strict=True) if x]
-        vals = [x for x in vals if x]
-        if not vals:
-            continue
-        window = sum(windows) / len(windows)
-        busy = sum(x["busy_s"] for x in vals) / len(vals)
-        frac = sum(x["idle_fraction"] for x in vals) / len(vals)
+    for stage in sorted(by_stage):
+        rs = by_stage[stage]
+        window = sum(r["pipeline_window_s"] for r in rs) / len(rs)
+        frac = sum(r["pipeline_idle_s"] / r["pipeline_window_s"] for r in rs) / len(rs)
         idle = frac * window
-        srank = sim["ranks"][stage] if sim else None
+        srank = sim["ranks"][stage] if sim and stage < len(sim["ranks"]) else None
         inherent_s = min(srank["bubble"]["inherent_s"], idle) if srank else None
         rows.append({
-            "stage": stage, "ranks": vals[0]["ranks"], "steps": len(vals), "schedule": schedule,
-            "p": p, "m": m, "v": v, "window_s": window, "busy_s": busy, "idle_s": idle,
+            "stage": stage, "ranks": sorted({r["rank"] for r in rs}),
+            "steps": len({r["step"] for r in rs}), "schedule": schedule, "p": p, "m": m, "v": v,
+            "window_s": window, "busy_s": window - idle, "idle_s": idle,
             "measured_idle_fraction": frac, "inherent_s": inherent_s,
             "stall_s": idle - inherent_s if inherent_s is not None else None,
             "inherent": inherent_s / window if inherent_s is not None and window else None,

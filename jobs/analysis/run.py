@@ -9,20 +9,21 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 
 from . import collectives as C
 from . import memory as M
 from . import pipeline as PL
 from . import predicted as P
+from . import rules
 from . import steps as S
 from .export import to_perfetto
 from .load import Traces, load_run_dir
 
-SCHEMA = 1
-TABLES = ("step_rank", "collectives", "stragglers", "axis_bytes", "memory", "stage_bubbles",
-          "throughput")
+SCHEMA = 2  # 2: headline/ranks/bandwidth tables, bubble_s in step_rank, rules
+TABLES = ("headline", "step_rank", "ranks", "throughput", "stragglers", "collectives",
+          "bandwidth", "axis_bytes", "memory", "stage_bubbles")
 ANALYSIS_FILE = "analysis.json"
 PERFETTO_FILE = "trace.perfetto.json"
 
@@ -53,41 +54,52 @@ def _axis_predictions(rows: list[dict], pred: dict | None, summary: dict | None)
 
 
 def _headline(tables: dict, pred: dict | None, pp: int, peak: int | None) -> dict:
+    """The run's figures, each an aggregate of one table under rules.RULES."""
     sr = tables["step_rank"]
-    per_step: dict[str, dict[int, list]] = defaultdict(lambda: defaultdict(list))
-    for r in sr:
-        for k in ("exposed_comm_s", "comm_s", "overlap_s"):
-            per_step[k][r["step"]].append(r[k])
-    steady = [s for s in per_step["comm_s"] if s >= 1] or list(per_step["comm_s"])
-    comm = sum(sum(per_step["comm_s"][s]) for s in steady)
-    over = sum(sum(per_step["overlap_s"][s]) for s in steady)
+    steady = set(rules.steady(r["step"] for r in sr))
+    use = [r for r in sr if r["step"] in steady]
+    comm = sum(r["comm_s"] for r in use)
     thr = tables["throughput"]
-    step_time = S.median_after_first({r["step"]: r["step_s"] for r in thr})
+    step_time = rules.median_steady({r["step"]: r["step_s"] for r in thr})
     tokens = next((r["tokens"] for r in thr if r.get("tokens")), None)
     sent: dict[int, float] = defaultdict(float)
     for r in tables["axis_bytes"]:
         sent[r["rank"]] += r["bytes_sent_per_step"] or 0.0
-    strag = Counter(r["rank"] for r in tables["stragglers"] if r["step"] >= 1) or \
-        Counter(r["rank"] for r in tables["stragglers"])
+    strag = C.straggler_of_run(tables["stragglers"])
     errs = [abs(r["error_pct"]) for r in tables["memory"]
             if r["error_pct"] is not None and r["component"] in M.STATE + ("model_state",)]
-    bub = [r["measured_idle_fraction"] for r in tables["stage_bubbles"]]
+    bub = tables["stage_bubbles"] if pp > 1 else []
+
+    def mean(key):
+        vals = [r[key] for r in bub if r.get(key) is not None]
+        return sum(vals) / len(vals) if vals else None
     return {
+        "steady_steps": rules.steady_range(r["step"] for r in thr if r["step_s"] is not None),
         "step_time_s": step_time,
         "tokens_per_s": tokens / step_time if tokens and step_time else None,
         "peak_memory_bytes": peak,
-        "bubble_fraction": (sum(bub) / len(bub) if bub else None) if pp > 1 else None,
-        "overlap_pct": 100.0 * over / comm if comm else None,
-        "exposed_comm_s": S.median_after_first(
-            {s: sum(v) / len(v) for s, v in per_step["exposed_comm_s"].items()}),
+        "bubble_fraction": mean("measured_idle_fraction"),
+        "bubble_simulated_fraction": mean("simulated"),
+        "bubble_closed_form": mean("closed_form"),
+        "overlap_pct": 100.0 * sum(r["overlap_s"] for r in use) / comm if comm else None,
+        **{f"{k}_s": _mean_of(use, f"{k}_s") for k in ("compute", "comm", "exposed_comm",
+                                                        "bubble", "idle")},
         "comm_bytes_per_rank": max(sent.values(), default=None),
-        "straggler_rank": strag.most_common(1)[0][0] if strag else None,
+        "straggler_rank": strag["rank"],
+        "straggler_flagged_steps": strag["flagged_steps"],
+        "straggler_wait_s": strag["caused_wait_median_s"],
         "memory_error_pct": max(errs) if errs else None,
         "predicted_comm_bytes_per_rank": ((pred or {}).get("comm") or {}).get("bytes_per_rank"),
         "predicted_bubble_fraction": (((pred or {}).get("pipeline") or {}).get("bubble_fraction")
                                       if pp > 1 else None),
         "steps": len(thr), "ranks": len({r["rank"] for r in sr}),
     }
+
+
+def _mean_of(rows: list[dict], key: str) -> float | None:
+    """Mean per (step, rank) row of a step_rank column (None when no row has it)."""
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return sum(vals) / len(vals) if vals else None
 
 
 def _finite(obj):
@@ -120,26 +132,30 @@ def analyze(tr: Traces, spec=None) -> dict:
     t: dict = {}
     t["step_rank"] = _safe(tr, "step_rank", lambda: S.step_rank_table(tr), [])
     t["collectives"] = _safe(tr, "collectives", lambda: C.collectives_table(tr), [])
+    t["ranks"] = _safe(tr, "ranks", lambda: S.ranks_table(t["step_rank"]), [])
     t["stragglers"] = _safe(tr, "stragglers",
                             lambda: C.stragglers_table(t["collectives"], t["step_rank"]), [])
+    t["bandwidth"] = _safe(tr, "bandwidth", lambda: C.bandwidth_table(t["collectives"]), [])
     t["axis_bytes"] = _safe(tr, "axis_bytes", lambda: C.axis_bytes_table(tr), [])
     _safe(tr, "axis_bytes predictions",
           lambda: _axis_predictions(t["axis_bytes"], pred, tr.summary), None)
     t["memory"] = _safe(tr, "memory", lambda: M.memory_table(tr, sp, pred), [])
     t["stage_bubbles"] = _safe(tr, "stage_bubbles", lambda: PL.stage_bubbles_table(
-        tr, sp, P.pipeline(pred)), [])
+        tr, sp, P.pipeline(pred), t["step_rank"]), [])
     t["throughput"] = _safe(tr, "throughput", lambda: S.throughput_table(
         t["step_rank"], spec_dict, tr.summary), [])
     peak = _safe(tr, "peak memory", lambda: M.peak_bytes(tr), None)
     pp = sp.parallel.pp if sp is not None else max(
         [tr.coords(r).get("pp", 0) for r in tr.ranks] or [0]) + 1
     headline = _safe(tr, "headline", lambda: _headline(t, pred, pp, peak), {})
+    t["headline"] = [headline]
     strategy = (tr.summary or {}).get("strategy") or (sp.strategy if sp is not None else None)
     run = {"world_size": tr.world_size, "ranks": sorted(tr.ranks), "strategy": strategy,
            "engine": sp.parallel.engine if sp is not None else None,
            "coords": {str(r): tr.coords(r) for r in sorted(tr.ranks)}}
+    tables = {name: t[name] for name in TABLES}
     return _json_safe({"schema": SCHEMA, "run": run, "spec": spec_dict, "headline": headline,
-                       "tables": t, "warnings": list(tr.warnings)})
+                       "rules": rules.RULES, "tables": tables, "warnings": list(tr.warnings)})
 
 
 def analyze_run_dir(out_dir: Path, spec=None) -> dict:

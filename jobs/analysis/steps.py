@@ -1,29 +1,37 @@
-"""Per step and rank: compute, communication, exposed communication, idle, overlap; throughput.
+"""Per step and rank: compute, communication, exposed communication, pipeline bubble, idle;
+per rank over the steady steps; throughput per step.
 
-Definitions (docs/analysis.md): inside the rank's `step` span [t0, t1] (or the extent of the
-step's records when the span is missing),
+Definitions (docs/analysis.md, wording in rules.py): inside the rank's `step` span [t0, t1]
+(or the extent of the step's records when the span is missing),
 
     comm        union of the step's `comm` records [ts, ts + dur] (issue to completion)
     compute     union of `span` records with cat `compute`, minus the blocking communication
                 nested in them (a synchronous collective inside a forward span is time the host
                 spent waiting, not computing; see `is_blocking`)
-    overlap     compute ∩ comm;  exposed comm = comm − compute
-    idle        step − (compute ∪ comm)
-    overlap_pct 100 · |overlap| / |comm|  (None when the step has no communication)
+    pipeline_idle  pipeline runs: inside the step's pipeline window (first to last F/B/W/BW
+                action of the rank's pipeline, any stage), the time the rank runs no compute
+                span of any step (the simulator's idle; the stage bubble is
+                pipeline_idle / window)
+    bubble      pipeline_idle inside this rank's step window; comm in it (waiting on a
+                neighbour's activation) is bubble, not exposed comm
+    overlap     compute ∩ comm;  exposed comm = comm − compute − bubble
+    idle        step − (compute ∪ comm ∪ bubble)
+so compute_s + exposed_comm_s + bubble_s + idle_s = step_s exactly.
 
 Standard library only.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict
 
 from . import intervals as iv
+from . import rules
 from .load import Traces
 
 NS = 1e9
 COMPUTE_CATS = ("compute",)
+ACTIONS = ("F", "B", "W", "BW")  # pipeline actions (jobs.schedules)
 
 
 def _end(r: dict) -> int:
@@ -43,6 +51,10 @@ def is_blocking(c: dict, compute_spans: list[tuple[int, int]]) -> bool:
     return any(a <= s and e <= b for a, b in compute_spans)
 
 
+def is_action(r: dict) -> bool:
+    return r.get("type") == "span" and r.get("action") in ACTIONS
+
+
 def group_by_step(recs: list[dict]) -> dict[int, list[dict]]:
     out: dict[int, list[dict]] = defaultdict(list)
     for r in recs:
@@ -52,8 +64,31 @@ def group_by_step(recs: list[dict]) -> dict[int, list[dict]]:
     return out
 
 
-def step_row(step: int, rank: int, coords: dict, recs: list[dict]) -> dict | None:
-    """One row of the step_rank table from one rank's records of one step."""
+def pipeline_key(coords: dict) -> tuple:
+    """Ranks of one pipeline share every mesh coordinate but `pp`."""
+    return tuple(sorted((k, v) for k, v in coords.items() if k != "pp"))
+
+
+def pipeline_windows(tr: Traces) -> dict[tuple, tuple[int, int]]:
+    """(step, pipeline key) -> (first action start, last action end) over the pipeline's
+    ranks: the window a pipeline bubble is measured in (the simulator's makespan)."""
+    out: dict[tuple, list[int]] = {}
+    for rank, recs in tr.ranks.items():
+        key = pipeline_key(tr.coords(rank))
+        for r in recs:
+            if is_action(r) and isinstance(r.get("step"), int) and r["step"] >= 0:
+                w = out.setdefault((r["step"], key), [r["ts_ns"], _end(r)])
+                w[0], w[1] = min(w[0], r["ts_ns"]), max(w[1], _end(r))
+    return {k: (a, b) for k, (a, b) in out.items()}
+
+
+def step_row(step: int, rank: int, coords: dict, recs: list[dict],
+             window: tuple[int, int] | None = None,
+             rank_compute: list[tuple[int, int]] | None = None) -> dict | None:
+    """One row of the step_rank table from one rank's records of one step; `window` is the
+    step's pipeline window (pipeline runs only) and `rank_compute` the rank's merged compute
+    spans of every step (a pipeline window can overlap the rank's previous optimizer step:
+    that rank is busy then, not in a bubble)."""
     timed = [r for r in recs if r.get("type") in ("span", "comm")]
     if not timed:
         return None
@@ -68,13 +103,22 @@ def step_row(step: int, rank: int, coords: dict, recs: list[dict]) -> dict | Non
     blocking = iv.union((c["ts_ns"], _end(c)) for c in comms if is_blocking(c, comp_spans))
     compute = iv.clip(iv.subtract(iv.union(comp_spans), blocking), t0, t1)
     comm = iv.clip(iv.union((c["ts_ns"], _end(c)) for c in comms), t0, t1)
+    bubble, pipe_idle = [], []
+    if window is not None:  # the simulator's convention: idle inside the whole window ...
+        pipe_idle = iv.subtract([window], rank_compute if rank_compute is not None
+                                else iv.union(comp_spans))
+        bubble = iv.clip(pipe_idle, t0, t1)  # ... of which the part inside this rank's step
+    exposed = iv.subtract(iv.subtract(comm, compute), bubble)
     overlap = iv.length(iv.intersect(compute, comm))
     comm_ns, comp_ns = iv.length(comm), iv.length(compute)
-    busy = iv.length(iv.union(compute + comm))
+    busy = iv.length(iv.union(compute + comm + bubble))
     return {"step": step, "rank": rank, "coords": coords, "pp": coords.get("pp"),
             "dp": coords.get("dp"), "tp": coords.get("tp"),
             "step_s": (t1 - t0) / NS, "compute_s": comp_ns / NS, "comm_s": comm_ns / NS,
-            "overlap_s": overlap / NS, "exposed_comm_s": (comm_ns - overlap) / NS,
+            "overlap_s": overlap / NS, "exposed_comm_s": iv.length(exposed) / NS,
+            "bubble_s": iv.length(bubble) / NS if window is not None else None,
+            "pipeline_window_s": (window[1] - window[0]) / NS if window is not None else None,
+            "pipeline_idle_s": iv.length(pipe_idle) / NS if window is not None else None,
             "idle_s": max(0, (t1 - t0) - busy) / NS,
             "overlap_pct": 100.0 * overlap / comm_ns if comm_ns else None,
             "comm_ops": len(comms), "has_step_span": bool(steps)}
@@ -83,10 +127,14 @@ def step_row(step: int, rank: int, coords: dict, recs: list[dict]) -> dict | Non
 def step_rank_table(tr: Traces) -> list[dict]:
     rows = []
     missing = 0
+    windows = pipeline_windows(tr)
     for rank, recs in sorted(tr.ranks.items()):
         coords = tr.coords(rank)
+        key = pipeline_key(coords)
+        busy = iv.union((r["ts_ns"], _end(r)) for r in recs if r.get("type") == "span"
+                        and r.get("cat") in COMPUTE_CATS) if windows else None
         for step, srecs in sorted(group_by_step(recs).items()):
-            row = step_row(step, rank, coords, srecs)
+            row = step_row(step, rank, coords, srecs, windows.get((step, key)), busy)
             if row is not None:
                 missing += not row["has_step_span"]
                 rows.append(row)
@@ -96,8 +144,39 @@ def step_rank_table(tr: Traces) -> list[dict]:
     return rows
 
 
+SUMMED = ("step_s", "compute_s", "comm_s", "overlap_s", "exposed_comm_s", "bubble_s", "idle_s")
+
+
+def ranks_table(step_rows: list[dict]) -> list[dict]:
+    """Per rank over the steady steps (rules.steady): the step-time breakdown as a mean per
+    step, and the rank's overlap share. What the time-per-rank chart draws."""
+    use = set(rules.steady(r["step"] for r in step_rows))
+    acc: dict[int, dict] = {}
+    for r in step_rows:
+        if r["step"] not in use:
+            continue
+        a = acc.setdefault(r["rank"], {"rank": r["rank"], "coords": r["coords"], "steps": 0,
+                                       **{k: 0.0 for k in SUMMED}, "pipeline": False})
+        a["steps"] += 1
+        for k in SUMMED:
+            a[k] += r[k] or 0.0
+        a["pipeline"] |= r["bubble_s"] is not None
+    out = []
+    for rank in sorted(acc):
+        a = acc[rank]
+        n = a.pop("steps")
+        pipe = a.pop("pipeline")
+        row = {"rank": rank, "coords": a["coords"], "steady_steps": n}
+        row.update({f"{k[:-2]}_mean_s": a[k] / n for k in SUMMED})
+        if not pipe:
+            row["bubble_mean_s"] = None
+        row["overlap_pct"] = 100.0 * a["overlap_s"] / a["comm_s"] if a["comm_s"] else None
+        out.append(row)
+    return out
+
+
 def tokens_per_step(spec: dict | None) -> int | None:
-    """Tokens in one optimizer step (the same rule as jobs.train.tokens_per_step): samples,
+    """Tokens in one optimizer step (the same rule as jobs.summary.tokens_per_step): samples,
     times seq_len for gpt."""
     if not spec or spec.get("kind", "train") != "train":
         return None
@@ -124,11 +203,3 @@ def throughput_table(step_rows: list[dict], spec: dict | None, summary: dict | N
                      "tokens_per_s": tokens / t if tokens and t else None,
                      "loss": loss if isinstance(loss, int | float) else None})
     return rows
-
-
-def median_after_first(values: dict[int, float]) -> float | None:
-    """Median over steps >= 1 (step 0 carries warm-up), or over all steps if only one."""
-    vals = [v for s, v in sorted(values.items()) if s >= 1 and v is not None]
-    if not vals:
-        vals = [v for v in values.values() if v is not None]
-    return statistics.median(vals) if vals else None

@@ -12,7 +12,8 @@ def test_empty_folder(tmp_path):
     assert "analysis_error" not in h and h["step_time_s"] is None
     a = json.loads((tmp_path / "analysis.json").read_text())
     assert any("no trace-rank" in w for w in a["warnings"])
-    assert all(rows == [] for rows in a["tables"].values())
+    assert all(rows == [] for name, rows in a["tables"].items() if name != "headline")
+    assert a["tables"]["headline"] == [h] and h["steps"] == 0 and h["steady_steps"] is None
 
 
 def test_torn_lines_missing_rank_no_end_unfinished_step(tmp_path):

@@ -42,6 +42,7 @@ def analyzed(settings, run_id):
 def test_metrics_404_before_analysis(client, run_id):
     r = client.get(f"/api/runs/{run_id}/metrics")
     assert r.status_code == 404 and "no analysis yet" in r.json()["detail"]
+    assert client.get(f"/api/runs/{run_id}/export", params={"format": "json"}).status_code == 404
     assert client.get(f"/api/runs/{run_id}/export").status_code == 404
     assert client.get("/api/runs/nope/metrics").status_code == 404
 

@@ -1,8 +1,9 @@
-"""Analysis of finished runs: metrics tables and trace export (issue 5).
+"""A run's analysis (every figure of the run page), its downloads, and the Gantt.
 
-The worker runs `jobs.analysis.write_analysis` after the job and uploads `analysis.json` and
-`trace.perfetto.json` with the run's other files; these routes serve them. Definitions of every
-table and metric: docs/analysis.md.
+Figures come from one place, `jobs.analysis`: the stored `analysis.json` the worker wrote when
+the run ended, or the same analysis of the partial traces while it runs
+(backend/run_traces.py). Definitions: docs/analysis.md. The Gantt (backend/gantt.py) is the
+one dashboard-only view: drawing segments, no metric.
 """
 
 from __future__ import annotations
@@ -12,12 +13,11 @@ from typing import Literal
 
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import FileResponse, Response
-from sqlalchemy import select
 
+from backend import crud, gantt, run_traces
 from backend.api.deps import DbDep, RunDep, SettingsDep
-from backend.models import Run
 from backend.storage import resolve_run_path
-from jobs.analysis import ANALYSIS_FILE, PERFETTO_FILE, TABLES, tables_to_csv
+from jobs.analysis import PERFETTO_FILE, TABLES, tables_to_csv
 from jobs.analysis.history import bandwidth_vs_sweep
 
 router = APIRouter(prefix="/api", tags=["analysis"])
@@ -34,35 +34,19 @@ def _check_table(table: str | None) -> None:
         raise _bad_query("table", f"unknown table {table!r} (tables: {', '.join(TABLES)})")
 
 
-def _run_file(settings, run, name: str, what: str):
-    path = resolve_run_path(settings.runs_dir, run.id, name)
-    if not path.is_file():
-        raise HTTPException(404, f"run {run.id} has no {what} yet (status {run.status}): the "
-                                 "worker writes it when the job ends")
-    return path
-
-
 def load_analysis(settings, run) -> dict:
-    path = _run_file(settings, run, ANALYSIS_FILE, "analysis")
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise HTTPException(500, f"run {run.id}: stored analysis is unreadable ({exc})") from exc
-
-
-def latest_sweep(db, run) -> Run | None:
-    """The newest succeeded bandwidth sweep on the same worker queue (one queue per host)."""
-    q = (select(Run).where(Run.kind == "collective_bench", Run.status == "succeeded",
-                           Run.queue == run.queue, Run.id != run.id)
-         .order_by(Run.created_at.desc()).limit(20))
-    return next((r for r in db.scalars(q) if (r.summary or {}).get("results")), None)
+    a = run_traces.analysis(settings.runs_dir / run.id, run.spec)
+    if a is None:
+        raise HTTPException(404, f"run {run.id} has no analysis yet (status {run.status}): no "
+                                 "trace has been written")
+    return a
 
 
 def sweep_join(db, run, analysis: dict) -> dict | None:
-    sweep = latest_sweep(db, run)
+    sweep = crud.latest_sweep(db, run.queue, exclude=run.id)
     if sweep is None:
         return None
-    rows = bandwidth_vs_sweep((analysis.get("tables") or {}).get("collectives") or [],
+    rows = bandwidth_vs_sweep((analysis.get("tables") or {}).get("bandwidth") or [],
                               sweep.summary)
     return {"sweep_run_id": sweep.id, "queue": sweep.queue,
             "created_at": sweep.created_at.isoformat() if sweep.created_at else None,
@@ -72,12 +56,14 @@ def sweep_join(db, run, analysis: dict) -> dict | None:
 @router.get("/runs/{run_id}/metrics")
 def get_metrics(run: RunDep, settings: SettingsDep, db: DbDep,
                 table: str | None = Query(None, description=_TABLE_DOC),
-                offset: int = Query(0, ge=0, description="with table: first row"),
-                limit: int | None = Query(None, ge=1, description="with table: at most rows"),
+                offset: int = Query(0, ge=0, le=2**31, description="with table: first row"),
+                limit: int | None = Query(None, ge=1, le=2**31,
+                                          description="with table: at most rows"),
                 ) -> dict:
-    """The run's analysis (headline, tables, warnings) plus `bandwidth_vs_sweep` (its
-    collectives next to the latest bandwidth sweep of the same hosts, or null), or one
-    table's rows with `?table=` (paged by offset / limit; `total` counts them all)."""
+    """The run's analysis (headline, rules, tables, warnings; `partial` while the run has no
+    stored analysis) plus `bandwidth_vs_sweep` (its bandwidth table next to the latest
+    bandwidth sweep of the same queue, or null), or one table's rows with `?table=` (paged by
+    offset / limit; `total` counts them all)."""
     _check_table(table)
     analysis = load_analysis(settings, run)
     if table is None:
@@ -92,13 +78,17 @@ def get_metrics(run: RunDep, settings: SettingsDep, db: DbDep,
 def export_run(run: RunDep, settings: SettingsDep,
                format: Literal["perfetto", "json", "csv"] = Query(
                    "perfetto", description="perfetto: Chrome-trace JSON of the whole run; json: "
-                   "the tables (or one); csv: one table"),
+                   "the analysis (or one table); csv: one table"),
                table: str | None = Query(None, description=_TABLE_DOC + " (required for csv)"),
                ) -> Response:
-    """Download the Perfetto trace, the tables as JSON, or one table as CSV."""
+    """Download the Perfetto trace, the analysis as JSON, or one table as CSV: the same
+    tables, names and values the run page shows."""
     _check_table(table)
     if format == "perfetto":
-        path = _run_file(settings, run, PERFETTO_FILE, "Perfetto trace")
+        path = resolve_run_path(settings.runs_dir, run.id, PERFETTO_FILE)
+        if not path.is_file():
+            raise HTTPException(404, f"run {run.id} has no Perfetto trace yet (status "
+                                     f"{run.status}): the worker writes it when the job ends")
         return FileResponse(path, media_type="application/json",
                             filename=f"paralab-{run.id}.perfetto.json")
     if format == "csv" and table is None:
@@ -116,3 +106,37 @@ def export_run(run: RunDep, settings: SettingsDep,
             f"paralab-{run.id}-analysis.json"
     return Response(body, media_type=media,
                     headers={"Content-Disposition": f'attachment; filename="{name}"'})
+
+
+def _gantt_trace(settings, run) -> gantt.Trace:
+    rt = run_traces.get(settings.runs_dir / run.id)
+    if rt is None:
+        raise HTTPException(404, f"run {run.id} has no trace files (yet)")
+    return run_traces.derived(rt, "gantt", gantt.columns)
+
+
+@router.get("/runs/{run_id}/gantt")
+def get_gantt(run: RunDep, settings: SettingsDep,
+              step: int | None = Query(None, ge=-1, le=2**31, description="one optimizer step"),
+              t0_ms: float | None = Query(None, allow_inf_nan=False,
+                                          description="window start, ms from the trace start"),
+              t1_ms: float | None = Query(None, allow_inf_nan=False,
+                                          description="window end, ms from the trace start"),
+              max_spans: int = Query(20000, ge=100, le=100000,
+                                     description="bound on the segments returned (level of "
+                                                 "detail)"),
+              px: int = Query(2000, ge=100, le=10000, description="drawing width in pixels"),
+              ) -> dict:
+    """Per-rank Gantt segments of a window. When the window holds more than `max_spans` spans,
+    spans closer than a bucket width are merged (`n` > 1), so the answer stays bounded."""
+    return gantt.gantt(_gantt_trace(settings, run), step=step, t0_ms=t0_ms, t1_ms=t1_ms,
+                       max_spans=max_spans, px=px)
+
+
+@router.get("/runs/{run_id}/gantt/steps")
+def gantt_steps(run: RunDep, settings: SettingsDep) -> dict:
+    """The trace's optimizer steps and their windows (ms from the trace start), for the step
+    selector, without any span."""
+    trace = _gantt_trace(settings, run)
+    return {"steps": trace.steps, "ranks": len(gantt.rows_of(trace)),
+            "spans": int(len(trace.cols["t0"]))}

@@ -7,7 +7,7 @@ from __future__ import annotations
 from fastapi import APIRouter, BackgroundTasks, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
-from backend import crud, views
+from backend import crud, run_traces
 from backend.api.deps import DbDep, RunDep, SettingsDep, WorkerDep
 from backend.api.schemas import ClaimIn, FinishIn, LogBatch, WorkerIn
 from backend.core.db import get_sessionmaker
@@ -57,7 +57,7 @@ def finish(db: DbDep, run: RunDep, body: FinishIn, _: WorkerDep, settings: Setti
     run = crud.finish(db, run.id, status=body.status, exit_code=body.exit_code, error=body.error,
                       summary=body.summary, provenance=body.provenance)
     if body.summary is not None:  # the files are uploaded: parse the trace before anyone asks
-        background.add_task(views.load_trace, settings.runs_dir / run.id)
+        background.add_task(run_traces.warm, settings.runs_dir / run.id)
     return {"status": run.status}
 
 

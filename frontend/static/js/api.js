@@ -25,20 +25,6 @@ const qs = (params) => {
   return clean.length ? "?" + new URLSearchParams(clean) : "";
 };
 
-// A table from the analysis endpoints: a list of row objects, or {columns, rows: [[...]]}.
-export function rowsOf(table) {
-  if (!table) return [];
-  if (Array.isArray(table)) {
-    if (table.length && Array.isArray(table[0])) return [];
-    return table;
-  }
-  const rows = table.rows || table.data || [];
-  if (rows.length && Array.isArray(rows[0]) && table.columns) {
-    return rows.map((r) => Object.fromEntries(table.columns.map((c, i) => [c, r[i]])));
-  }
-  return rows;
-}
-
 async function optional(promise) {
   try { return await promise; } catch (e) { if (e.status === 404) return null; throw e; }
 }
@@ -58,26 +44,17 @@ export const api = {
   logStream: (id, rank) => new EventSource(`/api/runs/${enc(id)}/logs/stream` + qs({ rank })),
   ganttSteps: (id) => request("GET", `/api/runs/${enc(id)}/gantt/steps`),
   gantt: (id, params = {}) => request("GET", `/api/runs/${enc(id)}/gantt` + qs(params)),
-  breakdown: (id) => optional(request("GET", `/api/runs/${enc(id)}/breakdown`)),
-  comm: (id) => optional(request("GET", `/api/runs/${enc(id)}/comm`)),
   sweeps: (ids) => request("GET", "/api/sweeps" + qs({ ids: ids?.join(",") })),
   schedules: () => request("GET", "/api/schedules"),
   exploreSchedule: (params) => request("GET", "/api/schedules/explore" + qs(params)),
-  // The analysis (issue 5) of a finished run, fetched once per page.
-  metrics(id) {
-    metricsCache[id] ??= optional(request("GET", `/api/runs/${enc(id)}/metrics`));
+  // The run's analysis (jobs.analysis: headline, rules, tables): every figure a page shows
+  // comes from it. Fetched once per page; `fresh` asks again (a run still going). null: none yet.
+  metrics(id, { fresh = false } = {}) {
+    if (fresh || !metricsCache[id]) {
+      metricsCache[id] = optional(request("GET", `/api/runs/${enc(id)}/metrics`));
+    }
     return metricsCache[id];
   },
-  // Memory rows {rank, component, measured_bytes, predicted_bytes, error_pct}: the analysis
-  // endpoint's table when it has one, else the dashboard's own view of the trace + theory.
-  async memory(id) {
-    let metrics = null;
-    try { metrics = await api.metrics(id); } catch { metrics = null; }
-    const rows = rowsOf(metrics?.tables?.memory);
-    if (rows.length && rows[0].measured_bytes !== undefined) return { rows, source: "metrics" };
-    return optional(request("GET", `/api/runs/${enc(id)}/memory`));
-  },
-  tableUrl: (id, name, fmt) => `/api/runs/${enc(id)}/tables/${enc(name)}.${fmt}`,
   exportUrl: (id, format, table) => `/api/runs/${enc(id)}/export` + qs({ format, table }),
   fileUrl: (id, path) => `/api/runs/${enc(id)}/files/${path.split("/").map(enc).join("/")}`,
 };

@@ -1,23 +1,25 @@
-// Communication: bytes per mesh axis, per-collective busbw against message size next to the
-// latest sweep, and per-rank overlap / exposed communication with stragglers highlighted.
-import { api, rowsOf } from "./api.js";
+// Communication: bytes per mesh axis, bus bandwidth against message size next to the latest
+// sweep, and the per-rank step-time breakdown with the straggler marked. Every value is a cell
+// of the run's analysis tables (axis_bytes, bandwidth, ranks) or its headline.
+import { table, headlineOf, rule, stepsLabel } from "./analysis.js";
 import { COMPONENT_COLORS, PALETTE, emptyChart, layout, plot } from "./charts.js";
 import { $, esc } from "./dom.js";
 
-export function busbwTraces(collectives, prefix = "", dash = "solid") {
+// `rows`: the analysis' bandwidth table (median per op, axis, size and group size)
+export function busbwTraces(rows, prefix = "", dash = "solid") {
   const groups = new Map();
-  for (const c of collectives) {
+  for (const c of rows) {
     const key = `${c.op} (${c.axis})`;
     if (!groups.has(key)) groups.set(key, []);
     groups.get(key).push(c);
   }
   return [...groups.entries()].map(([key, pts], i) => {
-    pts.sort((a, b) => a.bytes - b.bytes);
+    pts.sort((a, b) => a.payload_bytes - b.payload_bytes);
     return { type: "scatter", mode: "lines+markers", name: esc(prefix + key),
-      x: pts.map((p) => p.bytes), y: pts.map((p) => p.busbw_GBps),
+      x: pts.map((p) => p.payload_bytes), y: pts.map((p) => p.busbw_GBps),
       line: { dash, color: PALETTE[i % PALETTE.length] },
-      text: pts.map((p) => `${esc(prefix + key)}<br>${p.count ?? ""} calls, mean ` +
-        `${(p.time_us_mean ?? 0).toFixed(1)} µs`),
+      text: pts.map((p) => `${esc(prefix + key)}<br>${p.instances} instances, median transfer ` +
+        `${(p.duration_median_s * 1e6).toFixed(1)} µs`),
       hovertemplate: "%{text}<br>%{x} B → %{y:.4g} GB/s<extra></extra>" };
   });
 }
@@ -38,58 +40,51 @@ export function sweepTraces(sweep, ops) {
     hovertemplate: `${esc(key)} (sweep)<br>%{x} B → %{y:.4g} GB/s<extra></extra>` }));
 }
 
-export async function mountComm(runId) {
-  let data;
-  try { data = await api.comm(runId); } catch (e) { emptyChart($("#comm-axis"), e.message); return null; }
-  if (!data) { emptyChart($("#comm-axis"), "no trace for this run"); return null; }
-  const ranks = [...new Set(data.axis_bytes.map((r) => r.rank))].sort((a, b) => a - b);
-  const axes = [...new Set(data.axis_bytes.map((r) => r.axis))];
+export async function mountComm(analysis, sweep) {
+  const h = headlineOf(analysis);
+  const axisRows = table(analysis, "axis_bytes");
+  const ranks = [...new Set(axisRows.map((r) => r.rank))].sort((a, b) => a - b);
+  const axes = [...new Set(axisRows.map((r) => r.axis))];
   if (axes.length) {
     await plot($("#comm-axis"), axes.map((ax, i) => ({
       type: "bar", name: esc(ax), x: ranks.map((r) => `rank ${r}`), marker: { color: PALETTE[i] },
-      y: ranks.map((r) => (data.axis_bytes.find((x) => x.rank === r && x.axis === ax)
-        ?.bytes_sent ?? 0) / 1e6),
-      hovertemplate: `${esc(ax)} %{x}: %{y:.4g} MB<extra></extra>` })),
-    layout("Bytes sent per mesh axis (whole run)", "rank", "MB sent", { barmode: "group" }));
+      y: ranks.map((r) => (axisRows.find((x) => x.rank === r && x.axis === ax)
+        ?.bytes_sent_per_step ?? 0) / 1e6),
+      hovertemplate: `${esc(ax)} %{x}: %{y:.4g} MB per step<extra></extra>` })),
+    layout("Bytes sent per step, per mesh axis", "rank", "MB sent per step", { barmode: "group" }));
   } else emptyChart($("#comm-axis"), "no communication in this run");
-  const ops = new Set(data.collectives.map((c) => c.op));
-  const bw = [...busbwTraces(data.collectives), ...sweepTraces(data.sweep, ops)];
+  const bwRows = table(analysis, "bandwidth");
+  const ops = new Set(bwRows.map((c) => c.op));
+  const bw = [...busbwTraces(bwRows), ...sweepTraces(sweep, ops)];
   if (bw.length) {
-    await plot($("#comm-busbw"), bw, layout("Bus bandwidth per collective vs message size",
-      "message size (bytes)", "busbw (GB/s)", { xaxis: { type: "log" }, yaxis: { type: "log" } }));
+    await plot($("#comm-busbw"), bw, layout(`Bus bandwidth per collective vs message size ` +
+      `(median, ${stepsLabel(h)})`, "message size (bytes)", "busbw (GB/s)",
+    { xaxis: { type: "log" }, yaxis: { type: "log" } }));
   } else emptyChart($("#comm-busbw"), "no collectives");
-  await markStragglers(runId, data.ranks);
-  if (data.ranks.length) await overlapChart($("#comm-overlap"), data.ranks);
-  return data;
+  const rankRows = table(analysis, "ranks");
+  if (rankRows.length) await overlapChart($("#comm-overlap"), rankRows, h, analysis);
 }
 
-// The analysis' per-step stragglers (the rank the others waited for longest), when present,
-// replace the compute-time heuristic: a straggler is last in at least half of the steps.
-async function markStragglers(runId, ranks) {
-  let rows = [];
-  try { rows = rowsOf((await api.metrics(runId))?.tables?.stragglers); } catch { rows = []; }
-  rows = rows.filter((r) => r.rank !== undefined && r.rank !== null);
-  if (!rows.length || ranks.length < 2) return;
-  const count = new Map();
-  for (const r of rows) count.set(r.rank, (count.get(r.rank) || 0) + 1);
-  for (const r of ranks) r.straggler = (count.get(r.rank) || 0) >= rows.length / 2;
-}
-
-async function overlapChart(div, ranks) {
-  const x = ranks.map((r) => `rank ${r.rank}${r.straggler ? " ⚠ straggler" : ""}`);
-  const part = (key, name, color) => ({ type: "bar", name, x, y: ranks.map((r) => r[key] * 1e3),
-    marker: { color, line: { color: ranks.map((r) => (r.straggler ? "#b00020" : color)),
-      width: ranks.map((r) => (r.straggler ? 3 : 0)) } },
+// The ranks table: per rank, the mean step over the steady steps split into compute, exposed
+// comm, bubble and idle (they add up to the step); the straggler is the headline's.
+async function overlapChart(div, ranks, h, analysis) {
+  const strag = h.straggler_rank;
+  const x = ranks.map((r) => `rank ${r.rank}${r.rank === strag ? " ⚠ straggler" : ""}`);
+  const part = (key, name, color) => ({ type: "bar", name, x, y: ranks.map((r) => (r[key] ?? 0) * 1e3),
+    marker: { color, line: { color: ranks.map((r) => (r.rank === strag ? "#b00020" : color)),
+      width: ranks.map((r) => (r.rank === strag ? 3 : 0)) } },
     hovertemplate: `${name} %{x}: %{y:.3f} ms<extra></extra>` });
-  const overlapped = ranks.map((r) => (r.comm_s - r.exposed_comm_s) * 1e3);
-  const traces = [part("compute_s", "compute", "#4e79a7"),
-    part("exposed_comm_s", "exposed comm", "#e15759"),
-    part("bubble_s", "bubble", "#edc948"), part("idle_s", "idle", "#bab0ac"),
+  const overlapped = ranks.map((r) => r.overlap_mean_s * 1e3);
+  const traces = [part("compute_mean_s", "compute", "#4e79a7"),
+    part("exposed_comm_mean_s", "exposed comm", "#e15759"),
+    part("bubble_mean_s", "bubble", "#edc948"), part("idle_mean_s", "idle", "#bab0ac"),
     { type: "scatter", mode: "markers+text", name: "comm overlapped with compute", x,
       y: overlapped, marker: { color: COMPONENT_COLORS.optim, size: 10, symbol: "diamond" },
       text: ranks.map((r) => (r.overlap_pct === null ? "" : `${r.overlap_pct.toFixed(0)} %`)),
       textposition: "top center", hovertemplate: "overlapped %{x}: %{y:.3f} ms<extra></extra>" }];
-  await plot(div, traces, layout("Time per rank over all steps: compute, exposed comm, bubble, " +
-    "idle (◆ overlapped comm, % overlap)", "rank", "time (ms)", { barmode: "stack" }));
-  div.dataset.stragglers = String(ranks.filter((r) => r.straggler).length);
+  await plot(div, traces, layout(`Mean step per rank (${stepsLabel(h)}): compute, exposed comm, ` +
+    "bubble, idle (◆ overlapped comm, % of the rank's comm)", "rank", "time per step (ms)",
+  { barmode: "stack" }));
+  div.dataset.stragglers = String(strag === null || strag === undefined ? 0 : 1);
+  div.title = rule(analysis, "straggler");
 }

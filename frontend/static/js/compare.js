@@ -1,9 +1,10 @@
 // Compare 2-4 runs (/compare?ids=a,b): a config diff that highlights what differs, step-time
 // breakdown, memory per rank, busbw and overlaid loss curves. The URL is the shareable view.
+import { headlineOf, stepsLabel, table } from "./analysis.js";
 import { api } from "./api.js";
 import { PALETTE, emptyChart, layout, plot } from "./charts.js";
 import { busbwTraces } from "./comm.js";
-import { $, degrees, el, esc, fmtSeconds, headline, statusBadge } from "./dom.js";
+import { $, degrees, el, esc, fmtPct, fmtSeconds, statusBadge } from "./dom.js";
 import { memoryTotals } from "./memory.js";
 
 const DASHES = ["solid", "dash", "dot", "dashdot"];
@@ -44,31 +45,32 @@ function diffTable(runs) {
     el("tbody", {}, ...rows));
 }
 
-function heads(runs) {
-  $("#compare-heads").replaceChildren(...runs.map((r) => {
-    const h = headline(r);
-    return el("div", { class: "card" }, el("div", { class: "label", text: r.id }),
+function heads(runs, analyses) {
+  $("#compare-heads").replaceChildren(...runs.map((r, i) => {
+    const h = headlineOf(analyses[i]);
+    return el("div", { class: "card", dataset: { run: r.id, stepTime: h.step_time_s ?? "" } },
+      el("div", { class: "label", text: r.id }),
       el("div", { class: "value", text: r.name }), el("div", { class: "sub" }, statusBadge(r.status),
-        ` ${r.strategy} · ${degrees(r)} · step ${fmtSeconds(h.step_time_s)}`));
+        ` ${r.strategy} · ${degrees(r)} · step ${fmtSeconds(h.step_time_s)} (median of ` +
+        `${stepsLabel(h)}) · bubble ${fmtPct(h.bubble_fraction, true)}`));
   }));
 }
 
-async function charts(runs) {
+async function charts(runs, analyses) {
   const names = runs.map((r) => esc(label(r)));
-  const [bds, mems, comms] = await Promise.all([
-    Promise.all(runs.map((r) => api.breakdown(r.id).catch(() => null))),
-    Promise.all(runs.map((r) => api.memory(r.id).catch(() => null))),
-    Promise.all(runs.map((r) => api.comm(r.id).catch(() => null)))]);
+  const heads = analyses.map(headlineOf);
   const parts = [["compute_s", "compute", "#4e79a7"], ["exposed_comm_s", "exposed comm", "#e15759"],
     ["bubble_s", "bubble", "#edc948"], ["idle_s", "idle", "#bab0ac"]];
-  if (bds.some(Boolean)) {
+  if (analyses.some(Boolean)) {
     await plot($("#cmp-breakdown"), parts.map(([k, n, c]) => ({ type: "bar", name: n, x: names,
-      y: bds.map((b) => (b?.mean?.[k] ?? 0) * 1e3), marker: { color: c },
-      hovertemplate: `${n}: %{y:.3f} ms<extra></extra>` })),
-    layout("Step time breakdown (mean per step and rank)", "run", "time (ms)", { barmode: "stack" }));
+      y: heads.map((h) => (h[k] ?? 0) * 1e3), marker: { color: c },
+      customdata: heads.map((h) => stepsLabel(h)),
+      hovertemplate: `${n}: %{y:.3f} ms (%{customdata})<extra></extra>` })),
+    layout("Step time breakdown (mean per steady step and rank)", "run", "time (ms)",
+      { barmode: "stack" }));
   } else emptyChart($("#cmp-breakdown"), "no traces to break down");
-  const memTraces = mems.map((m, i) => {
-    const t = memoryTotals(m?.rows || []);
+  const memTraces = analyses.map((a, i) => {
+    const t = memoryTotals(table(a, "memory"));
     return { type: "bar", name: names[i], x: t.map((x) => `rank ${x.rank}`),
       y: t.map((x) => x.measured / 1e6), marker: { color: PALETTE[i] },
       hovertemplate: `${names[i]}<br>%{x}: %{y:.4g} MB<extra></extra>` };
@@ -77,16 +79,18 @@ async function charts(runs) {
     await plot($("#cmp-memory"), memTraces, layout("Peak memory per rank (measured)", "rank",
       "memory (MB)", { barmode: "group" }));
   } else emptyChart($("#cmp-memory"), "no memory samples");
-  const bw = comms.flatMap((c, i) => (c ? busbwTraces(c.collectives, `${label(runs[i])}: `,
-    DASHES[i]) : []));
+  const bw = analyses.flatMap((a, i) => busbwTraces(table(a, "bandwidth"), `${label(runs[i])}: `,
+    DASHES[i]));
   if (bw.length) {
     await plot($("#cmp-busbw"), bw, layout("Bus bandwidth per collective", "message size (bytes)",
       "busbw (GB/s)", { xaxis: { type: "log" }, yaxis: { type: "log" } }));
   } else emptyChart($("#cmp-busbw"), "no collectives");
-  const loss = runs.filter((r) => r.summary?.loss?.length).map((r, i) => ({
-    type: "scatter", mode: "lines+markers", name: esc(label(r)), x: r.summary.loss.map((_, j) => j),
-    y: r.summary.loss, line: { dash: DASHES[i % 4] },
-    hovertemplate: `${esc(label(r))}<br>step %{x}: %{y:.5g}<extra></extra>` }));
+  const loss = analyses.map((a, i) => {
+    const rows = table(a, "throughput").filter((x) => x.loss !== null);
+    return { type: "scatter", mode: "lines+markers", name: names[i], x: rows.map((x) => x.step),
+      y: rows.map((x) => x.loss), line: { dash: DASHES[i % 4] },
+      hovertemplate: `${names[i]}<br>step %{x}: %{y:.5g}<extra></extra>` };
+  }).filter((t) => t.x.length);
   if (loss.length) await plot($("#cmp-loss"), loss, layout("Loss", "step", "loss"));
   else emptyChart($("#cmp-loss"), "no loss curves");
 }
@@ -107,10 +111,11 @@ async function init() {
     $("#compare-error").textContent = e.message;
     return;
   }
-  heads(runs);
+  const analyses = await Promise.all(runs.map((r) => api.metrics(r.id).catch(() => null)));
+  heads(runs, analyses);
   diffTable(runs);
   $("#show-all").addEventListener("change", () => diffTable(runs));
-  await charts(runs);
+  await charts(runs, analyses);
   document.body.dataset.chartsReady = "1";
 }
 

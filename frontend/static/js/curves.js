@@ -1,32 +1,30 @@
-// Loss and throughput curves from the run's summary (per-step loss and step times).
+// Loss, step time and throughput per step: the analysis' throughput table (the loss the job
+// logged, the slowest rank's step span, tokens / step time).
+import { table } from "./analysis.js";
 import { emptyChart, layout, plot } from "./charts.js";
 
-export function tokensPerStep(summary) {
-  const s = summary || {};
-  return s.tokens_per_s && s.mean_step_time_s ? s.tokens_per_s * s.mean_step_time_s : null;
-}
-
-export async function mountCurves(run, lossDiv, tputDiv) {
-  const s = run.summary || {};
-  const loss = Array.isArray(s.loss) ? s.loss : [];
-  const times = Array.isArray(s.step_time_s) ? s.step_time_s : [];
+export async function mountCurves(analysis, lossDiv, tputDiv) {
+  const rows = table(analysis, "throughput");
+  const loss = rows.filter((r) => r.loss !== null);
+  const timed = rows.filter((r) => r.step_s !== null);
   if (loss.length) {
     await plot(lossDiv, [{ type: "scatter", mode: "lines+markers", name: "loss",
-      x: loss.map((_, i) => i), y: loss, hovertemplate: "step %{x}: %{y:.5g}<extra></extra>" }],
+      x: loss.map((r) => r.step), y: loss.map((r) => r.loss),
+      hovertemplate: "step %{x}: %{y:.5g}<extra></extra>" }],
     layout("Training loss", "step", "loss"));
   } else emptyChart(lossDiv, "no loss recorded");
-  if (times.length) {
-    const tps = tokensPerStep(s);
+  if (timed.length) {
     const traces = [{ type: "scatter", mode: "lines+markers", name: "step time",
-      x: times.map((_, i) => i), y: times.map((t) => t * 1e3),
+      x: timed.map((r) => r.step), y: timed.map((r) => r.step_s * 1e3),
       hovertemplate: "step %{x}: %{y:.3f} ms<extra></extra>" }];
-    if (tps) {
+    if (timed.some((r) => r.tokens_per_s)) {
       traces.push({ type: "scatter", mode: "lines", name: "throughput", yaxis: "y2",
-        x: times.map((_, i) => i), y: times.map((t) => (t > 0 ? tps / t : null)),
+        x: timed.map((r) => r.step), y: timed.map((r) => r.tokens_per_s),
         line: { dash: "dot" }, hovertemplate: "step %{x}: %{y:.4g} tokens/s<extra></extra>" });
     }
-    await plot(tputDiv, traces, layout("Step time and throughput", "step", "step time (ms)", {
-      yaxis2: { title: { text: "throughput (tokens/s)" }, overlaying: "y", side: "right" },
-      margin: { l: 70, r: 70, t: 45, b: 80 } }));
+    await plot(tputDiv, traces, layout("Step time (slowest rank) and throughput", "step",
+      "step time (ms)", {
+        yaxis2: { title: { text: "throughput (tokens/s)" }, overlaying: "y", side: "right" },
+        margin: { l: 70, r: 70, t: 45, b: 80 } }));
   } else emptyChart(tputDiv, "no step times recorded");
 }

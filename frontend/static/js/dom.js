@@ -63,13 +63,13 @@ export function showError(target, e) {
   target.replaceChildren(el("p", { class: "error", role: "alert", text: e?.message || String(e) }));
 }
 
-// Metric headline values: the run's metrics (analysis) with the summary as a fallback.
+// A run's headline figures in the history: the analysis headline the worker stored with the run
+// (`metrics`); "–" until the run has been analysed.
 export function headline(run) {
   const m = run.metrics || {};
-  const s = run.summary || {};
   return {
-    step_time_s: m.step_time_s ?? s.mean_step_time_s ?? null,
-    tokens_per_s: m.tokens_per_s ?? s.tokens_per_s ?? null,
+    step_time_s: m.step_time_s ?? null,
+    tokens_per_s: m.tokens_per_s ?? null,
     peak_memory_bytes: m.peak_memory_bytes ?? null,
     bubble_fraction: m.bubble_fraction ?? null,
     overlap_pct: m.overlap_pct ?? null,

@@ -4,7 +4,8 @@
 // sends (level of detail), and zooming asks it again for the finer window.
 import { api } from "./api.js";
 import { PALETTE, Plotly } from "./charts.js";
-import { $, el, esc } from "./dom.js";
+import { stepsLabel } from "./analysis.js";
+import { $, el, esc, fmtPct } from "./dom.js";
 
 const COMM_COLORS = ["#1f3b73", "#8c2d04", "#006d2c", "#54278f", "#a50f15", "#08519c",
   "#7f2704", "#252525"];
@@ -109,7 +110,8 @@ function theoryTraces(theory, base) {
 }
 
 export class Gantt {
-  constructor(div, runId, info) {
+  constructor(div, runId, info, headline) {
+    this.headline = headline || {};
     this.div = div;
     this.runId = runId;
     this.info = info;
@@ -168,10 +170,13 @@ export class Gantt {
         d.totalSpans = String(data.total_spans);
         d.segments = String(data.returned);
         d.ready = "1";
+        d.simulatedBubble = theory ? String(theory.bubble_fraction) : "";
         this.info.textContent = `${data.total_spans.toLocaleString()} spans in view, ` +
           `${data.returned.toLocaleString()} drawn` +
           (data.lod.merged ? ` (merged below ${data.lod.bucket_ms.toPrecision(3)} ms)` : "") +
-          (theory ? ` · simulated bubble ${(theory.bubble_fraction * 100).toFixed(1)} %` : "") +
+          (theory ? ` · bubble: measured ${fmtPct(this.headline?.bubble_fraction, true)}, ` +
+            `simulated ${fmtPct(theory.bubble_fraction, true)} (${stepsLabel(this.headline)}` +
+            " stage times)" : "") +
           ` · ${Math.round(performance.now() - t0)} ms to draw`;
         if (!this.bound) this.bindZoom();
       });
@@ -203,9 +208,9 @@ function fillSteps(sel, list, current) {
 
 // Pipeline runs open on one steady step (with the simulated schedule under it); the others on
 // the whole run, in one request.
-export async function mountGantt(runId, pipeline = false) {
+export async function mountGantt(runId, pipeline = false, headline = {}) {
   const div = $("#gantt");
-  const g = new Gantt(div, runId, $("#gantt-info"));
+  const g = new Gantt(div, runId, $("#gantt-info"), headline);
   const sel = $("#gantt-step");
   try {
     if (pipeline) {

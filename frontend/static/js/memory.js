@@ -1,5 +1,6 @@
-// Memory per rank, stacked by component, measured next to predicted, with the error.
-import { api } from "./api.js";
+// Memory per rank, stacked by component, measured next to predicted, with the error: the
+// analysis' memory table (jobs/analysis/memory.py).
+import { table } from "./analysis.js";
 import { COMPONENT_COLORS, emptyChart, layout, plot } from "./charts.js";
 import { el, esc, fmtBytes, fmtPct } from "./dom.js";
 
@@ -21,10 +22,8 @@ export function memoryTotals(rows) {
   return [...by.values()].sort((a, b) => a.rank - b.rank);
 }
 
-export async function mountMemory(runId, div, table) {
-  let res;
-  try { res = await api.memory(runId); } catch (e) { emptyChart(div, e.message); return null; }
-  const rows = res?.rows || [];
+export async function mountMemory(analysis, div, tableEl) {
+  const rows = table(analysis, "memory");
   if (!rows.length) { emptyChart(div, "no memory samples in this run's trace"); return null; }
   const ranks = [...new Set(rows.map((r) => r.rank))].sort((a, b) => a - b);
   const comps = [...new Set(parts(rows).map((r) => r.component))];
@@ -37,9 +36,8 @@ export async function mountMemory(runId, div, table) {
     for (const r of ranks) {
       const row = rows.find((x) => x.rank === r && x.component === c);
       y.push((row?.measured_bytes ?? 0) / 1e6, (row?.predicted_bytes ?? 0) / 1e6);
-      const err = row?.error_pct;
       const t = `${esc(c)} rank ${r}<br>measured ${fmtBytes(row?.measured_bytes)}<br>` +
-        `predicted ${fmtBytes(row?.predicted_bytes)}<br>error ${fmtPct(err)}`;
+        `predicted ${fmtBytes(row?.predicted_bytes)}<br>error ${fmtPct(row?.error_pct)}`;
       text.push(t, t);
     }
     return { type: "bar", name: esc(c), x: [xr, xk], y, text, textposition: "none",
@@ -55,11 +53,10 @@ export async function mountMemory(runId, div, table) {
     "memory (MB)", { barmode: "stack", annotations });
   await plot(div, traces, lay);
   div.dataset.ranks = String(ranks.length);
-  div.dataset.source = res.source || "";
-  if (table) {
-    table.replaceChildren(el("thead", {}, el("tr", {}, ...["rank", "component", "measured",
+  if (tableEl) {
+    tableEl.replaceChildren(el("thead", {}, el("tr", {}, ...["rank", "component", "measured",
       "predicted", "error"].map((h) => el("th", { text: h })))),
-    el("tbody", {}, ...rows.map((r) => el("tr", { dataset: { rank: r.rank } },
+    el("tbody", {}, ...rows.map((r) => el("tr", { dataset: { rank: r.rank, component: r.component } },
       el("td", { text: r.rank }), el("td", { text: r.component }),
       el("td", { class: "num", text: fmtBytes(r.measured_bytes) }),
       el("td", { class: "num", text: fmtBytes(r.predicted_bytes) }),

@@ -1,12 +1,12 @@
 // The run page: live status and log stream (SSE) with a rank filter, metric cards, downloads,
 // and the charts (Gantt, memory, communication, curves) once the run has a trace.
+import { headlineOf, rule, stepsLabel } from "./analysis.js";
 import { api } from "./api.js";
 import { mountComm } from "./comm.js";
 import { mountCurves } from "./curves.js";
-import { $, degrees, el, fmtBytes, fmtDate, fmtPct, fmtSeconds, headline, statusBadge }
-  from "./dom.js";
+import { $, degrees, el, fmtBytes, fmtDate, fmtPct, fmtSeconds, statusBadge } from "./dom.js";
 import { mountGantt } from "./gantt.js";
-import { memoryTotals, mountMemory } from "./memory.js";
+import { mountMemory } from "./memory.js";
 import { mountSweepChart } from "./sweeps.js";
 
 const runId = decodeURIComponent(location.pathname.split("/").filter(Boolean)[1] || "");
@@ -15,7 +15,7 @@ let run = null;
 let stream = null;
 let chartsLoaded = false;
 let logLines = [];
-const extra = {};
+let analysis = null; // GET /metrics: every figure on this page
 
 function renderHead() {
   document.title = `${run.name} · paralab`;
@@ -32,9 +32,13 @@ function renderHead() {
   renderCards();
 }
 
-function card(label, value, sub) {
-  return el("div", { class: "card", dataset: { card: label } }, el("div", { class: "label", text: label }),
-    el("div", { class: "value", text: value }), sub ? el("div", { class: "sub", text: sub }) : null);
+// One card per headline figure of the analysis; `data-value` carries the raw number (what the
+// export's headline table holds), the title the rule the figure follows.
+function card(key, label, value, text, sub, ruleText) {
+  return el("div", { class: "card", title: ruleText || null,
+    dataset: { card: label, key, value: value === null || value === undefined ? "" : String(value) } },
+  el("div", { class: "label", text: label }), el("div", { class: "value", text }),
+  sub ? el("div", { class: "sub", text: sub }) : null);
 }
 
 // How the layers were cut into stages (summary.pipeline.partition), e.g. " · layers 2/3 (measured)"
@@ -45,33 +49,41 @@ function partitionNote() {
 }
 
 function renderCards() {
-  const h = headline(run);
-  const peak = h.peak_memory_bytes ?? (extra.memory ? Math.max(...memoryTotals(extra.memory)
-    .map((t) => t.measured)) : null);
-  const b = extra.breakdown?.mean;
-  const bubble = h.bubble_fraction ?? (b && run.pp > 1 && b.step_s ? b.bubble_s / b.step_s : null);
-  const ranks = extra.comm?.ranks || [];
-  const ov = ranks.filter((r) => r.overlap_pct !== null);
-  const overlap = h.overlap_pct ?? (ov.length ? ov.reduce((a, r) => a + r.overlap_pct, 0) / ov.length
-    : null);
+  const a = analysis;
+  const h = headlineOf(a);
+  const steps = a ? stepsLabel(h) : "no trace yet";
+  const tok = h.tokens_per_s;
+  const strag = h.straggler_rank;
+  const bubbleSub = run.pp > 1 ? `measured; simulated ${fmtPct(h.bubble_simulated_fraction, true)}` +
+    ` · predicted ${fmtPct(h.predicted_bubble_fraction, true)} · ${steps}${partitionNote()}`
+    : "no pipeline";
   $("#cards").replaceChildren(
-    card("step time", fmtSeconds(h.step_time_s), "mean per step"),
-    card("throughput", h.tokens_per_s ? `${Math.round(h.tokens_per_s).toLocaleString()} tok/s` : "–"),
-    card("peak memory", fmtBytes(peak), "busiest rank, model state + activations"),
-    card("bubble", fmtPct(bubble, true), run.pp > 1 ? `idle in pipeline steps${partitionNote()}`
-      : "no pipeline"),
-    card("overlap", fmtPct(overlap), "comm hidden under compute"),
-    card("exposed comm", fmtSeconds(b?.exposed_comm_s), "mean per step and rank"));
+    card("step_time_s", "step time", h.step_time_s, fmtSeconds(h.step_time_s),
+      `median of ${steps}`, rule(a, "step_time")),
+    card("tokens_per_s", "throughput", tok, tok ? `${Math.round(tok).toLocaleString()} tok/s` : "–",
+      steps),
+    card("peak_memory_bytes", "peak memory", h.peak_memory_bytes, fmtBytes(h.peak_memory_bytes),
+      "busiest rank, model state + activations"),
+    card("bubble_fraction", "bubble", h.bubble_fraction, fmtPct(h.bubble_fraction, true),
+      bubbleSub, rule(a, "bubble")),
+    card("overlap_pct", "overlap", h.overlap_pct, fmtPct(h.overlap_pct),
+      `comm hidden under compute, ${steps}`, rule(a, "overlap")),
+    card("exposed_comm_s", "exposed comm", h.exposed_comm_s, fmtSeconds(h.exposed_comm_s),
+      `mean per step and rank, ${steps}`, rule(a, "exposed_comm")),
+    card("straggler_rank", "straggler", strag, strag === null || strag === undefined ? "none"
+      : `rank ${strag}`, strag === null || strag === undefined ? "no rank kept the others waiting"
+      : `last to arrive in ${h.straggler_flagged_steps} steps, median wait ` +
+        `${fmtSeconds(h.straggler_wait_s)}`, rule(a, "straggler")));
+  $("#cards").title = a ? rule(a, "steady_steps") : "";
 }
 
 async function renderDownloads() {
   const box = $("#downloads");
+  const names = Object.keys(analysis?.tables || {});
   const links = [
     ["Perfetto trace", api.exportUrl(run.id, "perfetto")],
-    ["analysis CSV", api.exportUrl(run.id, "csv")],
     ["analysis JSON", api.exportUrl(run.id, "json")],
-    ...["step_rank", "memory", "collectives", "axis_bytes", "rank_comm"].flatMap((t) => [
-      [`${t}.csv`, api.tableUrl(run.id, t, "csv")], [`${t}.json`, api.tableUrl(run.id, t, "json")]]),
+    ...names.map((t) => [`${t}.csv`, api.exportUrl(run.id, "csv", t)]),
   ];
   let files = [];
   try { files = await api.files(run.id); } catch { files = []; }
@@ -117,23 +129,30 @@ function connect() {
 async function loadCharts() {
   if (chartsLoaded) return;
   chartsLoaded = true;
+  try { analysis = await api.metrics(run.id, { fresh: true }); } catch (e) {
+    $("#run-error").textContent = e.message;
+  }
+  renderCards();
   renderDownloads();
   if (run.kind === "collective_bench") {
     $("#memory-section").hidden = true;
     $("#curves-section").hidden = true;
     await mountSweepChart($("#comm-busbw"), [run.id]);
   }
-  await mountGantt(run.id, run.pp > 1); // first: the other views reuse its parsed trace
-  const jobs = [
-    run.kind === "train" ? mountMemory(run.id, $("#memory-chart"), $("#memory-table"))
-      .then((rows) => { extra.memory = rows; }) : null,
-    run.kind === "train" ? mountComm(run.id).then((c) => { extra.comm = c; }) : null,
-    api.breakdown(run.id).then((b) => { extra.breakdown = b; }).catch(() => null),
-    run.kind === "train" ? mountCurves(run, $("#loss-chart"), $("#throughput-chart")) : null,
-  ];
-  await Promise.allSettled(jobs);
-  renderCards();
+  await mountGantt(run.id, run.pp > 1, headlineOf(analysis));
+  if (run.kind === "train" && analysis) {
+    await Promise.allSettled([
+      mountMemory(analysis, $("#memory-chart"), $("#memory-table")),
+      mountComm(analysis, analysis.bandwidth_vs_sweep ? await sweepOf(analysis) : null),
+      mountCurves(analysis, $("#loss-chart"), $("#throughput-chart"))]);
+  }
   document.body.dataset.chartsReady = "1";
+}
+
+async function sweepOf(a) {
+  try { return (await api.sweeps([a.bandwidth_vs_sweep.sweep_run_id]))[0] || null; } catch {
+    return null;
+  }
 }
 
 async function init() {

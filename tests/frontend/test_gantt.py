@@ -1,5 +1,6 @@
-"""The dashboard's chart data (backend/views.py) without a browser: level of detail keeps the
-Gantt bounded and accounts for every span; endpoints answer from the run's trace files."""
+"""The dashboard's Gantt (backend/gantt.py) without a browser: level of detail keeps it bounded
+and accounts for every span; its simulated schedule is the analysis' own; the run's endpoints
+answer from the trace files while no stored analysis exists."""
 
 from __future__ import annotations
 
@@ -8,20 +9,26 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from backend import views
+from backend import gantt, run_traces
 from backend.core.config import Settings
 from backend.main import create_app
 from backend.migrate import upgrade
+from jobs.spec import parse_spec
 
 
-def write_trace(folder, ranks=4, steps=50, mb=8, pp=False):
+def write_trace(folder, ranks=4, steps=50, mb=8, pp=False, actions=False):
     """DDP-like (or pipeline-like) ranks: per step mb forwards + backwards, one all-reduce (or
-    a send), an optimizer span and the step envelope."""
+    a send), an optimizer span and the step envelope; `actions`: named F / BW with their
+    pipeline action, micro-batch and stage (as the pipeline runtime writes them)."""
     folder.mkdir(parents=True, exist_ok=True)
     total = 0
     for r in range(ranks):
-        spec = {"parallel": {"dp": 1 if pp else ranks, "pp": ranks if pp else 1, "tp": 1,
-                             "microbatches": mb, "pp_schedule": "1f1b", "virtual_stages": 1}}
+        spec = parse_spec({"parallel": {"dp": 1 if pp else ranks, "pp": ranks if pp else 1,
+                                        "microbatches": mb, "pp_schedule": "1f1b"},
+                           "model": {"layers": ranks * 2},
+                           "train": {"global_batch": ranks * mb},
+                           "runtime": {"nproc_per_node": ranks}},
+                          max_world_size=64).to_dict()
         coords = {"pp": r if pp else 0, "dp": 0 if pp else r, "tp": 0}
         recs = [{"type": "meta", "rank": r, "coords": coords, "spec": spec, "step": -1}]
         t = 10**12 + r * 1000
@@ -29,8 +36,10 @@ def write_trace(folder, ranks=4, steps=50, mb=8, pp=False):
             start = t
             for m in range(mb):
                 for name, d in (("forward", 100_000), ("backward", 200_000)):
+                    act = {"F": "F", "forward": "F"}.get(name, "BW")
+                    extra = {"name": act, "action": act, "chunk": 0, "stage": r} if actions else {}
                     recs.append({"type": "span", "name": name, "cat": "compute", "rank": r,
-                                 "step": s, "microbatch": m, "ts_ns": t, "dur_ns": d})
+                                 "step": s, "microbatch": m, "ts_ns": t, "dur_ns": d, **extra})
                     t += d + 1000
             recs.append({"type": "comm", "op": "send" if pp else "all_reduce",
                          "axis": "pp" if pp else "dp", "group": "g", "seq": s, "rank": r,
@@ -52,41 +61,49 @@ def write_trace(folder, ranks=4, steps=50, mb=8, pp=False):
 
 def test_level_of_detail_bounds_the_answer_and_counts_every_span(tmp_path):
     total = write_trace(tmp_path, ranks=8, steps=100, mb=12)
-    trace = views.load_trace(tmp_path)
-    assert views.load_trace(tmp_path) is trace  # cached by file version
-    full = views.gantt(trace, max_spans=total)
+    rt = run_traces.get(tmp_path)
+    assert run_traces.get(tmp_path) is rt  # cached by file version
+    trace = run_traces.derived(rt, "gantt", gantt.columns)
+    assert run_traces.derived(rt, "gantt", gantt.columns) is trace
+    full = gantt.gantt(trace, max_spans=total)
     assert full["total_spans"] == full["returned"] == total and not full["lod"]["merged"]
-    small = views.gantt(trace, max_spans=500)
+    small = gantt.gantt(trace, max_spans=500)
     assert small["total_spans"] == total and small["returned"] <= 500
     assert small["lod"]["merged"] and sum(small["segments"]["n"]) == total
     assert [r["rank"] for r in small["rows"]] == list(range(8))
     # zooming into a window returns that window exactly once it fits the budget
     w = small["window"]
-    zoom = views.gantt(trace, t0_ms=w["t0_ms"], t1_ms=w["t0_ms"] + 5, max_spans=500)
+    zoom = gantt.gantt(trace, t0_ms=w["t0_ms"], t1_ms=w["t0_ms"] + 5, max_spans=500)
     assert 0 < zoom["total_spans"] == zoom["returned"] <= 500
     assert min(zoom["segments"]["t1"]) >= w["t0_ms"]
 
 
-def test_pipeline_step_has_the_theoretical_schedule_and_a_breakdown(tmp_path):
-    write_trace(tmp_path, ranks=4, steps=3, mb=4, pp=True)
-    trace = views.load_trace(tmp_path)
-    g = views.gantt(trace, step=1)
+def columns_of(folder):
+    return gantt.columns(run_traces.get(folder).traces)
+
+
+def test_pipeline_step_draws_the_analysis_simulation(tmp_path):
+    write_trace(tmp_path, ranks=4, steps=3, mb=4, pp=True, actions=True)
+    g = gantt.gantt(columns_of(tmp_path), step=1)
     assert g["theory"]["p"] == 4 and len(g["theory"]["rows"]) == 4
     assert len(g["theory"]["rows"][0]["spans"]) == 8  # 4 F + 4 BW per pipeline rank (1f1b)
     assert {r["label"] for r in g["rows"]} == {f"rank {r} (pp{r})" for r in range(4)}
-    b = views.breakdown(trace)
-    assert len(b["rows"]) == 12 and b["pipeline"]
-    for row in b["rows"]:
+    a = run_traces.analysis(tmp_path, None)
+    assert a["partial"] is True
+    # the timeline header's simulated bubble is the analysis' figure, to the last digit
+    assert g["theory"]["bubble_fraction"] == a["headline"]["bubble_simulated_fraction"]
+    assert g["theory"]["stage_times_steps"] == a["headline"]["steady_steps"] == [1, 2]
+    for row in a["tables"]["step_rank"]:
         parts = row["compute_s"] + row["exposed_comm_s"] + row["bubble_s"] + row["idle_s"]
-        assert parts == pytest.approx(row["step_s"], rel=1e-6, abs=1e-9)
+        assert parts == pytest.approx(row["step_s"], rel=1e-9, abs=1e-12)
 
 
 def test_zbv_pipeline_theory_follows_the_v(tmp_path):
-    write_trace(tmp_path, ranks=2, steps=3, mb=4, pp=True)
+    write_trace(tmp_path, ranks=2, steps=3, mb=4, pp=True, actions=True)
     for f in tmp_path.glob("trace-rank*.jsonl"):
-        f.write_text(f.read_text().replace('"pp_schedule": "1f1b", "virtual_stages": 1',
-                                           '"pp_schedule": "zbv", "virtual_stages": 2'))
-    th = views.gantt(views.load_trace(tmp_path), step=1)["theory"]
+        f.write_text(f.read_text().replace('"pp_schedule": "1f1b"', '"pp_schedule": "zbv"')
+                     .replace('"virtual_stages": 1', '"virtual_stages": 2'))
+    th = gantt.gantt(columns_of(tmp_path), step=1)["theory"]
     assert (th["schedule"], th["p"], th["v"]) == ("zbv", 2, 2) and len(th["rows"]) == 2
     for row in th["rows"]:
         assert len(row["spans"]) == 2 * 4 * 3  # F, B, W of 4 micro-batches on both chunks
@@ -103,27 +120,26 @@ def client(tmp_path):
         yield c
 
 
-def test_view_endpoints_answer_from_the_trace(client):
+def test_run_endpoints_answer_from_the_partial_trace(client):
     run = client.post("/api/runs", json={"preset": "ddp", "name": "=cmd|x",
                                          "runtime": {"queue": "nobody"}}).json()
     rid = run["id"]
     assert client.get(f"/api/runs/{rid}/gantt").status_code == 404  # no trace yet
+    assert client.get(f"/api/runs/{rid}/metrics").status_code == 404
     write_trace(client.settings.runs_dir / rid, ranks=2, steps=4, mb=2)
     g = client.get(f"/api/runs/{rid}/gantt", params={"max_spans": 100}).json()
     assert g["total_spans"] == 2 * 4 * 6 and len(g["rows"]) == 2
     assert len(client.get(f"/api/runs/{rid}/gantt/steps").json()["steps"]) == 4
-    assert len(client.get(f"/api/runs/{rid}/breakdown").json()["rows"]) == 8
-    comm = client.get(f"/api/runs/{rid}/comm").json()
-    assert {x["axis"] for x in comm["axis_bytes"]} == {"dp"}
-    assert comm["collectives"][0]["busbw_GBps"] > 0
-    mem = client.get(f"/api/runs/{rid}/memory").json()["rows"]
+    m = client.get(f"/api/runs/{rid}/metrics").json()
+    assert m["partial"] is True and len(m["tables"]["step_rank"]) == 8
+    assert {x["axis"] for x in m["tables"]["axis_bytes"]} == {"dp"}
+    mem = m["tables"]["memory"]
     assert {(r["rank"], r["component"]) for r in mem} >= {(0, "params"), (1, "activations")}
-    assert all(r["predicted_bytes"] for r in mem)  # the ddp preset's theory
-    csv = client.get(f"/api/runs/{rid}/tables/memory.csv")
-    assert csv.status_code == 200 and csv.text.startswith("rank,component")
-    assert client.get(f"/api/runs/{rid}/tables/nope.csv").status_code == 404
-    assert client.get(f"/api/runs/{rid}/tables/step_rank.json").json()[0]["step"] == 0
-    assert views.to_csv([{"name": "=cmd|x"}]).splitlines()[1] == "'=cmd|x"
+    assert all(r["predicted_bytes"] > 0 for r in mem)  # the ddp preset's theory
+    csv = client.get(f"/api/runs/{rid}/export", params={"format": "csv", "table": "memory"})
+    assert csv.status_code == 200 and csv.text.startswith("rank,coords,component")
+    for gone in ("breakdown", "comm", "memory", "tables/memory.csv"):  # one source of figures
+        assert client.get(f"/api/runs/{rid}/{gone}").status_code == 404
     for page in ("/new", "/compare", "/collectives", "/schedules", f"/runs/{rid}"):
         assert client.get(page).status_code == 200
     assert client.get("/static/vendor/plotly.min.js").status_code == 200

@@ -1,0 +1,107 @@
+"""A run's traces and analysis as the backend serves them, cached by file version.
+
+The worker stores `analysis.json` (jobs.analysis.write_analysis) when a run ends; until then
+(a running run, or one whose worker died before analysing) the same `jobs.analysis.analyze`
+runs here over the partial trace files. Either way the run page reads one analysis: the
+backend computes no metric of its own. The Gantt's columns (backend/gantt.py) are derived
+from the same loaded traces (`jobs.analysis.load_run_dir`, the one trace loader).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jobs.analysis import ANALYSIS_FILE, SCHEMA, Traces, analyze, load_run_dir
+
+_CACHE: OrderedDict[tuple, RunTraces] = OrderedDict()
+_LOCK = threading.Lock()
+_LOAD_LOCK = threading.Lock()
+CACHE_SIZE = 8
+
+
+@dataclass
+class RunTraces:
+    traces: Traces
+    derived: dict = field(default_factory=dict)  # per-version cache: gantt columns, analysis
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def trace_files(run_dir: Path) -> list[Path]:
+    return sorted(run_dir.glob("trace-rank*.jsonl"))
+
+
+def _version(run_dir: Path, files: list[Path]) -> tuple:
+    extra = [p for p in (run_dir / "summary.json",) if p.is_file()]
+    return (str(run_dir), tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size)
+                                for p in files + extra))
+
+
+def get(run_dir: Path) -> RunTraces | None:
+    """The run's loaded traces (None without trace files), parsed once per file version."""
+    files = trace_files(run_dir)
+    if not files:
+        return None
+    try:
+        key = _version(run_dir, files)
+    except FileNotFoundError:  # a file replaced while we looked: read what is there now
+        return get(run_dir) if trace_files(run_dir) else None
+    with _LOCK:
+        if key in _CACHE:
+            _CACHE.move_to_end(key)
+            return _CACHE[key]
+    with _LOAD_LOCK:  # concurrent requests of one page wait for a single parse
+        with _LOCK:
+            if key in _CACHE:
+                return _CACHE[key]
+        rt = RunTraces(load_run_dir(run_dir))
+        with _LOCK:
+            _CACHE[key] = rt
+            while len(_CACHE) > CACHE_SIZE:
+                _CACHE.popitem(last=False)
+    return rt
+
+
+def derived(rt: RunTraces, name: str, fn):
+    """`fn(rt.traces)` computed once per trace version."""
+    with rt.lock:
+        if name not in rt.derived:
+            rt.derived[name] = fn(rt.traces)
+        return rt.derived[name]
+
+
+def analysis(run_dir: Path, spec: dict | None) -> dict | None:
+    """The stored analysis when the worker wrote one (in the current schema), else the
+    analysis of the traces: `"partial": true` while no stored one exists (a running run, or a
+    worker lost before analysing); None without traces."""
+    stored = None
+    path = run_dir / ANALYSIS_FILE
+    if path.is_file():
+        try:
+            stored = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            stored = None  # a torn file: fall back to the traces
+    if stored is not None and stored.get("schema") == SCHEMA:
+        return stored
+    rt = get(run_dir)
+    if rt is None:
+        return stored  # an older schema without its traces: the best there is
+    partial = stored is None
+    return derived(rt, "analysis", lambda tr: {**analyze(_copy(tr), spec), "partial": partial})
+
+
+def _copy(tr: Traces) -> Traces:
+    """analyze() appends warnings to its Traces: give it its own list (the Gantt shares tr)."""
+    return Traces(ranks=tr.ranks, meta=tr.meta, warnings=list(tr.warnings), summary=tr.summary)
+
+
+def warm(run_dir: Path) -> None:
+    """Parse a run's traces and build its Gantt columns before the page asks (a background
+    task when a run finishes or its page is opened)."""
+    from backend import gantt  # the dashboard's drawing module, only needed here
+    rt = get(run_dir)
+    if rt is not None:
+        derived(rt, "gantt", gantt.columns)
