@@ -33,8 +33,9 @@ RULES = {
               "(idle / makespan, the simulator's and the closed form's convention); run figure: "
               "mean over stages of the mean over steady steps. Simulated: jobs.schedules with the "
               "run's mean measured F/B/W times. Closed form: (p-1)/(v*m+p-1)",
-    "straggler": f"per step, the rank that arrived last at the collectives that made the others "
-                 f"wait longest; flagged when that wait is >= "
+    "straggler": f"per step, the rank that arrived last at the collectives (point-to-point "
+                 f"left out: a pipeline's waits are its bubble) that made the others wait "
+                 f"longest; flagged when that wait is >= "
                  f"{STRAGGLER_MIN_WAIT_FRACTION:.0%} of the step and above the clock error bound; "
                  f"named for the run when flagged in >= {STRAGGLER_MIN_STEP_SHARE:.0%} of the "
                  "steady steps",
