@@ -23,14 +23,19 @@ from jobs.analysis import pipeline as PL
 from jobs.analysis.predicted import spec_of
 from jobs.analysis.steps import pipeline_windows
 
-LANES = ("compute", "comm", "sync")  # compute spans, comm ops, comm/comm_wait phase spans
 _PHASE = {"forward": "forward", "F": "forward", "backward": "backward", "BW": "backward",
           "B": "backward (input)", "W": "backward (weight)", "optimizer": "optimizer"}
+# Lanes of a rank, top to bottom: its compute (nested spans carry a depth), its phase spans
+# (grad_sync / wait_grads), then one lane per communication axis (dp, tp, pp: point-to-point
+# send / recv included, ...). Each lane is a labelled row of the chart.
+COMPUTE, PHASES = "compute", "sync"
+_AXIS_ORDER = {"dp": 0, "tp": 1, "pp": 2}
 
 
 @dataclass
 class Trace:
-    """Gantt columns of a run: rank, lane, t0, t1 (ms from origin), key, mb, step, bytes."""
+    """Gantt columns of a run: rank, lane (index into `lanes`), depth (nesting in the lane),
+    t0, t1 (ms from origin), key, mb, step, bytes."""
 
     origin_ns: int
     meta: dict[int, dict]
@@ -38,6 +43,7 @@ class Trace:
     cols: dict[str, np.ndarray]
     steps: list[dict]  # {"step", "t0_ms", "t1_ms"} over all ranks
     rank_steps: dict[tuple[int, int], tuple[float, float]]  # (rank, step) -> window
+    lanes: list[dict] = field(default_factory=list)  # {id, rank, channel, label, y}
     source: Traces | None = None
     extra: dict = field(default_factory=dict)
 
@@ -45,7 +51,7 @@ class Trace:
 def columns(tr: Traces) -> Trace:
     """The Gantt's columns from loaded traces (step spans become the step windows)."""
     keys: dict[str, int] = {}
-    col: dict[str, list] = {k: [] for k in ("rank", "lane", "ts", "end", "key", "mb", "step",
+    col: dict[str, list] = {k: [] for k in ("rank", "channel", "ts", "end", "key", "mb", "step",
                                             "bytes")}
     step_spans: list[tuple[int, int, int, int]] = []
     for rank, recs in tr.ranks.items():
@@ -58,17 +64,17 @@ def columns(tr: Traces) -> Trace:
                 if cat == "step":
                     step_spans.append((rank, r.get("step", -1), ts, ts + r.get("dur_ns", 0)))
                     continue
-                lane = 2 if cat in ("comm", "comm_wait") else 0
-                label = _PHASE.get(name, name) if lane == 0 else name
+                lane = PHASES if cat in ("comm", "comm_wait") else COMPUTE
+                label = _PHASE.get(name, name) if lane == COMPUTE else name
                 nbytes = 0.0
             elif t == "comm":
-                lane, label = 1, str(r.get("op", "?"))
+                lane, label = f"comm {r.get('axis', '?')}", str(r.get("op", "?"))
                 nbytes = float(r.get("payload_bytes") or 0)
             else:
                 continue
             mb = r.get("microbatch")
             col["rank"].append(rank)
-            col["lane"].append(lane)
+            col["channel"].append(lane)
             col["ts"].append(ts)
             col["end"].append(ts + int(r.get("dur_ns") or 0))
             col["key"].append(keys.setdefault(label, len(keys)))
@@ -79,14 +85,19 @@ def columns(tr: Traces) -> Trace:
 
     def ms(values: list[int]) -> np.ndarray:  # integer ns -> ms from the origin, exactly
         return (np.array(values, dtype=np.int64) - origin) / 1e6
+    meta = dict(tr.meta)
+    lanes = _lanes(meta, col["rank"], col["channel"])
+    lane_of = {(ln["rank"], ln["channel"]): ln["id"] for ln in lanes}
     cols = {"rank": np.array(col["rank"], dtype=np.int32),
-            "lane": np.array(col["lane"], dtype=np.int8), "t0": ms(col["ts"]),
+            "lane": np.array([lane_of[k] for k in zip(col["rank"], col["channel"], strict=True)],
+                             dtype=np.int32), "t0": ms(col["ts"]),
             "t1": ms(col["end"]), "key": np.array(col["key"], dtype=np.int32),
             "mb": np.array(col["mb"], dtype=np.int32),
             "step": np.array(col["step"], dtype=np.int32),
             "bytes": np.array(col["bytes"], dtype=np.float64)}
-    order = np.lexsort((cols["t0"], cols["lane"], cols["rank"]))
+    order = np.lexsort((-cols["t1"], cols["t0"], cols["lane"]))
     cols = {k: v[order] for k, v in cols.items()}
+    cols["depth"] = _depths(cols["lane"], cols["t0"], cols["t1"])
     rank_steps = {(r, s): ((a - origin) / 1e6, (b - origin) / 1e6) for r, s, a, b in step_spans}
     if not rank_steps and len(cols["t0"]):  # no step spans: a step is its records' extent
         for r, s in set(zip(cols["rank"].tolist(), cols["step"].tolist(), strict=True)):
@@ -98,7 +109,44 @@ def columns(tr: Traces) -> Trace:
         w[0], w[1] = min(w[0], a), max(w[1], b)
     steps = [{"step": s, "t0_ms": w[0], "t1_ms": w[1]} for s, w in sorted(by_step.items())
              if s >= 0]
-    return Trace(origin, dict(tr.meta), list(keys), cols, steps, rank_steps, tr)
+    return Trace(origin, meta, list(keys), cols, steps, rank_steps, lanes, tr)
+
+
+def _lanes(meta: dict, ranks: list[int], channels: list[str]) -> list[dict]:
+    """The chart's rows: per rank (mesh order) its compute lane, phase lane and one lane per
+    communication axis it used, with a label and a y (ranks separated by a gap)."""
+    present: dict[int, set] = {}
+    for r, ch in zip(ranks, channels, strict=True):
+        present.setdefault(r, set()).add(ch)
+    rows = _rank_rows(meta, set(present))
+    lanes, y = [], 0.0
+    for row in rows:
+        chans = present.get(row["rank"], {COMPUTE})
+        order = [COMPUTE] + ([PHASES] if PHASES in chans else []) + sorted(
+            (c for c in chans if c.startswith("comm ")),
+            key=lambda c: (_AXIS_ORDER.get(c[5:], 9), c))
+        for ch in order:
+            lanes.append({"id": len(lanes), "rank": row["rank"], "channel": ch, "y": y,
+                          "label": row["label"] if ch == COMPUTE else f"  {ch}"})
+            y += 1.0
+        y += 0.5
+    return lanes
+
+
+def _depths(lane: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> np.ndarray:
+    """Nesting depth of each span in its lane (input sorted by lane, start, longest first):
+    how many earlier spans of the lane are still open when it starts."""
+    depth = np.zeros(len(t0), dtype=np.int8)
+    stack: list[float] = []
+    prev = None
+    for i, (ln, a, b) in enumerate(zip(lane.tolist(), t0.tolist(), t1.tolist(), strict=True)):
+        if ln != prev:
+            stack, prev = [], ln
+        while stack and stack[-1] <= a:
+            stack.pop()
+        depth[i] = min(len(stack), 3)
+        stack.append(b)
+    return depth
 
 
 # --- level of detail -------------------------------------------------------------------------
@@ -119,7 +167,7 @@ def lod_merge(c: dict[str, np.ndarray], width: float) -> dict[str, np.ndarray]:
     n = len(c["t0"])
     if n == 0 or width <= 0:
         return {**c, "n": np.ones(n, dtype=np.int32)}
-    group = c["rank"].astype(np.int64) * 4 + c["lane"]
+    group = c["lane"].astype(np.int64)
     shift = group * 1e12  # per-group running max via an offset larger than any time
     runmax = np.maximum.accumulate(c["t1"] + shift) - shift
     new = np.r_[True, (group[1:] != group[:-1]) | (c["t0"][1:] - runmax[:-1] >= width)]
@@ -138,11 +186,20 @@ def lod_merge(c: dict[str, np.ndarray], width: float) -> dict[str, np.ndarray]:
 
 
 def rows_of(trace: Trace) -> list[dict]:
-    ranks = sorted(set(trace.meta) | set(np.unique(trace.cols["rank"]).tolist()))
-    degrees = _degrees(trace)
+    """One entry per rank (mesh order): rank, coords, label, and y of its first lane."""
+    first = {}
+    for ln in trace.lanes:
+        first.setdefault(ln["rank"], ln["y"])
+    return [{**row, "y": first.get(row["rank"], row["y"])}
+            for row in _rank_rows(trace.meta, set(first))]
+
+
+def _rank_rows(meta: dict, extra_ranks: set) -> list[dict]:
+    ranks = sorted(set(meta) | set(extra_ranks))
+    degrees = _degrees(meta)
 
     def coords(r):
-        return (trace.meta.get(r) or {}).get("coords") or {}
+        return (meta.get(r) or {}).get("coords") or {}
     ordered = sorted(ranks, key=lambda r: (coords(r).get("pp", 0), coords(r).get("dp", 0),
                                            coords(r).get("tp", 0), r))
     rows = []
@@ -154,8 +211,8 @@ def rows_of(trace: Trace) -> list[dict]:
     return rows
 
 
-def _degrees(trace: Trace) -> dict:
-    for m in trace.meta.values():
+def _degrees(meta: dict) -> dict:
+    for m in meta.values():
         par = (m.get("spec") or {}).get("parallel") or {}
         if par:
             return par
@@ -192,10 +249,10 @@ def gantt(trace: Trace, *, step: int | None = None, t0_ms: float | None = None,
     rows = rows_of(trace)
     return {
         "window": {"t0_ms": lo, "t1_ms": hi}, "origin_ns": trace.origin_ns,
-        "steps": trace.steps, "rows": rows, "keys": trace.keys, "lanes": list(LANES),
+        "steps": trace.steps, "rows": rows, "keys": trace.keys, "lanes": trace.lanes,
         "segments": {k: out[k].round(6).tolist() if out[k].dtype.kind == "f" else
-                     out[k].tolist() for k in ("rank", "lane", "t0", "t1", "key", "mb", "step",
-                                               "n", "bytes")},
+                     out[k].tolist() for k in ("rank", "lane", "depth", "t0", "t1", "key", "mb",
+                                               "step", "n", "bytes")},
         "idle": _idle(trace, lo, hi, max(width, (hi - lo) / px / 4), step),
         "total_spans": total, "returned": len(out["t0"]),
         "lod": {"merged": width > 0, "bucket_ms": width, "max_spans": max_spans},

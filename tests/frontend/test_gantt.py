@@ -143,3 +143,28 @@ def test_run_endpoints_answer_from_the_partial_trace(client):
     for page in ("/new", "/compare", "/collectives", "/schedules", f"/runs/{rid}"):
         assert client.get(page).status_code == 200
     assert client.get("/static/vendor/plotly.min.js").status_code == 200
+
+
+def test_lanes_per_rank_and_channel_and_nesting(tmp_path):
+    write_trace(tmp_path, ranks=2, steps=2, mb=1)
+    for f in tmp_path.glob("trace-rank*.jsonl"):  # a layer span nested in each forward
+        lines = f.read_text().splitlines()
+        extra = []
+        for ln in lines[:-1]:
+            r = json.loads(ln)
+            if r.get("name") == "forward":
+                extra.append(json.dumps({**r, "name": "forward.layer", "ts_ns": r["ts_ns"] + 10,
+                                         "dur_ns": r["dur_ns"] // 2}))
+        f.write_text("\n".join(lines[:-1] + extra) + "\n")
+    g = gantt.gantt(columns_of(tmp_path))
+    lanes = [(ln["rank"], ln["channel"]) for ln in g["lanes"]]
+    assert lanes == [(0, "compute"), (0, "comm dp"), (1, "compute"), (1, "comm dp")]
+    assert [ln["label"] for ln in g["lanes"]][:2] == ["rank 0 (dp0)", "  comm dp"]
+    ys = [ln["y"] for ln in g["lanes"]]
+    assert ys == sorted(ys) and len(set(ys)) == 4
+    s = g["segments"]
+    keys = g["keys"]
+    depth = {(keys[k], d) for k, d in zip(s["key"], s["depth"], strict=True)}
+    assert ("forward.layer", 1) in depth and ("forward", 0) in depth and ("all_reduce", 0) in depth
+    lane_of = {i: g["lanes"][ln]["channel"] for i, ln in enumerate(s["lane"])}
+    assert {lane_of[i] for i, k in enumerate(s["key"]) if keys[k] == "all_reduce"} == {"comm dp"}

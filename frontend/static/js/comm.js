@@ -3,7 +3,16 @@
 // of the run's analysis tables (axis_bytes, bandwidth, ranks) or its headline.
 import { table, headlineOf, rule, stepsLabel } from "./analysis.js";
 import { COMPONENT_COLORS, PALETTE, emptyChart, layout, plot } from "./charts.js";
-import { $, esc } from "./dom.js";
+import { $, esc, fmtBytes, fmtPct, fmtSeconds } from "./dom.js";
+import { axisUnit, fmt, logAxis } from "./units.js";
+
+// log-log bandwidth axes: message size in bytes, busbw in B/s (from the tables' GB/s)
+export function bandwidthAxes(traces) {
+  const xs = traces.flatMap((t) => t.x).filter((v) => v > 0);
+  const ys = traces.flatMap((t) => t.y).filter((v) => v > 0);
+  return { xaxis: logAxis(Math.min(...xs), Math.max(...xs), "B"),
+    yaxis: logAxis(Math.min(...ys), Math.max(...ys), "B/s") };
+}
 
 // `rows`: the analysis' bandwidth table (median per op, axis, size and group size)
 export function busbwTraces(rows, prefix = "", dash = "solid") {
@@ -16,11 +25,12 @@ export function busbwTraces(rows, prefix = "", dash = "solid") {
   return [...groups.entries()].map(([key, pts], i) => {
     pts.sort((a, b) => a.payload_bytes - b.payload_bytes);
     return { type: "scatter", mode: "lines+markers", name: esc(prefix + key),
-      x: pts.map((p) => p.payload_bytes), y: pts.map((p) => p.busbw_GBps),
+      x: pts.map((p) => p.payload_bytes), y: pts.map((p) => p.busbw_GBps * 1e9),
       line: { dash, color: PALETTE[i % PALETTE.length] },
-      text: pts.map((p) => `${esc(prefix + key)}<br>${p.instances} instances, median transfer ` +
-        `${(p.duration_median_s * 1e6).toFixed(1)} µs`),
-      hovertemplate: "%{text}<br>%{x} B → %{y:.4g} GB/s<extra></extra>" };
+      text: pts.map((p) => `${esc(prefix + key)}<br>${fmtBytes(p.payload_bytes)} → ` +
+        `${fmt(p.busbw_GBps * 1e9, "B/s")}<br>${p.instances} instances, median transfer ` +
+        `${fmtSeconds(p.duration_median_s)}`),
+      hovertemplate: "%{text}<extra></extra>" };
   });
 }
 
@@ -35,9 +45,11 @@ export function sweepTraces(sweep, ops) {
   }
   return [...groups.entries()].map(([key, pts]) => ({
     type: "scatter", mode: "lines", name: esc(`sweep ${sweep.id}: ${key}`),
-    x: pts.map((p) => p.bytes), y: pts.map((p) => p.busbw_GBps),
+    x: pts.map((p) => p.bytes), y: pts.map((p) => p.busbw_GBps * 1e9),
     line: { dash: "dot", color: "#888" },
-    hovertemplate: `${esc(key)} (sweep)<br>%{x} B → %{y:.4g} GB/s<extra></extra>` }));
+    text: pts.map((p) => `${esc(key)} (sweep)<br>${fmtBytes(p.bytes)} → ` +
+      `${fmt(p.busbw_GBps * 1e9, "B/s")}`),
+    hovertemplate: "%{text}<extra></extra>" }));
 }
 
 export async function mountComm(analysis, sweep) {
@@ -46,20 +58,22 @@ export async function mountComm(analysis, sweep) {
   const ranks = [...new Set(axisRows.map((r) => r.rank))].sort((a, b) => a - b);
   const axes = [...new Set(axisRows.map((r) => r.axis))];
   if (axes.length) {
+    const per = (r, ax) => axisRows.find((x) => x.rank === r && x.axis === ax)?.bytes_sent_per_step ?? 0;
+    const u = axisUnit(ranks.flatMap((r) => axes.map((ax) => per(r, ax))), "B");
     await plot($("#comm-axis"), axes.map((ax, i) => ({
       type: "bar", name: esc(ax), x: ranks.map((r) => `rank ${r}`), marker: { color: PALETTE[i] },
-      y: ranks.map((r) => (axisRows.find((x) => x.rank === r && x.axis === ax)
-        ?.bytes_sent_per_step ?? 0) / 1e6),
-      hovertemplate: `${esc(ax)} %{x}: %{y:.4g} MB per step<extra></extra>` })),
-    layout("Bytes sent per step, per mesh axis", "rank", "MB sent per step", { barmode: "group" }));
+      y: ranks.map((r) => per(r, ax) / u.div),
+      text: ranks.map((r) => `${esc(ax)} rank ${r}: ${fmtBytes(per(r, ax))} per step`),
+      textposition: "none", hovertemplate: "%{text}<extra></extra>" })),
+    layout("Bytes sent per step, per mesh axis", "rank", u.title("sent per step"),
+      { barmode: "group" }));
   } else emptyChart($("#comm-axis"), "no communication in this run");
   const bwRows = table(analysis, "bandwidth");
   const ops = new Set(bwRows.map((c) => c.op));
   const bw = [...busbwTraces(bwRows), ...sweepTraces(sweep, ops)];
   if (bw.length) {
     await plot($("#comm-busbw"), bw, layout(`Bus bandwidth per collective vs message size ` +
-      `(median, ${stepsLabel(h)})`, "message size (bytes)", "busbw (GB/s)",
-    { xaxis: { type: "log" }, yaxis: { type: "log" } }));
+      `(median, ${stepsLabel(h)})`, "message size", "busbw", bandwidthAxes(bw)));
   } else emptyChart($("#comm-busbw"), "no collectives");
   const rankRows = table(analysis, "ranks");
   if (rankRows.length) await overlapChart($("#comm-overlap"), rankRows, h, analysis);
@@ -70,20 +84,22 @@ export async function mountComm(analysis, sweep) {
 async function overlapChart(div, ranks, h, analysis) {
   const strag = h.straggler_rank;
   const x = ranks.map((r) => `rank ${r.rank}${r.rank === strag ? " ⚠ straggler" : ""}`);
-  const part = (key, name, color) => ({ type: "bar", name, x, y: ranks.map((r) => (r[key] ?? 0) * 1e3),
+  const u = axisUnit(ranks.map((r) => r.step_mean_s), "s");
+  const part = (key, name, color) => ({ type: "bar", name, x, y: ranks.map((r) => (r[key] ?? 0) / u.div),
     marker: { color, line: { color: ranks.map((r) => (r.rank === strag ? "#b00020" : color)),
       width: ranks.map((r) => (r.rank === strag ? 3 : 0)) } },
-    hovertemplate: `${name} %{x}: %{y:.3f} ms<extra></extra>` });
-  const overlapped = ranks.map((r) => r.overlap_mean_s * 1e3);
+    text: ranks.map((r) => `${name} rank ${r.rank}: ${fmtSeconds(r[key])} per step`),
+    textposition: "none", hovertemplate: "%{text}<extra></extra>" });
+  const overlapped = ranks.map((r) => r.overlap_mean_s / u.div);
   const traces = [part("compute_mean_s", "compute", "#4e79a7"),
     part("exposed_comm_mean_s", "exposed comm", "#e15759"),
     part("bubble_mean_s", "bubble", "#edc948"), part("idle_mean_s", "idle", "#bab0ac"),
     { type: "scatter", mode: "markers+text", name: "comm overlapped with compute", x,
       y: overlapped, marker: { color: COMPONENT_COLORS.optim, size: 10, symbol: "diamond" },
-      text: ranks.map((r) => (r.overlap_pct === null ? "" : `${r.overlap_pct.toFixed(0)} %`)),
-      textposition: "top center", hovertemplate: "overlapped %{x}: %{y:.3f} ms<extra></extra>" }];
+      text: ranks.map((r) => (r.overlap_pct === null ? "" : fmtPct(r.overlap_pct))),
+      textposition: "top center", hovertemplate: `overlapped %{x}: %{y:.3g} ${u.unit}<extra></extra>` }];
   await plot(div, traces, layout(`Mean step per rank (${stepsLabel(h)}): compute, exposed comm, ` +
-    "bubble, idle (◆ overlapped comm, % of the rank's comm)", "rank", "time per step (ms)",
+    "bubble, idle (◆ overlapped comm, % of the rank's comm)", "rank", u.title("time per step"),
   { barmode: "stack" }));
   div.dataset.stragglers = String(strag === null || strag === undefined ? 0 : 1);
   div.title = rule(analysis, "straggler");

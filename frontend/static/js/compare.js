@@ -1,15 +1,18 @@
-// Compare 2-4 runs (/compare?ids=a,b): a config diff that highlights what differs, step-time
-// breakdown, memory per rank, busbw and overlaid loss curves. The URL is the shareable view.
+// Compare 2-4 runs (/compare?ids=a,b[&base=a]): "which is better and why". First the key figures
+// side by side with deltas against a chosen baseline, then bytes per mesh axis, memory per rank
+// by component, overlaid loss and step-time curves, the runs' timelines one above the other on
+// a shared time axis (one steady step each, from its start), and the config diff last. One
+// colour per run on every chart. Every figure is a cell of a run's analysis (GET /metrics).
 import { headlineOf, stepsLabel, table } from "./analysis.js";
 import { api } from "./api.js";
-import { PALETTE, emptyChart, layout, plot } from "./charts.js";
-import { busbwTraces } from "./comm.js";
-import { $, degrees, el, esc, fmtPct, fmtSeconds, statusBadge } from "./dom.js";
-import { memoryTotals } from "./memory.js";
+import { COMPONENT_COLORS, emptyChart, layout, plot } from "./charts.js";
+import { $, degrees, el, esc, statusBadge } from "./dom.js";
+import { axisUnit, fmt } from "./units.js";
 
-const DASHES = ["solid", "dash", "dot", "dashdot"];
-const ids = (new URLSearchParams(location.search).get("ids") || "").split(",")
-  .map((s) => s.trim()).filter(Boolean).slice(0, 4);
+// run colours: no chart on this page uses these for anything else
+export const RUN_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
+const params = new URLSearchParams(location.search);
+const ids = (params.get("ids") || "").split(",").map((s) => s.trim()).filter(Boolean).slice(0, 4);
 
 function flatten(obj, prefix = "", out = {}) {
   for (const [k, v] of Object.entries(obj || {})) {
@@ -45,54 +48,194 @@ function diffTable(runs) {
     el("tbody", {}, ...rows));
 }
 
-function heads(runs, analyses) {
-  $("#compare-heads").replaceChildren(...runs.map((r, i) => {
-    const h = headlineOf(analyses[i]);
-    return el("div", { class: "card", dataset: { run: r.id, stepTime: h.step_time_s ?? "" } },
-      el("div", { class: "label", text: r.id }),
-      el("div", { class: "value", text: r.name }), el("div", { class: "sub" }, statusBadge(r.status),
-        ` ${r.strategy} · ${degrees(r)} · step ${fmtSeconds(h.step_time_s)} (median of ` +
-        `${stepsLabel(h)}) · bubble ${fmtPct(h.bubble_fraction, true)}`));
-  }));
+// The key figures: [key, label, unit, better ("low" | "high"), value(run, analysis)]
+const duration = (r) => (r.started_at && r.finished_at
+  ? (new Date(r.finished_at) - new Date(r.started_at)) / 1000 : null);
+const finalLoss = (a) => {
+  const rows = table(a, "throughput").filter((x) => x.loss !== null);
+  return rows.length ? rows[rows.length - 1].loss : null;
+};
+export const FIGURES = [
+  ["step_time_s", "step time (median)", "s", "low", (r, h) => h.step_time_s],
+  ["tokens_per_s", "throughput", "tok/s", "high", (r, h) => h.tokens_per_s],
+  ["peak_memory_bytes", "peak memory (busiest rank)", "B", "low", (r, h) => h.peak_memory_bytes],
+  ["exposed_comm_s", "exposed comm per step", "s", "low", (r, h) => h.exposed_comm_s],
+  ["bubble_fraction", "pipeline bubble", "%", "low",
+    (r, h) => (h.bubble_fraction === null || h.bubble_fraction === undefined ? null
+      : 100 * h.bubble_fraction)],
+  ["overlap_pct", "comm hidden under compute", "%", "high", (r, h) => h.overlap_pct],
+  ["comm_bytes_per_rank", "bytes sent per step (busiest rank)", "B", "low",
+    (r, h) => h.comm_bytes_per_rank],
+  ["final_loss", "final loss", "", "low", (r, h, a) => finalLoss(a)],
+  ["duration_s", "run duration", "s", "low", (r) => duration(r)],
+];
+
+// "6.0× slower" / "−43 %" / "same": the run's value against the baseline's
+export function delta(v, base, unit, better) {
+  if (v === null || v === undefined || base === null || base === undefined) return ["", ""];
+  if (unit === "%") {
+    const d = v - base;
+    if (Math.abs(d) < 0.05) return ["same", ""];
+    const good = better === "low" ? d < 0 : d > 0;
+    return [`${d > 0 ? "+" : "−"}${fmt(Math.abs(d), "")} points`, good ? "good" : "bad"];
+  }
+  if (base === 0) return v === 0 ? ["same", ""] : ["", ""];
+  const ratio = v / base;
+  if (Math.abs(ratio - 1) < 0.005) return ["same", ""];
+  const good = better === "low" ? ratio < 1 : ratio > 1;
+  const word = { s: ratio > 1 ? "slower" : "faster", "tok/s": ratio > 1 ? "faster" : "slower" }[unit];
+  if (word && (ratio >= 1.5 || ratio <= 1 / 1.5)) {
+    const x = ratio >= 1 ? ratio : 1 / ratio;
+    return [`${fmt(x, "", { trim: true })}× ${word}`, good ? "good" : "bad"];
+  }
+  const pct = 100 * (ratio - 1);
+  return [`${pct > 0 ? "+" : "−"}${fmt(Math.abs(pct), "%")}`, good ? "good" : "bad"];
 }
 
-async function charts(runs, analyses) {
-  const names = runs.map((r) => esc(label(r)));
+function keyTable(runs, analyses, baseIdx) {
   const heads = analyses.map(headlineOf);
-  const parts = [["compute_s", "compute", "#4e79a7"], ["exposed_comm_s", "exposed comm", "#e15759"],
-    ["bubble_s", "bubble", "#edc948"], ["idle_s", "idle", "#bab0ac"]];
-  if (analyses.some(Boolean)) {
-    await plot($("#cmp-breakdown"), parts.map(([k, n, c]) => ({ type: "bar", name: n, x: names,
-      y: heads.map((h) => (h[k] ?? 0) * 1e3), marker: { color: c },
-      customdata: heads.map((h) => stepsLabel(h)),
-      hovertemplate: `${n}: %{y:.3f} ms (%{customdata})<extra></extra>` })),
-    layout("Step time breakdown (mean per steady step and rank)", "run", "time (ms)",
-      { barmode: "stack" }));
-  } else emptyChart($("#cmp-breakdown"), "no traces to break down");
-  const memTraces = analyses.map((a, i) => {
-    const t = memoryTotals(table(a, "memory"));
-    return { type: "bar", name: names[i], x: t.map((x) => `rank ${x.rank}`),
-      y: t.map((x) => x.measured / 1e6), marker: { color: PALETTE[i] },
-      hovertemplate: `${names[i]}<br>%{x}: %{y:.4g} MB<extra></extra>` };
-  }).filter((t) => t.x.length);
-  if (memTraces.length) {
-    await plot($("#cmp-memory"), memTraces, layout("Peak memory per rank (measured)", "rank",
-      "memory (MB)", { barmode: "group" }));
-  } else emptyChart($("#cmp-memory"), "no memory samples");
-  const bw = analyses.flatMap((a, i) => busbwTraces(table(a, "bandwidth"), `${label(runs[i])}: `,
-    DASHES[i]));
-  if (bw.length) {
-    await plot($("#cmp-busbw"), bw, layout("Bus bandwidth per collective", "message size (bytes)",
-      "busbw (GB/s)", { xaxis: { type: "log" }, yaxis: { type: "log" } }));
-  } else emptyChart($("#cmp-busbw"), "no collectives");
-  const loss = analyses.map((a, i) => {
-    const rows = table(a, "throughput").filter((x) => x.loss !== null);
-    return { type: "scatter", mode: "lines+markers", name: names[i], x: rows.map((x) => x.step),
-      y: rows.map((x) => x.loss), line: { dash: DASHES[i % 4] },
+  const rows = FIGURES.map(([key, name, unit, better, get]) => {
+    const vals = runs.map((r, i) => get(r, heads[i], analyses[i]));
+    if (vals.every((v) => v === null || v === undefined)) return null;
+    return el("tr", { dataset: { figure: key } }, el("td", { text: name }),
+      ...vals.map((v, i) => {
+        const [text, cls] = i === baseIdx ? ["baseline", ""] : delta(v, vals[baseIdx], unit, better);
+        return el("td", { class: "num", dataset: { value: v ?? "" } },
+          el("div", { text: fmt(v, unit) }),
+          el("div", { class: `delta ${cls}`, text }));
+      }));
+  }).filter(Boolean);
+  const steps = heads.map((h) => stepsLabel(h));
+  $("#cmp-table").replaceChildren(
+    el("caption", { class: "muted", text: "Medians and means over each run's steady steps " +
+      `(${[...new Set(steps)].join("; ")}); deltas against the baseline.` }),
+    el("thead", {}, el("tr", {}, el("th", { text: "figure" }), ...runs.map((r, i) =>
+      el("th", { class: "num" }, el("span", { class: "swatch", style: `background:${RUN_COLORS[i]}` }),
+        el("a", { href: `/runs/${encodeURIComponent(r.id)}`, text: label(r) }), " ",
+        statusBadge(r.status))))),
+    el("tbody", {}, ...rows));
+}
+
+function baseSelect(runs, baseIdx, onChange) {
+  const sel = $("#cmp-base");
+  sel.replaceChildren(...runs.map((r, i) => el("option", { value: String(i), text: label(r) })));
+  sel.value = String(baseIdx);
+  sel.onchange = () => onChange(Number(sel.value));
+}
+
+async function axisChart(runs, analyses, names) {
+  const rows = analyses.map((a) => table(a, "axis_bytes"));
+  const axes = [...new Set(rows.flat().map((r) => r.axis))];
+  if (!axes.length) { emptyChart($("#cmp-axis"), "no communication"); return; }
+  // per run and axis: the busiest rank's bytes sent per step
+  const val = (i, ax) => Math.max(0, ...rows[i].filter((r) => r.axis === ax)
+    .map((r) => r.bytes_sent_per_step || 0));
+  const u = axisUnit(runs.flatMap((_, i) => axes.map((ax) => val(i, ax))), "B");
+  await plot($("#cmp-axis"), runs.map((r, i) => ({ type: "bar", name: names[i], x: axes,
+    y: axes.map((ax) => val(i, ax) / u.div), marker: { color: RUN_COLORS[i] },
+    text: axes.map((ax) => `${names[i]}<br>${esc(ax)}: ${fmt(val(i, ax), "B")} per step`),
+    textposition: "none", hovertemplate: "%{text}<extra></extra>" })),
+  layout("Bytes sent per step per mesh axis (busiest rank)", "mesh axis", u.title("sent per step"),
+    { barmode: "group" }));
+}
+
+async function memoryChart(runs, analyses, names) {
+  const comps = ["params", "grads", "optim", "activations", "gathered_peak"];
+  const per = analyses.map((a) => table(a, "memory"));
+  const x = [[], []];
+  const cells = [];
+  runs.forEach((r, i) => {
+    const ranks = [...new Set(per[i].map((m) => m.rank))].sort((p, q) => p - q);
+    for (const rank of ranks) { x[0].push(names[i]); x[1].push(`rank ${rank}`); cells.push([i, rank]); }
+  });
+  if (!cells.length) { emptyChart($("#cmp-memory"), "no memory samples"); return; }
+  const get = (i, rank, c) => per[i].find((m) => m.rank === rank && m.component === c)?.measured_bytes ?? 0;
+  const u = axisUnit(cells.map(([i, rank]) => comps.reduce((s, c) => s + get(i, rank, c), 0)), "B");
+  await plot($("#cmp-memory"), comps.map((c) => ({ type: "bar", name: c, x,
+    y: cells.map(([i, rank]) => get(i, rank, c) / u.div), marker: { color: COMPONENT_COLORS[c] },
+    text: cells.map(([i, rank]) => `${names[i]} rank ${rank}<br>${c}: ${fmt(get(i, rank, c), "B")}`),
+    textposition: "none", hovertemplate: "%{text}<extra></extra>" })),
+  layout("Peak memory per rank by component (measured)", "run / rank", u.title("memory"),
+    { barmode: "stack" }));
+}
+
+async function curves(runs, analyses, names) {
+  const thr = analyses.map((a) => table(a, "throughput"));
+  const loss = thr.map((rows, i) => {
+    const pts = rows.filter((x) => x.loss !== null);
+    return { type: "scatter", mode: "lines+markers", name: names[i], x: pts.map((x) => x.step),
+      y: pts.map((x) => x.loss), line: { color: RUN_COLORS[i] },
       hovertemplate: `${names[i]}<br>step %{x}: %{y:.5g}<extra></extra>` };
   }).filter((t) => t.x.length);
   if (loss.length) await plot($("#cmp-loss"), loss, layout("Loss", "step", "loss"));
   else emptyChart($("#cmp-loss"), "no loss curves");
+  const u = axisUnit(thr.flat().map((x) => x.step_s), "s");
+  const st = thr.map((rows, i) => {
+    const pts = rows.filter((x) => x.step_s !== null);
+    return { type: "scatter", mode: "lines+markers", name: names[i], x: pts.map((x) => x.step),
+      y: pts.map((x) => x.step_s / u.div), line: { color: RUN_COLORS[i] },
+      text: pts.map((x) => `${names[i]}<br>step ${x.step}: ${fmt(x.step_s, "s")}`),
+      hovertemplate: "%{text}<extra></extra>" };
+  }).filter((t) => t.x.length);
+  if (st.length) {
+    await plot($("#cmp-steps"), st, layout("Step time (slowest rank)", "step", u.title("step time"),
+      { yaxis: { type: "log" } }));
+  } else emptyChart($("#cmp-steps"), "no step times");
+}
+
+// One steady step of each run, drawn from its start: compute on the row, comm above.
+async function timelines(runs, analyses, names) {
+  const data = await Promise.all(runs.map(async (r, i) => {
+    const h = headlineOf(analyses[i]);
+    const s = h.steady_steps;
+    if (!s) return null;
+    const step = Math.floor((s[0] + s[1]) / 2);
+    try { return { step, g: await api.gantt(r.id, { step, max_spans: 4000 }) }; } catch { return null; }
+  }));
+  const traces = [];
+  const tickvals = [];
+  const ticktext = [];
+  let y = 0;
+  let longest = 0;
+  data.forEach((d, i) => {
+    if (!d) return;
+    const g = d.g;
+    const t0 = g.steps.find((x) => x.step === d.step)?.t0_ms ?? g.window.t0_ms;
+    longest = Math.max(longest, (g.window.t1_ms - t0) / 1e3);
+    const rowY = new Map(g.rows.map((row) => [row.rank, y + row.y]));
+    g.rows.forEach((row) => { tickvals.push(y + row.y); ticktext.push(`${esc(runs[i].name)} · ${esc(row.label)}`); });
+    for (const lane of [0, 1]) {
+      const xs = [];
+      const ys = [];
+      const text = [];
+      const sg = g.segments;
+      for (let k = 0; k < sg.t0.length; k++) {
+        if (sg.lane[k] !== lane) continue;
+        const yy = rowY.get(sg.rank[k]) + (lane ? -0.3 : 0);
+        const a = (sg.t0[k] - t0) / 1e3;
+        const b = (sg.t1[k] - t0) / 1e3;
+        const name = `${esc(g.keys[sg.key[k]])} · ${fmt(b - a, "s")}`;
+        xs.push(a, (a + b) / 2, b, null);
+        ys.push(yy, yy, yy, null);
+        text.push(name, name, name, null);
+      }
+      traces.push({ type: "scattergl", mode: "lines", x: xs, y: ys, text,
+        name: `${names[i]} ${lane ? "comm" : "compute"}`, showlegend: lane === 0,
+        line: { color: RUN_COLORS[i], width: lane ? 5 : 12 }, opacity: lane ? 0.55 : 1,
+        hovertemplate: "%{text}<extra></extra>" });
+    }
+    y += g.rows.length + 1;
+  });
+  if (!traces.length) { emptyChart($("#cmp-timelines"), "no traces"); return; }
+  const u = axisUnit([longest], "s");
+  for (const t of traces) t.x = t.x.map((v) => (v === null ? null : v / u.div));
+  const div = $("#cmp-timelines");
+  div.style.height = `${Math.max(260, 26 * y + 90)}px`;
+  await plot(div, traces, layout("One steady step of each run, from its start (shared axis)",
+    u.title("time since the step began"), "", {
+      yaxis: { tickvals, ticktext, autorange: "reversed", zeroline: false, fixedrange: true },
+      margin: { l: 260, r: 10, t: 45, b: 60 }, legend: { orientation: "h", y: -0.25 } }));
+  div.dataset.runs = String(data.filter(Boolean).length);
 }
 
 async function init() {
@@ -112,10 +255,20 @@ async function init() {
     return;
   }
   const analyses = await Promise.all(runs.map((r) => api.metrics(r.id).catch(() => null)));
-  heads(runs, analyses);
+  const names = runs.map((r) => esc(label(r)));
+  let baseIdx = Math.max(0, ids.indexOf(params.get("base") || ids[0]));
+  const redraw = () => keyTable(runs, analyses, baseIdx);
+  baseSelect(runs, baseIdx, (i) => {
+    baseIdx = i;
+    params.set("base", ids[i]);
+    history.replaceState(null, "", `/compare?${params}`);
+    redraw();
+  });
+  redraw();
   diffTable(runs);
   $("#show-all").addEventListener("change", () => diffTable(runs));
-  await charts(runs, analyses);
+  await Promise.allSettled([axisChart(runs, analyses, names), memoryChart(runs, analyses, names),
+    curves(runs, analyses, names), timelines(runs, analyses, names)]);
   document.body.dataset.chartsReady = "1";
 }
 

@@ -24,24 +24,8 @@ export function esc(s) {
   return String(s ?? "").replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
 }
 
-export function fmtBytes(b) {
-  if (b === null || b === undefined || Number.isNaN(b)) return "–";
-  const u = ["B", "KB", "MB", "GB", "TB"];
-  let i = 0;
-  let v = Number(b);
-  while (Math.abs(v) >= 1000 && i < u.length - 1) { v /= 1000; i++; }
-  return `${v.toFixed(v >= 100 || i === 0 ? 0 : 2)} ${u[i]}`;
-}
-
-export function fmtSeconds(s) {
-  if (s === null || s === undefined) return "–";
-  if (s >= 1) return `${s.toFixed(2)} s`;
-  if (s >= 1e-3) return `${(s * 1e3).toFixed(2)} ms`;
-  return `${(s * 1e6).toFixed(1)} µs`;
-}
-
-export const fmtPct = (x, isFraction = false) =>
-  (x === null || x === undefined ? "–" : `${(isFraction ? x * 100 : x).toFixed(1)} %`);
+// Numbers are formatted by units.js (one rule, shared with the CLI's jobs/units.py).
+export { fmtBytes, fmtPct, fmtTime as fmtSeconds } from "./units.js";
 
 export const fmtNum = (x, d = 2) => (x === null || x === undefined ? "–" : Number(x).toFixed(d));
 

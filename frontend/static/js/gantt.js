@@ -1,112 +1,113 @@
-// The Gantt: one row per rank (grouped by mesh coordinates), compute spans coloured by
-// micro-batch, communication by collective, idle gaps shaded, the theoretical pipeline schedule
-// under the measured one. WebGL line segments (scattergl) draw it; the server bounds what it
-// sends (level of detail), and zooming asks it again for the finer window.
-import { api } from "./api.js";
-import { PALETTE, Plotly } from "./charts.js";
+// The timeline: per rank a labelled lane for its compute (nested spans drawn thinner, like
+// Perfetto), one for its grad_sync / wait_grads phases and one per communication axis (dp, tp,
+// pp send / recv), idle gaps shaded on the compute lane, and under pipeline runs the schedule
+// the analysis simulates. Every category has a colour no other category shares (CATEGORIES);
+// segments the server merged for the level of detail are drawn as "many spans", never in the
+// colour of one. Search highlights spans by name; a click shows the span's details. WebGL line
+// segments (scattergl) draw it; zooming asks the server again for the finer window.
 import { stepsLabel } from "./analysis.js";
+import { api } from "./api.js";
+import { Plotly } from "./charts.js";
 import { $, el, esc, fmtPct } from "./dom.js";
+import { axisUnit, fmt } from "./units.js";
 
-const COMM_COLORS = ["#1f3b73", "#8c2d04", "#006d2c", "#54278f", "#a50f15", "#08519c",
-  "#7f2704", "#252525"];
-const LANE_DY = [0, -0.3, 0.3]; // compute, comm ops (above), sync / wait phases (below)
-const LANE_W = [13, 5, 5];
-const IDLE = "rgba(225, 87, 89, 0.28)";
+// category -> colour; each colour used once (the legend and the tests rely on it)
+export const CATEGORIES = {
+  forward: "#4e79a7", backward: "#f28e2b", "backward (input)": "#ffbe7d",
+  "backward (weight)": "#b6992d", "forward.layer": "#a0cbe8", "backward.layer": "#d4a6c8",
+  optimizer: "#59a14f", "other compute": "#9aa3b2", grad_sync: "#79706e", wait_grads: "#d7b5a6",
+  all_reduce: "#e15759", reduce_scatter: "#76b7b2", all_gather: "#b07aa1", broadcast: "#9c755f",
+  reduce: "#ff9da7", all_to_all: "#17becf", send: "#1f3b73", recv: "#006d2c",
+  "other comm": "#636363", "many spans": "#2b2b2b", idle: "#fbd3d0",
+};
+const DEPTH_W = [14, 8, 5, 3]; // line width by nesting depth in a lane
+const COMM_W = 8;
 
-function alpha(hex, a) {
-  const n = Number.parseInt(hex.slice(1), 16);
-  return `rgba(${n >> 16}, ${(n >> 8) & 255}, ${n & 255}, ${a})`;
+export function categoryOf(name, channel) {
+  if (channel === "compute") return name in CATEGORIES ? name : "other compute";
+  if (channel === "sync") return name in CATEGORIES ? name : "grad_sync";
+  return name in CATEGORIES ? name : "other comm";
 }
 
-function groupKey(lane, name, mb) {
-  if (lane === 0 && (name.startsWith("forward") || name.startsWith("backward"))) {
-    return `${name}|${mb < 0 ? 0 : mb % PALETTE.length}`;
-  }
-  return name;
-}
-
-function styleOf(lane, name, mbSlot, commIndex) {
-  if (lane === 0 && name.startsWith("forward")) return PALETTE[mbSlot];
-  if (lane === 0 && name.startsWith("backward")) {
-    return alpha(PALETTE[mbSlot], name.includes("weight") ? 0.35 : 0.6);
-  }
-  if (lane === 0) return name === "optimizer" ? "#555d6b" : "#9aa3b2";
-  if (lane === 1) return COMM_COLORS[commIndex % COMM_COLORS.length];
-  return "#b8a36a";
-}
-
-function segmentTraces(data, yOf) {
+function segmentTraces(data, query) {
   const s = data.segments;
+  const lanes = data.lanes;
   const groups = new Map();
-  const commNames = [...new Set(s.key.filter((_, i) => s.lane[i] === 1).map((k) => data.keys[k]))];
   for (let i = 0; i < s.t0.length; i++) {
-    const lane = s.lane[i];
+    const lane = lanes[s.lane[i]];
     const name = data.keys[s.key[i]] ?? "?";
-    const gk = `${lane}|${groupKey(lane, name, s.mb[i])}`;
+    const merged = s.n[i] > 1;
+    const cat = merged ? "many spans" : categoryOf(name, lane.channel);
+    const depth = lane.channel === "compute" ? s.depth[i] : 0;
+    const hit = !query || name.toLowerCase().includes(query);
+    const gk = `${cat}|${depth}|${hit}`;
     let g = groups.get(gk);
     if (!g) {
-      const slot = s.mb[i] < 0 ? 0 : s.mb[i] % PALETTE.length;
-      const multiMb = lane === 0 && (name.startsWith("forward") || name.startsWith("backward"));
-      g = { x: [], y: [], text: [], lane, order: lane * 1000 + (multiMb ? slot : 900),
-        name: multiMb ? `${name} mb${slot}${data.maxMb >= PALETTE.length ? "+" : ""}` : name,
-        color: styleOf(lane, name, slot, commNames.indexOf(name)) };
+      g = { cat, depth, hit, x: [], y: [], custom: [],
+        width: lane.channel === "compute" ? DEPTH_W[depth] : COMM_W };
       groups.set(gk, g);
     }
-    const y = yOf(s.rank[i]) + LANE_DY[lane];
-    const dur = s.t1[i] - s.t0[i];
-    const label = `${esc(name)}${s.mb[i] >= 0 ? ` mb${s.mb[i]}` : ""} · step ${s.step[i]}` +
-      ` · rank ${s.rank[i]}<br>${dur.toFixed(3)} ms` +
-      (s.n[i] > 1 ? ` · ${s.n[i]} spans merged` : "") +
-      (s.bytes[i] ? ` · ${(s.bytes[i] / 1e6).toPrecision(3)} MB` : "");
+    const y = lane.y;
     g.x.push(s.t0[i], (s.t0[i] + s.t1[i]) / 2, s.t1[i], null);
     g.y.push(y, y, y, null);
-    g.text.push(label, label, label, null);
+    g.custom.push(i, i, i, null);
   }
-  return [...groups.values()].sort((a, b) => a.order - b.order).map((g) => ({
-    type: "scattergl", mode: "lines", name: esc(g.name), x: g.x, y: g.y, text: g.text,
-    line: { color: g.color, width: LANE_W[g.lane] }, hovertemplate: "%{text}<extra></extra>",
-    legendgroup: ["compute", "comm", "sync"][g.lane],
-  }));
+  const seen = new Set();
+  return [...groups.values()].sort((a, b) => a.depth - b.depth).map((g) => {
+    const first = !seen.has(g.cat);
+    seen.add(g.cat);
+    return { type: "scattergl", mode: "lines", name: esc(g.cat), x: g.x, y: g.y,
+      customdata: g.custom, line: { color: CATEGORIES[g.cat], width: g.width },
+      opacity: g.hit ? 1 : 0.15, legendgroup: g.cat, showlegend: first,
+      hovertemplate: "%{text}<extra></extra>", text: g.custom.map((i) => (i === null ? null
+        : hoverText(data, i))) };
+  });
 }
 
-function idleTrace(data, yOf) {
+function hoverText(data, i) {
+  const s = data.segments;
+  const name = esc(data.keys[s.key[i]] ?? "?");
+  const dur = (s.t1[i] - s.t0[i]) / 1e3;
+  return `${s.n[i] > 1 ? `${s.n[i]} spans merged (longest: ${name})` : name}` +
+    `${s.mb[i] >= 0 ? ` · mb ${s.mb[i]}` : ""} · step ${s.step[i]} · rank ${s.rank[i]}<br>` +
+    `${fmt(dur, "s")}${s.bytes[i] ? ` · ${fmt(s.bytes[i], "B")}` : ""}`;
+}
+
+function idleTrace(data) {
   const x = [];
   const y = [];
+  const compute = new Map(data.lanes.filter((l) => l.channel === "compute").map((l) => [l.rank, l.y]));
   const d = data.idle;
   for (let i = 0; i < d.t0.length; i++) {
-    const yy = yOf(d.rank[i]);
+    const yy = compute.get(d.rank[i]) ?? 0;
     x.push(d.t0[i], d.t1[i], null);
     y.push(yy, yy, null);
   }
   return { type: "scattergl", mode: "lines", name: "idle", x, y, hoverinfo: "skip",
-    line: { color: IDLE, width: LANE_W[0] } };
+    line: { color: CATEGORIES.idle, width: DEPTH_W[0] + 4 }, legendgroup: "idle" };
 }
+
+const THEORY_CAT = { F: "forward", B: "backward (input)", W: "backward (weight)", BW: "backward" };
 
 function theoryTraces(theory, base) {
   const groups = new Map();
   theory.rows.forEach((row, i) => {
     const y = base + i;
     for (const s of row.spans) {
-      const slot = s.mb % PALETTE.length;
-      const key = `${s.kind}|${slot}`;
-      let g = groups.get(key);
-      if (!g) {
-        const color = s.kind === "F" ? PALETTE[slot] : alpha(PALETTE[slot], s.kind === "W" ? 0.35 : 0.6);
-        g = { x: [], y: [], text: [], color };
-        groups.set(key, g);
-      }
-      const t = `theory ${s.kind}${s.mb}${s.chunk ? ` chunk ${s.chunk}` : ""} · pp${row.pp}<br>` +
-        `${(s.t1_ms - s.t0_ms).toFixed(3)} ms`;
+      const cat = THEORY_CAT[s.kind] || "other compute";
+      let g = groups.get(cat);
+      if (!g) { g = { cat, x: [], y: [], text: [] }; groups.set(cat, g); }
+      const t = `simulated ${s.kind}${s.mb}${s.chunk ? ` chunk ${s.chunk}` : ""} · pp${row.pp}<br>` +
+        `${fmt((s.t1_ms - s.t0_ms) / 1e3, "s")}`;
       g.x.push(s.t0_ms, (s.t0_ms + s.t1_ms) / 2, s.t1_ms, null);
       g.y.push(y, y, y, null);
       g.text.push(t, t, t, null);
     }
   });
-  return [...groups.values()].map((g, i) => ({
-    type: "scattergl", mode: "lines", name: "theory (simulated schedule)", x: g.x, y: g.y,
-    text: g.text, line: { color: g.color, width: 11 }, hovertemplate: "%{text}<extra></extra>",
-    legendgroup: "theory", showlegend: i === 0,
-  }));
+  return [...groups.values()].map((g) => ({
+    type: "scattergl", mode: "lines", name: esc(g.cat), x: g.x, y: g.y, text: g.text,
+    line: { color: CATEGORIES[g.cat], width: DEPTH_W[1] + 3 }, legendgroup: g.cat,
+    showlegend: false, hovertemplate: "%{text}<extra></extra>", meta: "theory" }));
 }
 
 export class Gantt {
@@ -118,46 +119,55 @@ export class Gantt {
     this.step = null;
     this.data = null;
     this.pending = null;
+    this.query = "";
   }
 
   async load(params = {}) {
     const q = { ...params };
     if (this.step !== null) q.step = this.step;
     const data = await api.gantt(this.runId, q);
-    data.maxMb = Math.max(-1, ...data.segments.mb.slice(0, 5000));
     this.data = data;
     this.render(params.t0_ms !== undefined ? [params.t0_ms, params.t1_ms] : null);
     return data;
   }
 
+  search(query) {
+    this.query = (query || "").trim().toLowerCase();
+    if (this.data) this.render(this.range);
+  }
+
   render(range) {
     const data = this.data;
-    const rows = data.rows;
-    const yMap = new Map(rows.map((r) => [r.rank, r.y]));
-    const yOf = (rank) => yMap.get(rank) ?? 0;
-    const traces = [idleTrace(data, yOf), ...segmentTraces(data, yOf)];
-    const tickvals = rows.map((r) => r.y);
-    const ticktext = rows.map((r) => esc(r.label));
+    this.range = range;
+    const lanes = data.lanes;
+    const traces = [idleTrace(data), ...segmentTraces(data, this.query)];
+    const tickvals = lanes.map((l) => l.y);
+    const ticktext = lanes.map((l) => esc(l.label));
     const theory = data.theory;
+    const bottom = lanes.length ? Math.max(...tickvals) : 0;
     if (theory) {
-      const base = rows.length + 0.6;
+      const base = bottom + 1.5;
       traces.push(...theoryTraces(theory, base));
-      theory.rows.forEach((r, i) => { tickvals.push(base + i); ticktext.push(esc(r.label)); });
+      theory.rows.forEach((r, i) => { tickvals.push(base + i); ticktext.push(esc(`simulated pp${r.pp}`)); });
     }
-    const nRows = tickvals.length;
-    const height = Math.max(340, Math.min(900, 48 * nRows + 110));
+    // time axis: one unit for the window (ms from the trace start, drawn in its own unit)
     const w = data.window;
+    const u = axisUnit([(w.t1_ms - w.t0_ms) / 1e3], "s");
+    this.msPerUnit = u.div * 1e3;
+    for (const t of traces) t.x = t.x.map((v) => (v === null ? null : v / this.msPerUnit));
+    const height = Math.max(340, Math.min(1100, 26 * tickvals.length + 150));
     const layout = {
-      title: { text: `Timeline per rank${this.step !== null ? ` — step ${this.step}` : ""}`,
+      title: { text: `Timeline per rank and lane${this.step !== null ? ` — step ${this.step}` : ""}`,
         font: { size: 15 } },
-      height, margin: { l: 150, r: 10, t: 45, b: 55 }, hovermode: "closest",
-      xaxis: { title: { text: "time since trace start (ms)" }, range: range || [w.t0_ms, w.t1_ms],
-        zeroline: false },
+      height, margin: { l: 170, r: 10, t: 70, b: 50 }, hovermode: "closest",
+      xaxis: { title: { text: u.title("time since trace start") }, zeroline: false,
+        range: (range || [w.t0_ms, w.t1_ms]).map((v) => v / this.msPerUnit) },
       yaxis: { tickvals, ticktext, zeroline: false, fixedrange: true,
-        title: { text: "rank (mesh coordinates)" }, range: [Math.max(...tickvals) + 0.6, -0.6] },
-      legend: { orientation: "v", x: 1.01, y: 1, yanchor: "top", font: { size: 11 } },
-      shapes: theory ? [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: rows.length - 0.2,
-        y1: rows.length - 0.2, line: { color: "#99a", dash: "dot", width: 1 } }] : [],
+        range: [Math.max(...tickvals, 0) + 0.8, -0.8], tickfont: { size: 11 } },
+      legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", font: { size: 11 },
+        itemsizing: "constant" },
+      shapes: theory ? [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: bottom + 0.75,
+        y1: bottom + 0.75, line: { color: "#99a", dash: "dot", width: 1 } }] : [],
       uirevision: `${this.runId}-${this.step}`,
     };
     this.div.style.height = `${height}px`;
@@ -165,7 +175,8 @@ export class Gantt {
     return Plotly.react(this.div, traces, layout, { responsive: true, displaylogo: false })
       .then(() => {
         const d = this.div.dataset;
-        d.rows = String(rows.length);
+        d.rows = String(data.rows.length);
+        d.lanes = String(lanes.length);
         d.theoryRows = String(theory ? theory.rows.length : 0);
         d.totalSpans = String(data.total_spans);
         d.segments = String(data.returned);
@@ -173,17 +184,39 @@ export class Gantt {
         d.simulatedBubble = theory ? String(theory.bubble_fraction) : "";
         this.info.textContent = `${data.total_spans.toLocaleString()} spans in view, ` +
           `${data.returned.toLocaleString()} drawn` +
-          (data.lod.merged ? ` (merged below ${data.lod.bucket_ms.toPrecision(3)} ms)` : "") +
+          (data.lod.merged ? ` (merged below ${fmt(data.lod.bucket_ms / 1e3, "s")})` : "") +
           (theory ? ` · bubble: measured ${fmtPct(this.headline?.bubble_fraction, true)}, ` +
             `simulated ${fmtPct(theory.bubble_fraction, true)} (${stepsLabel(this.headline)}` +
             " stage times)" : "") +
           ` · ${Math.round(performance.now() - t0)} ms to draw`;
-        if (!this.bound) this.bindZoom();
+        if (!this.bound) this.bindEvents();
       });
   }
 
-  bindZoom() {
+  details(i) {
+    const data = this.data;
+    const s = data.segments;
+    const lane = data.lanes[s.lane[i]];
+    const rows = [["name", data.keys[s.key[i]] ?? "?"], ["rank", `${s.rank[i]} · ${lane.channel}`],
+      ["step", s.step[i]], ["micro-batch", s.mb[i] >= 0 ? s.mb[i] : "–"],
+      ["start", `${fmt(s.t0[i] / 1e3, "s")} after the trace start`],
+      ["duration", fmt((s.t1[i] - s.t0[i]) / 1e3, "s")],
+      ["bytes", s.bytes[i] ? fmt(s.bytes[i], "B") : "–"],
+      ["spans", s.n[i] > 1 ? `${s.n[i]} merged at this zoom: zoom in to see them` : "1"]];
+    const box = $("#gantt-detail");
+    if (!box) return;
+    box.replaceChildren(el("table", { class: "data compact" }, el("tbody", {}, ...rows.map(
+      ([k, v]) => el("tr", {}, el("th", { text: k }), el("td", { text: String(v) }))))));
+    box.hidden = false;
+    box.dataset.segment = String(i);
+  }
+
+  bindEvents() {
     this.bound = true;
+    this.div.on("plotly_click", (ev) => {
+      const p = ev.points?.[0];
+      if (p && p.customdata !== undefined && p.customdata !== null) this.details(p.customdata);
+    });
     this.div.on("plotly_relayout", (ev) => {
       const a = ev["xaxis.range[0]"] ?? ev["xaxis.range"]?.[0];
       const b = ev["xaxis.range[1]"] ?? ev["xaxis.range"]?.[1];
@@ -195,7 +228,8 @@ export class Gantt {
       if (a === undefined || b === undefined || !(this.data?.lod.merged || this.zoomed)) return;
       this.zoomed = true;
       clearTimeout(this.pending);
-      this.pending = setTimeout(() => this.load({ t0_ms: a, t1_ms: b }), 200);
+      const k = this.msPerUnit;
+      this.pending = setTimeout(() => this.load({ t0_ms: a * k, t1_ms: b * k }), 200);
     });
   }
 }
@@ -233,5 +267,7 @@ export async function mountGantt(runId, pipeline = false, headline = {}) {
     g.load();
   });
   $("#gantt-reset").addEventListener("click", () => { g.zoomed = false; g.load(); });
+  const search = $("#gantt-search");
+  if (search) search.addEventListener("input", () => g.search(search.value));
   return g;
 }

@@ -3,6 +3,7 @@
 import { table } from "./analysis.js";
 import { COMPONENT_COLORS, emptyChart, layout, plot } from "./charts.js";
 import { el, esc, fmtBytes, fmtPct } from "./dom.js";
+import { axisUnit } from "./units.js";
 
 // Aggregate rows (model_state = params + grads + optim) are listed but never stacked.
 const AGGREGATES = new Set(["model_state", "total"]);
@@ -30,12 +31,14 @@ export async function mountMemory(analysis, div, tableEl) {
   const xr = [];
   const xk = [];
   for (const r of ranks) { xr.push(`rank ${r}`, `rank ${r}`); xk.push("measured", "predicted"); }
+  const totals = memoryTotals(rows);
+  const ax = axisUnit(totals.flatMap((t) => [t.measured, t.predicted]), "B");
   const traces = comps.map((c) => {
     const y = [];
     const text = [];
     for (const r of ranks) {
       const row = rows.find((x) => x.rank === r && x.component === c);
-      y.push((row?.measured_bytes ?? 0) / 1e6, (row?.predicted_bytes ?? 0) / 1e6);
+      y.push((row?.measured_bytes ?? 0) / ax.div, (row?.predicted_bytes ?? 0) / ax.div);
       const t = `${esc(c)} rank ${r}<br>measured ${fmtBytes(row?.measured_bytes)}<br>` +
         `predicted ${fmtBytes(row?.predicted_bytes)}<br>error ${fmtPct(row?.error_pct)}`;
       text.push(t, t);
@@ -43,14 +46,13 @@ export async function mountMemory(analysis, div, tableEl) {
     return { type: "bar", name: esc(c), x: [xr, xk], y, text, textposition: "none",
       hovertemplate: "%{text}<extra></extra>", marker: { color: COMPONENT_COLORS[c] } };
   });
-  const totals = memoryTotals(rows);
   const annotations = totals.map((t) => ({
-    x: [`rank ${t.rank}`, "predicted"], y: Math.max(t.measured, t.predicted) / 1e6,
-    text: t.hasPred && t.predicted ? `${(100 * (t.measured - t.predicted) / t.predicted)
-      .toFixed(1)} %` : "", showarrow: false, yanchor: "bottom", font: { size: 11 },
+    x: [`rank ${t.rank}`, "predicted"], y: Math.max(t.measured, t.predicted) / ax.div,
+    text: t.hasPred && t.predicted ? fmtPct(100 * (t.measured - t.predicted) / t.predicted)
+      : "", showarrow: false, yanchor: "bottom", font: { size: 11 },
   }));
   const lay = layout("Peak memory per rank: measured vs predicted (error above)", "rank",
-    "memory (MB)", { barmode: "stack", annotations });
+    ax.title("memory"), { barmode: "stack", annotations });
   await plot(div, traces, lay);
   div.dataset.ranks = String(ranks.length);
   if (tableEl) {

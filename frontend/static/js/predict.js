@@ -3,6 +3,7 @@
 // every figure (POST /api/predict).
 import { COMPONENT_COLORS, layout, plot } from "./charts.js";
 import { $, el, esc, fmtBytes, fmtPct, fmtSeconds } from "./dom.js";
+import { axisUnit, fmt } from "./units.js";
 
 function card(label, value, sub, bad = false) {
   return el("div", { class: `card${bad ? " bad" : ""}`, dataset: { card: label } },
@@ -19,7 +20,7 @@ function formulaRows(pred) {
       const value = f.value === null || f.value === undefined ? "–"
         : f.unit === "bytes" ? fmtBytes(f.value)
           : f.unit === "s" ? fmtSeconds(f.value)
-            : f.unit === "fraction" ? fmtPct(f.value, true) : `${Number(f.value).toPrecision(4)} ${f.unit || ""}`;
+            : f.unit === "fraction" ? fmtPct(f.value, true) : fmt(f.value, f.unit || "");
       const inputs = Object.entries(f.inputs || {}).map(([k, v]) =>
         `${k}=${typeof v === "number" ? Number(v.toPrecision(6)) : JSON.stringify(v)}`).join(", ");
       rows.push(el("tr", { title: f.convention || "" }, el("td", { text: `${section}.${key}` }),
@@ -47,8 +48,8 @@ export function renderPrediction(pred, deviceBytes) {
       `${pipe.schedule}, p=${pipe.p} m=${pipe.m} v=${pipe.v}`) : null,
     pred.step?.time_no_overlap_s ? card("step time", fmtSeconds(pred.step.time_no_overlap_s),
       "no overlap") : null,
-    card("parameters", Number(pred.params?.total ?? 0).toLocaleString(),
-      pred.params?.per_rank ? `${Number(pred.params.per_rank).toLocaleString()} per rank` : null),
+    card("parameters", fmt(pred.params?.total ?? 0, ""),
+      pred.params?.per_rank ? `${fmt(pred.params.per_rank, "")} per rank` : null),
   ];
   $("#pred-cards").replaceChildren(...cards.filter(Boolean));
   if (over) {
@@ -57,28 +58,34 @@ export function renderPrediction(pred, deviceBytes) {
   }
 
   const comps = Object.entries(mem.components || {});
+  // The device line is drawn only when it is on the bars' scale (within 20x of the prediction);
+  // otherwise the bars would be invisible slivers: the card says how much of the device it is.
+  const onScale = deviceBytes > 0 && perRank > 0 && deviceBytes <= 20 * perRank;
+  const u = axisUnit([perRank || 0, onScale ? deviceBytes : 0], "B");
   const memTraces = comps.map(([name, bytes]) => ({
-    type: "bar", orientation: "h", name: esc(name), y: ["busiest rank"], x: [bytes / 1e9],
-    marker: { color: COMPONENT_COLORS[name] },
-    hovertemplate: `${esc(name)}: %{x:.4g} GB<extra></extra>`,
+    type: "bar", orientation: "h", name: esc(name), y: ["busiest rank"], x: [bytes / u.div],
+    marker: { color: COMPONENT_COLORS[name] }, text: [`${esc(name)}: ${fmtBytes(bytes)}`],
+    textposition: "none", hovertemplate: "%{text}<extra></extra>",
   }));
-  const memLayout = layout("Memory per rank by component", "memory (GB)", "", {
+  const memLayout = layout("Memory per rank by component", u.title("memory"), "", {
     barmode: "stack", margin: { l: 90, r: 10, t: 35, b: 100 },
     legend: { orientation: "h", y: -0.62, yanchor: "top" },
-    shapes: deviceBytes > 0 ? [{ type: "line", x0: deviceBytes / 1e9, x1: deviceBytes / 1e9,
+    shapes: onScale ? [{ type: "line", x0: deviceBytes / u.div, x1: deviceBytes / u.div,
       y0: -0.5, y1: 0.5, line: { color: "#b00020", dash: "dash", width: 2 } }] : [],
-    annotations: deviceBytes > 0 ? [{ x: deviceBytes / 1e9, y: 0.5, text: "device memory",
+    annotations: onScale ? [{ x: deviceBytes / u.div, y: 0.5, text: "device memory",
       showarrow: false, yanchor: "bottom", font: { color: "#b00020", size: 11 } }] : [],
-    xaxis: { range: [0, Math.max(perRank || 0, deviceBytes || 0) / 1e9 * 1.08] },
+    xaxis: { range: [0, Math.max(perRank || 0, onScale ? deviceBytes : 0) / u.div * 1.08] },
   });
   plot($("#pred-memory"), memTraces, memLayout);
 
   const axes = Object.entries(comm?.components || {});
   if (axes.length) {
-    plot($("#pred-comm"), [{ type: "bar", x: axes.map(([a]) => a), y: axes.map(([, b]) => b / 1e6),
+    const cu = axisUnit(axes.map(([, b]) => b), "B");
+    plot($("#pred-comm"), [{ type: "bar", x: axes.map(([a]) => a), y: axes.map(([, b]) => b / cu.div),
       name: "bytes sent per rank", marker: { color: "#4e79a7" },
-      hovertemplate: "%{x}: %{y:.4g} MB<extra></extra>" }],
-    layout("Communication per step by mesh axis", "mesh axis", "MB sent per rank",
+      text: axes.map(([a, b]) => `${esc(a)}: ${fmtBytes(b)}`), textposition: "none",
+      hovertemplate: "%{text}<extra></extra>" }],
+    layout("Communication per step by mesh axis", "mesh axis", cu.title("sent per rank"),
       { margin: { l: 60, r: 10, t: 35, b: 100 }, legend: { y: -0.5 } }));
   } else {
     $("#pred-comm").replaceChildren();

@@ -2,7 +2,12 @@
 // overlaid (one dash style per sweep), and the memory-copy bandwidth of each as a reference.
 import { api } from "./api.js";
 import { PALETTE, emptyChart, layout, plot } from "./charts.js";
-import { esc } from "./dom.js";
+import { bandwidthAxes } from "./comm.js";
+import { esc, fmtBytes } from "./dom.js";
+import { fmt, logAxis } from "./units.js";
+
+// metric -> [scale to base units, unit]: busbw in GB/s is drawn in B/s, time in µs in s
+const METRICS = { busbw_GBps: [1e9, "B/s"], algbw_GBps: [1e9, "B/s"], time_us_mean: [1e-6, "s"] };
 
 const DASHES = ["solid", "dash", "dot", "dashdot", "longdash", "longdashdot"];
 
@@ -20,11 +25,14 @@ export function sweepChartTraces(sweeps, metric = "busbw_GBps") {
       if (!colorOf.has(key)) colorOf.set(key, PALETTE[colorOf.size % PALETTE.length]);
       pts.sort((a, b) => a.bytes - b.bytes);
       const label = `${key} — ${s.name} (${s.id})`;
+      const [scale, unit] = METRICS[metric];
       traces.push({ type: "scatter", mode: "lines+markers", name: esc(label),
-        x: pts.map((p) => p.bytes), y: pts.map((p) => p[metric]),
+        x: pts.map((p) => p.bytes), y: pts.map((p) => p[metric] * scale),
         line: { color: colorOf.get(key), dash: DASHES[si % DASHES.length] },
         marker: { symbol: pts.map((p) => (p.correct === false ? "x" : "circle")) },
-        hovertemplate: `${esc(label)}<br>%{x} B: %{y:.4g}<extra></extra>` });
+        text: pts.map((p) => `${esc(label)}<br>${fmtBytes(p.bytes)}: ${fmt(p[metric] * scale, unit)}` +
+          (p.correct === false ? " (incorrect result)" : "")),
+        hovertemplate: "%{text}<extra></extra>" });
     }
   });
   return traces;
@@ -36,18 +44,23 @@ export async function mountSweepChart(div, ids, timeDiv = null) {
   sweeps = sweeps.filter((s) => s.results?.length);
   if (!sweeps.length) { emptyChart(div, "no sweep results"); return []; }
   const shapes = sweeps.filter((s) => s.copy_bandwidth_GBps).map((s, i) => ({
-    type: "line", xref: "paper", x0: 0, x1: 1, y0: s.copy_bandwidth_GBps, y1: s.copy_bandwidth_GBps,
+    type: "line", xref: "paper", x0: 0, x1: 1, y0: s.copy_bandwidth_GBps * 1e9,
+    y1: s.copy_bandwidth_GBps * 1e9,
     line: { color: "#b00020", width: 1, dash: DASHES[i % DASHES.length] } }));
-  await plot(div, sweepChartTraces(sweeps), layout("Bus bandwidth vs message size",
-    "message size (bytes)", "busbw (GB/s)", { xaxis: { type: "log" }, yaxis: { type: "log" },
-      shapes, legend: { orientation: "v", x: 1.02, y: 1, yanchor: "top" },
+  const bw = sweepChartTraces(sweeps);
+  await plot(div, bw, layout("Bus bandwidth vs message size (red: memory-copy bandwidth)",
+    "message size", "busbw", { ...bandwidthAxes(bw), shapes,
+      legend: { orientation: "h", y: -0.25, yanchor: "top" },
       margin: { l: 70, r: 10, t: 45, b: 60 } }));
   div.dataset.sweeps = String(sweeps.length);
   if (timeDiv) {
-    await plot(timeDiv, sweepChartTraces(sweeps, "time_us_mean"), layout(
-      "Time per operation vs message size", "message size (bytes)", "mean time (µs)",
-      { xaxis: { type: "log" }, yaxis: { type: "log" },
-        legend: { orientation: "v", x: 1.02, y: 1, yanchor: "top" },
+    const tt = sweepChartTraces(sweeps, "time_us_mean");
+    const ax = bandwidthAxes(tt);
+    const ys = tt.flatMap((t) => t.y).filter((v) => v > 0);
+    await plot(timeDiv, tt, layout("Time per operation vs message size", "message size",
+      "mean time", { xaxis: ax.xaxis,
+        yaxis: logAxis(Math.min(...ys), Math.max(...ys), "s"),
+        legend: { orientation: "h", y: -0.25, yanchor: "top" },
         margin: { l: 70, r: 10, t: 45, b: 60 } }));
   }
   return sweeps;
