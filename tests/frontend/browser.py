@@ -22,9 +22,11 @@ def launch_chromium(pw):
 
 
 def chromium_browser() -> Iterator:
-    """Body of a module-scoped `browser` fixture: Debian's Chromium through Playwright."""
+    """Body of a module-scoped `browser` fixture: Debian's Chromium through Playwright. A
+    missing browser fails (as a missing PostgreSQL does): a skipped front end is untested."""
     if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+        pytest.fail(f"no Chromium at {CHROMIUM}: run scripts/provision.sh "
+                    "(apt-get install chromium)")
     from playwright.sync_api import sync_playwright
     with sync_playwright() as pw:
         b = launch_chromium(pw)

@@ -145,13 +145,13 @@ def test_the_pages_show_the_analysis_values(svc, runs, page):
     ids = [runs["pp"], runs["ddp"]]
     page.goto(f"{svc.url}/compare?ids={','.join(ids)}")
     page.wait_for_selector("body[data-charts-ready='1']")
-    bars = page.evaluate("() => document.getElementById('cmp-breakdown').data.map("
-                         "t => ({name: t.name, y: t.y}))")
     for i, rid in enumerate(ids):
         h = svc.http.get(f"/api/runs/{rid}/metrics").json()["headline"]
-        head = page.locator(f"#compare-heads [data-run='{rid}']")
-        assert float(head.get_attribute("data-step-time")) == h["step_time_s"]
-        by = {b["name"]: b["y"][i] for b in bars}
-        assert by["bubble"] == pytest.approx((h["bubble_s"] or 0) * 1e3)
-        assert by["compute"] == pytest.approx(h["compute_s"] * 1e3)
+        for key, scale in (("step_time_s", 1), ("tokens_per_s", 1), ("exposed_comm_s", 1),
+                           ("peak_memory_bytes", 1), ("bubble_fraction", 100)):
+            row = page.locator(f"#cmp-table tr[data-figure='{key}']")
+            if h[key] is None:
+                continue
+            got = row.locator("td.num").nth(i).get_attribute("data-value")
+            assert float(got) == pytest.approx(h[key] * scale, rel=1e-12), (rid, key)
     shot(page, "compare-figures")
