@@ -47,3 +47,18 @@ def save_stream(target: Path, chunks) -> tuple[int, str]:
             size += len(chunk)
     tmp.replace(target)
     return size, h.hexdigest()
+
+
+def append_at(target: Path, offset: int, data: bytes) -> int:
+    """Write `data` at byte `offset` of a growing live file (a worker's trace while the job
+    runs) and cut what follows, so a retried chunk is harmless; return the new size. An offset
+    past the end is a gap the sender must fill first: ValueError."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    size = target.stat().st_size if target.exists() else 0
+    if offset > size:
+        raise ValueError(f"offset: {offset} is past the end of the live file ({size} bytes)")
+    with open(target, "r+b" if target.exists() else "wb") as f:
+        f.seek(offset)
+        f.write(data)
+        f.truncate()
+    return offset + len(data)

@@ -21,11 +21,13 @@ class BackendClient:
     def __init__(self, base_url: str, token: str, *, timeout: float = 10.0):
         self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout,
                                   headers={"Authorization": f"Bearer {token}"})
+        self._reached = False  # has the backend answered a worker heartbeat yet?
 
     def close(self) -> None:
         self._http.close()
 
-    def call(self, method: str, path: str, *, retry_for_s: float = 0.0, **kw) -> Any:
+    def call(self, method: str, path: str, *, retry_for_s: float = 0.0, quiet: bool = False,
+             **kw) -> Any:
         """One request; on connection errors and 5xx retry until `retry_for_s` has passed.
         4xx is a bug or a permanent refusal and is raised at once."""
         deadline, delay = time.monotonic() + retry_for_s, 0.2
@@ -41,8 +43,8 @@ class BackendClient:
                 err = exc
             if time.monotonic() >= deadline:
                 raise BackendUnavailable(f"{method} {path}: {err}") from err
-            log.warning("backend call %s %s failed (%s); retrying in %.1fs", method, path,
-                        err, delay)
+            (log.debug if quiet else log.warning)(
+                "backend call %s %s failed (%s); retrying in %.1fs", method, path, err, delay)
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
 
@@ -66,6 +68,11 @@ class BackendClient:
         self.call("PUT", f"/api/internal/runs/{run_id}/files/{rel}", retry_for_s=1800,
                   content=path.read_bytes(), timeout=120)
 
+    def append(self, run_id: str, rel: str, offset: int, data: bytes) -> None:
+        """Bytes a job appended to one of its live files, written at `offset` (idempotent)."""
+        self.call("PUT", f"/api/internal/runs/{run_id}/files/{rel}", retry_for_s=0,
+                  params={"offset": offset}, content=data, timeout=30)
+
     def finish(self, run_id: str, **body) -> dict:
         return self.call("POST", f"/api/internal/runs/{run_id}/finish", retry_for_s=1800,
                          json=body)
@@ -73,6 +80,9 @@ class BackendClient:
     def worker_heartbeat(self, **body) -> None:
         try:
             self.call("POST", "/api/internal/workers/heartbeat", retry_for_s=0, json=body,
-                      timeout=3)
+                      timeout=3, quiet=not self._reached)
+            self._reached = True
         except BackendUnavailable as exc:
-            log.warning("worker heartbeat failed: %s", exc)
+            # `paralab up` starts the worker beside the backend: until the backend has answered
+            # once, "not there yet" is the expected state, not a failure worth a warning.
+            (log.warning if self._reached else log.debug)("worker heartbeat failed: %s", exc)

@@ -21,6 +21,7 @@ import time
 from datetime import UTC, datetime
 
 from celery import shared_task
+from celery.app import trace as celery_trace
 from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
 from backend.core.config import Settings, get_settings
@@ -28,11 +29,16 @@ from jobs.spec import parse_spec
 from worker.app import TASK_NAME
 from worker.client import BackendClient, BackendUnavailable
 from worker.launch import build_argv, build_env, job_timeout_s, supervised
+from worker.live import OutputFilter, TraceShipper
 from worker.procs import kill_run_processes, pdeathsig_preexec
 from worker.provenance import devices, provenance
 
 log = logging.getLogger(__name__)
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat is noise
+# Celery's default line reads "Task paralab.run[…] succeeded in 3s: 'cancelled'": the task did
+# its job (it supervised the run to an end); what it returns is the run's outcome.
+celery_trace.LOG_SUCCESS = ("Task %(name)s[%(id)s] done in %(runtime)ss; "
+                            "the run ended %(return_value)s")
 
 SHUTDOWN = threading.Event()
 _busy = 0
@@ -129,14 +135,20 @@ class JobSupervisor:
         env = build_env(os.environ, run_id=self.run_id, omp_threads=self.settings.job_omp_threads)
         timeout = job_timeout_s(self.spec, self.settings.max_job_timeout_s)
         self.logs = LogShipper(self.client, self.run_id)
+        self.output = OutputFilter(self.logs.add, lambda line: log.info(
+            "run %s: %s", self.run_id, line))
         self.say(f"launching on {socket.gethostname()}: {shlex.join(argv)}")
         proc = subprocess.Popen(argv, env=env, cwd=self.dir, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=pdeathsig_preexec(signal.SIGTERM))
         reader = threading.Thread(target=self._read, args=(proc,), daemon=True)
         reader.start()
-        outcome, reason = self._supervise(proc, timeout)
-        rc = proc.wait()
+        traces = TraceShipper(self.client, self.run_id, self.out)
+        try:
+            outcome, reason = self._supervise(proc, timeout)
+            rc = proc.wait()
+        finally:
+            traces.close()
         reader.join(timeout=10)
         leftovers = kill_run_processes(self.run_id)
         if leftovers:
@@ -162,7 +174,7 @@ class JobSupervisor:
 
     def _read(self, proc: subprocess.Popen) -> None:
         for raw in proc.stdout:
-            self.logs.add(raw.decode("utf-8", "replace").rstrip("\n"))
+            self.output(raw.decode("utf-8", "replace").rstrip("\n"))
 
     def _supervise(self, proc: subprocess.Popen, timeout: float) -> tuple[str | None, str]:
         start, next_beat = time.monotonic(), 0.0

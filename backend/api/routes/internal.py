@@ -4,14 +4,15 @@ worker may retry any of them after a timeout or a backend restart."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, BackgroundTasks, HTTPException, Request
+from fastapi import APIRouter, BackgroundTasks, HTTPException, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from backend import crud, run_traces
 from backend.api.deps import DbDep, RunDep, SettingsDep, WorkerDep
 from backend.api.schemas import ClaimIn, FinishIn, LogBatch, WorkerIn
 from backend.core.db import get_sessionmaker
-from backend.storage import resolve_run_path, save_stream
+from backend.storage import append_at, resolve_run_path, save_stream
+from backend.streams import hub
 
 router = APIRouter(prefix="/api/internal", tags=["worker channel"])
 
@@ -36,12 +37,21 @@ def logs(db: DbDep, run: RunDep, body: LogBatch, _: WorkerDep) -> dict:
 
 @router.put("/runs/{run_id}/files/{path:path}")
 async def upload(request: Request, run: RunDep, settings: SettingsDep, path: str,
-                 _: WorkerDep) -> dict:
+                 _: WorkerDep, offset: int | None = Query(None, ge=0)) -> dict:
+    """The whole file (after the run), or with `offset` a live chunk of a growing trace:
+    written in place, not recorded as a run file, and announced to the run's open streams."""
     try:
         target = resolve_run_path(settings.runs_dir, run.id, path)
     except ValueError as exc:
         raise HTTPException(400, str(exc)) from exc
     chunks = [c async for c in request.stream()]
+    if offset is not None:
+        try:
+            size = await run_in_threadpool(append_at, target, offset, b"".join(chunks))
+        except ValueError as exc:
+            raise HTTPException(409, str(exc)) from exc
+        hub.publish_event(run.id)
+        return {"path": path, "size": size}
     size, sha = await run_in_threadpool(save_stream, target, chunks)
 
     def record():

@@ -1,0 +1,110 @@
+"""What the worker streams while a job runs, besides its log lines: the growing per-rank trace
+files, shipped as appended byte ranges so the backend holds a live copy and serves the run
+page's figures from the same analysis it uses after the run (`jobs.analysis` over partial
+traces); and the job's output filtered of interpreter warnings, which go to the worker's own
+log instead of the user's.
+
+Traces are shipped whole lines only (up to the last newline), each chunk tagged with its byte
+offset: the backend writes at that offset, so a retried chunk is harmless and a lost one is
+re-sent (the offset only advances on success). At the end of the run the worker uploads every
+file whole, which replaces the live copy."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from worker.client import BackendClient, BackendUnavailable
+
+log = logging.getLogger(__name__)
+
+LIVE_GLOBS = ("trace-rank*.jsonl",)
+MAX_CHUNK = 4 << 20  # bytes per request: a slow backend gets bounded requests
+
+
+class TraceShipper:
+    """Every `interval` s, ships what the job appended to its trace files since the last
+    successful shipment."""
+
+    def __init__(self, client: BackendClient, run_id: str, out_dir: Path,
+                 interval: float = 1.0) -> None:
+        self._client, self._run_id, self._out, self._interval = client, run_id, out_dir, interval
+        self._sent: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="trace-shipper")
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.ship()
+            except BackendUnavailable:
+                pass  # try again next round: the offsets did not move
+            except Exception:  # noqa: BLE001 - live figures are best effort; the run goes on
+                log.exception("live trace shipping of run %s failed", self._run_id)
+
+    def ship(self) -> int:
+        """One round: returns the bytes shipped."""
+        total = 0
+        for pattern in LIVE_GLOBS:
+            for p in sorted(self._out.glob(pattern)):
+                total += self._ship_file(p)
+        return total
+
+    def _ship_file(self, path: Path) -> int:
+        rel = path.name
+        off = self._sent.get(rel, 0)
+        with open(path, "rb") as f:
+            f.seek(off)
+            data = f.read(MAX_CHUNK)
+        end = data.rfind(b"\n")
+        if end < 0:
+            return 0  # no complete line yet
+        chunk = data[:end + 1]
+        try:
+            self._client.append(self._run_id, rel, off, chunk)
+        except httpx.HTTPStatusError as exc:
+            if exc.response.status_code != 409:
+                raise
+            self._sent[rel] = 0  # the backend's copy is shorter than we thought: start over
+            return 0
+        self._sent[rel] = off + len(chunk)
+        return len(chunk)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# "/path/x.py:12: FutureWarning: ..." (optionally after torchrun's "[default0]:" rank prefix),
+# followed by the offending source line, indented.
+_WARNING = re.compile(r"^(\[default\d+\]:)?\S+\.py:\d+: [A-Za-z]*Warning: ")
+_RANK = re.compile(r"^\[default\d+\]:")
+
+
+class OutputFilter:
+    """Splits the job's output: interpreter warnings (and the source line Python prints under
+    each) go to `aside`, everything else to `keep`."""
+
+    def __init__(self, keep: Callable[[str], None], aside: Callable[[str], None]) -> None:
+        self._keep, self._aside = keep, aside
+        self._in_warning: set[str] = set()  # rank prefixes whose next line is a warning's source
+
+    def __call__(self, line: str) -> None:
+        m = _RANK.match(line)
+        prefix = m.group(0) if m else ""
+        body = line[len(prefix):]
+        if _WARNING.match(line):
+            self._in_warning.add(prefix)
+            self._aside(line)
+        elif prefix in self._in_warning and body.startswith("  "):
+            self._in_warning.discard(prefix)
+            self._aside(line)
+        else:
+            self._in_warning.discard(prefix)
+            self._keep(line)
