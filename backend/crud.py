@@ -146,8 +146,10 @@ def heartbeat(db: Session, run_id: str) -> Run | None:
     return db.get(Run, run_id)
 
 
-def append_logs(db: Session, run_id: str, lines: list[dict]) -> int:
-    """Idempotent on (run_id, seq): a worker retrying a batch after a timeout adds nothing."""
+def append_logs(db: Session, run_id: str, lines: list[dict],
+                out: list | None = None) -> int:
+    """Idempotent on (run_id, seq): a worker retrying a batch after a timeout adds nothing.
+    `out` collects the added lines as (seq, rank, line) for the live streams."""
     if not lines:
         return 0
     seqs = [int(x["seq"]) for x in lines]
@@ -158,9 +160,12 @@ def append_logs(db: Session, run_id: str, lines: list[dict]) -> int:
         if int(x["seq"]) in have:
             continue
         m = _RANK_PREFIX.match(x["line"])
-        db.add(RunLog(run_id=run_id, seq=int(x["seq"]), rank=int(m.group(1)) if m else None,
+        rank = int(m.group(1)) if m else None
+        db.add(RunLog(run_id=run_id, seq=int(x["seq"]), rank=rank,
                       ts=datetime.fromisoformat(x["ts"]) if x.get("ts") else utcnow(),
                       line=x["line"]))
+        if out is not None:
+            out.append((int(x["seq"]), rank, x["line"]))
         have.add(int(x["seq"]))
         added += 1
     db.commit()

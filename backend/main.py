@@ -23,6 +23,7 @@ from backend.api.routes import (
     predict,
     runs,
     schedules,
+    streams,
     users,
     views,
 )
@@ -31,6 +32,7 @@ from backend.auth import AuthMiddleware
 from backend.core.config import Settings, get_settings
 from backend.core.db import get_sessionmaker
 from backend.core.security import LoginThrottle, check_startup
+from backend.streams import hub
 from jobs.spec import json_schema
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,8 @@ async def _reaper(app: FastAPI) -> None:
             lost = await run_in_threadpool(reap)
             if lost:
                 log.warning("runs failed as worker lost: %s", lost)
+            for run_id in lost:
+                hub.publish_status(run_id, "failed")
         except Exception:  # the next round tries again
             log.exception("reaper round failed")
 
@@ -69,8 +73,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         task = asyncio.create_task(_reaper(app))
+        if settings.redis_url:  # several backend processes: share stream events
+            hub.connect_redis(settings.redis_url)
         yield
         task.cancel()
+        hub.close()
 
     app = FastAPI(title="paralab", version="0.1.0", lifespan=lifespan,
                   description="Launch, trace and compare parallel-training experiments.")
@@ -88,6 +95,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   for e in exc.errors()]
         return JSONResponse({"detail": errors}, status_code=422)
 
+    app.include_router(streams.router)
     app.include_router(runs.router)
     app.include_router(meta.router)
     app.include_router(internal.router)

@@ -12,6 +12,7 @@ from backend import crud, permissions
 from backend.auth import Principal, audit
 from backend.core.config import Settings
 from backend.models import Run
+from backend.streams import hub
 from jobs.spec import JobSpec, SpecError, parse_spec
 from jobs.theory import predict
 from worker.app import enqueue_run, revoke_run
@@ -101,6 +102,7 @@ def cancel(db: Session, settings: Settings, run: Run, *, actor: str | None = Non
            client: str | None = None) -> Run:
     was_queued = run.status == "queued"
     run = crud.request_cancel(db, run)
+    hub.publish_status(run.id, run.status)  # a queued run is cancelled at once
     if actor is not None:
         audit(db, actor, "run.cancel", run.id, {"owner": run.owner, "was": "queued" if
                                                 was_queued else "running"}, client)

@@ -129,6 +129,12 @@ class Hub:
             out = [x for x in t.lines if x[0] > cursor]
         return [x for x in out if rank is None or x[1] is None or x[1] == rank]
 
+    def status(self, run_id: str) -> str | None:
+        """The last status published for the run (None: none seen by this process)."""
+        with self._lock:
+            t = self._topics.get(run_id)
+            return t.status if t else None
+
     def version(self, run_id: str) -> int:
         with self._lock:
             t = self._topics.get(run_id)

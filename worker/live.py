@@ -94,12 +94,17 @@ class OutputFilter:
     def __init__(self, keep: Callable[[str], None], aside: Callable[[str], None]) -> None:
         self._keep, self._aside = keep, aside
         self._in_warning: set[str] = set()  # rank prefixes whose next line is a warning's source
+        # Set when the worker stops the job (cancel, timeout): torchrun's own lines from then
+        # on are the SignalException traceback of being stopped, noise to the user.
+        self.stopping = False
 
     def __call__(self, line: str) -> None:
         m = _RANK.match(line)
         prefix = m.group(0) if m else ""
         body = line[len(prefix):]
-        if _WARNING.match(line):
+        if self.stopping and not prefix and not line.startswith("[paralab]"):
+            self._aside(line)
+        elif _WARNING.match(line):
             self._in_warning.add(prefix)
             self._aside(line)
         elif prefix in self._in_warning and body.startswith("  "):

@@ -198,6 +198,7 @@ class JobSupervisor:
     def _stop(self, proc: subprocess.Popen, why: str) -> None:
         """SIGTERM to the job's shim: it stops torchrun, and SIGKILLs what is left after the
         grace period. Should the shim itself hang, everything of the run is killed here."""
+        self.output.stopping = True
         self.say(f"{why}: stopping the job (SIGTERM to torchrun, SIGKILL after "
                  f"{self.settings.kill_grace_s:g} s)")
         proc.send_signal(signal.SIGTERM)

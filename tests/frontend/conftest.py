@@ -23,14 +23,20 @@ def browser():
 @pytest.fixture
 def page(browser):
     """A 1280x800 page that fails the test on any uncaught script error or any dialog
-    (an injected `alert` would open one)."""
+    (an injected `alert` would open one), except those a test expects: it appends the start
+    of the message to `page.allowed_dialogs`, and that dialog is accepted."""
     ctx = browser.new_context(viewport={"width": 1280, "height": 800})
     pg = ctx.new_page()
     pg.set_default_timeout(60_000)
     problems: list[str] = []
     pg.on("pageerror", lambda e: problems.append(f"page error: {e}"))
 
+    pg.allowed_dialogs = []
+
     def on_dialog(d):
+        if any(d.message.startswith(m) for m in pg.allowed_dialogs):
+            d.accept()
+            return
         problems.append(f"dialog: {d.message}")
         d.dismiss()
     pg.on("dialog", on_dialog)

@@ -75,3 +75,20 @@ def test_warnings_go_aside_with_their_source_line():
     assert kept == ["[default0]:step 0 loss 2.3", "[default0]:step 1 loss 2.1",
                     "  indented user output stays", "[paralab] finished"]
     assert len(aside) == 4 and aside[1] == "[default1]:  warnings.warn("
+
+
+def test_the_launcher_traceback_of_a_stopped_job_goes_aside():
+    kept, aside = [], []
+    f = OutputFilter(kept.append, aside.append)
+    f("[default0]:step 5 loss 1.0")
+    f.stopping = True
+    for line in ["[paralab] cancel requested: stopping the job",
+                 "Traceback (most recent call last):",
+                 '  File "torch/distributed/run.py", line 9, in main',
+                 "torch.distributed.elastic.multiprocessing.api.SignalException: Process 1 got "
+                 "signal: 15",
+                 "[default1]:step 6 loss 0.9"]:
+        f(line)
+    assert kept == ["[default0]:step 5 loss 1.0", "[paralab] cancel requested: stopping the job",
+                    "[default1]:step 6 loss 0.9"]
+    assert len(aside) == 3

@@ -20,6 +20,8 @@ router = APIRouter(prefix="/api/internal", tags=["worker channel"])
 @router.post("/runs/{run_id}/claim")
 def claim(db: DbDep, run: RunDep, body: ClaimIn, _: WorkerDep) -> dict:
     ok, reason = crud.claim(db, run.id, worker=body.worker, task_id=body.task_id)
+    if ok:
+        hub.publish_status(run.id, "running")
     return {"launch": ok, "reason": reason, "spec": run.spec if ok else None}
 
 
@@ -31,7 +33,9 @@ def heartbeat(db: DbDep, run: RunDep, _: WorkerDep) -> dict:
 
 @router.post("/runs/{run_id}/logs")
 def logs(db: DbDep, run: RunDep, body: LogBatch, _: WorkerDep) -> dict:
-    added = crud.append_logs(db, run.id, [x.model_dump() for x in body.lines])
+    new: list = []
+    added = crud.append_logs(db, run.id, [x.model_dump() for x in body.lines], out=new)
+    hub.publish_lines(run.id, sorted(new))  # after the commit: see backend/streams.py
     return {"added": added}
 
 
@@ -66,6 +70,7 @@ def finish(db: DbDep, run: RunDep, body: FinishIn, _: WorkerDep, settings: Setti
            background: BackgroundTasks) -> dict:
     run = crud.finish(db, run.id, status=body.status, exit_code=body.exit_code, error=body.error,
                       summary=body.summary, provenance=body.provenance)
+    hub.publish_status(run.id, run.status)
     if body.summary is not None:  # the files are uploaded: parse the trace before anyone asks
         background.add_task(run_traces.warm, settings.runs_dir / run.id)
     return {"status": run.status}

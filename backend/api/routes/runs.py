@@ -3,22 +3,19 @@ Who may do what is decided in backend/permissions.py."""
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, HTTPException, Query, Request
-from fastapi.responses import FileResponse, PlainTextResponse, StreamingResponse
+from fastapi import APIRouter, Body, HTTPException, Query, Request
+from fastapi.responses import FileResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
 from backend import crud, permissions, services
 from backend.api.deps import DbDep, RunDep, SettingsDep, UserDep
 from backend.api.schemas import FileOut, RunOut
 from backend.auth import Principal, audit, client_address
-from backend.core.db import get_sessionmaker
 from backend.models import FINISHED, Run, RunTag, Star
 from backend.storage import resolve_run_path
 
@@ -201,48 +198,6 @@ def get_logs(db: DbDep, run: RunDep, rank: int | None = Query(None, ge=0),
             break
         after = batch[-1].seq
     return "\n".join(lines) + ("\n" if lines else "")
-
-
-@router.get("/{run_id}/logs/stream")
-async def stream_logs(
-    request: Request, run: RunDep, settings: SettingsDep,
-    rank: int | None = Query(None, ge=0),
-    last_event_id: Annotated[str | None, Header()] = None,
-    after: int = Query(-1, ge=-1, description="resume after this seq (or Last-Event-ID)"),
-) -> StreamingResponse:
-    """Server-sent events: `id` is the line's sequence number, so a reconnecting EventSource
-    resumes exactly where it stopped; `event: status` on changes, `event: end` when done."""
-    if last_event_id and last_event_id.strip().isdigit():
-        after = int(last_event_id)
-    maker = get_sessionmaker(settings.db_url)
-    run_id = run.id
-
-    def poll(cursor: int):
-        with maker() as db:
-            r = crud.get_run(db, run_id)
-            return crud.logs_after(db, run_id, cursor, rank=rank, limit=1000), r.status
-
-    async def events():
-        cursor, last_status = after, None
-        while True:
-            batch, status = await run_in_threadpool(poll, cursor)
-            for x in batch:
-                cursor = x.seq
-                data = "\n".join(f"data: {part}" for part in x.line.split("\n"))
-                yield f"id: {x.seq}\n{data}\n\n"
-            if status != last_status:
-                last_status = status
-                yield f"event: status\ndata: {status}\n\n"
-            if status in FINISHED and not batch:
-                yield f"event: end\ndata: {status}\n\n"
-                return
-            if await request.is_disconnected():
-                return
-            if not batch:
-                await asyncio.sleep(0.5)
-
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 @router.get("/{run_id}/files", response_model=list[FileOut])

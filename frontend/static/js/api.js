@@ -42,6 +42,7 @@ export const api = {
   predict: (spec) => request("POST", "/api/predict", { spec }),
   files: (id) => request("GET", `/api/runs/${enc(id)}/files`),
   logStream: (id, rank) => new EventSource(`/api/runs/${enc(id)}/logs/stream` + qs({ rank })),
+  liveStream: (id) => new EventSource(`/api/runs/${enc(id)}/live`),
   ganttSteps: (id) => request("GET", `/api/runs/${enc(id)}/gantt/steps`),
   gantt: (id, params = {}) => request("GET", `/api/runs/${enc(id)}/gantt` + qs(params)),
   sweeps: (ids) => request("GET", "/api/sweeps" + qs({ ids: ids?.join(",") })),

@@ -24,12 +24,17 @@ export function layout(title, xTitle, yTitle, extra = {}) {
 export const CONFIG = { responsive: true, displaylogo: false };
 
 export async function plot(div, data, lay, config = {}) {
+  if (div.classList.contains("empty")) { // it held a message (emptyChart): a live page redraws
+    div.classList.remove("empty");
+    div.replaceChildren();
+  }
   await Plotly.react(div, data, lay, { ...CONFIG, ...config });
   div.dataset.ready = "1";
   return div;
 }
 
 export function emptyChart(div, message) {
+  if (div.data) Plotly.purge(div); // it held a chart: drop Plotly's state with it
   div.replaceChildren();
   div.classList.add("empty");
   div.textContent = message;

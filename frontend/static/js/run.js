@@ -16,6 +16,12 @@ let stream = null;
 let chartsLoaded = false;
 let logLines = [];
 let analysis = null; // GET /metrics: every figure on this page
+let gantt = null;
+let live = null; // the /live stream while the run goes
+let liveBusy = false;
+let liveAgain = false;
+let liveUpdates = 0;
+const LIVE_MIN_GAP_MS = 1000;
 
 function renderHead() {
   document.title = `${run.name} · paralab`;
@@ -129,6 +135,7 @@ function connect() {
 async function loadCharts() {
   if (chartsLoaded) return;
   chartsLoaded = true;
+  if (live) { live.close(); live = null; }
   try { analysis = await api.metrics(run.id, { fresh: true }); } catch (e) {
     $("#run-error").textContent = e.message;
   }
@@ -139,7 +146,8 @@ async function loadCharts() {
     $("#curves-section").hidden = true;
     await mountSweepChart($("#comm-busbw"), [run.id]);
   }
-  await mountGantt(run.id, run.pp > 1, headlineOf(analysis));
+  if (gantt) await gantt.load();
+  else gantt = await mountGantt(run.id, run.pp > 1, headlineOf(analysis));
   if (run.kind === "train" && analysis) {
     await Promise.allSettled([
       mountMemory(analysis, $("#memory-chart"), $("#memory-table")),
@@ -147,6 +155,50 @@ async function loadCharts() {
       mountCurves(analysis, $("#loss-chart"), $("#throughput-chart"))]);
   }
   document.body.dataset.chartsReady = "1";
+}
+
+// While the run goes: every "traces" event of GET /live (the worker shipped more trace lines)
+// refetches the analysis of the partial traces and redraws the cards, the curves, the memory
+// chart and the timeline on the latest traced step. One refresh at a time, at most one a second.
+function goLive() {
+  if (run.kind !== "train") return;
+  live = api.liveStream(run.id);
+  live.addEventListener("traces", () => refreshLive());
+  live.addEventListener("end", () => { live.close(); live = null; });
+}
+
+async function refreshLive() {
+  if (liveBusy) { liveAgain = true; return; }
+  liveBusy = true;
+  try {
+    const a = await api.metrics(run.id, { fresh: true });
+    if (chartsLoaded || !a) return;
+    analysis = a;
+    renderCards();
+    await Promise.allSettled([mountCurves(a, $("#loss-chart"), $("#throughput-chart")),
+      mountMemory(a, $("#memory-chart"), $("#memory-table"))]);
+    const steps = (await api.ganttSteps(run.id)).steps.map((x) => x.step);
+    if (!chartsLoaded && steps.length) {
+      if (!gantt) gantt = await mountGantt(run.id, true, headlineOf(a));
+      else if (!gantt.zoomed) {
+        // the newest step the ranks have all finished (the last one may be mid-way)
+        gantt.step = steps[Math.max(0, steps.length - 2)];
+        $("#gantt-step").replaceChildren(...steps.map((x) => el("option", { value: String(x),
+          text: `step ${x}` })));
+        $("#gantt-step").value = String(gantt.step);
+        await gantt.load();
+      }
+    }
+    liveUpdates += 1;
+    document.body.dataset.liveUpdates = String(liveUpdates);
+  } catch (e) {
+    // a refresh that fails (the trace is mid-write) is retried by the next event
+  } finally {
+    setTimeout(() => {
+      liveBusy = false;
+      if (liveAgain) { liveAgain = false; refreshLive(); }
+    }, LIVE_MIN_GAP_MS);
+  }
 }
 
 async function sweepOf(a) {
@@ -165,11 +217,13 @@ async function init() {
   for (let r = 0; r < run.world_size; r++) sel.append(el("option", { value: r, text: `rank ${r}` }));
   sel.addEventListener("change", connect);
   $("#cancel-btn").addEventListener("click", async () => {
+    if (!window.confirm(`Cancel run ${run.name}? It stops now; the steps it completed stay.`)) return;
     $("#cancel-btn").disabled = true;
     try { run = await api.cancel(run.id); renderHead(); } catch (e) { $("#run-error").textContent = e.message; }
   });
   connect();
   if (FINISHED.includes(run.status)) loadCharts();
+  else goLive();
 }
 
 init();

@@ -1,0 +1,127 @@
+"""A run's live streams (server-sent events): its log lines, and its status and trace growth
+for the live run page. A waiting stream holds no database connection and no thread: it sleeps
+on the run's topic in `backend.streams.hub`, takes caught-up lines from the topic's buffer, and
+queries the database (a short session, in pages) only when it is behind that buffer, when it
+starts, and after `RECHECK_S` without news (so a lost pub/sub message costs seconds, not the
+stream)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from fastapi import APIRouter, Header, HTTPException, Query, Request
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from backend import crud
+from backend.api.deps import SettingsDep
+from backend.core.db import get_sessionmaker
+from backend.models import FINISHED
+from backend.streams import hub
+
+router = APIRouter(prefix="/api/runs", tags=["runs"])
+
+RECHECK_S = 10.0  # a stream without news asks the database this often (and pings the client)
+TRACE_EVENTS_S = 1.0  # at most one "traces" event per stream and second: each one is a refetch
+PAGE = 1000
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _status_of(settings, run_id: str) -> str:
+    """The run's status (a short session of its own), or 404."""
+    with get_sessionmaker(settings.db_url)() as db:
+        run = crud.get_run(db, run_id)
+        if run is None:
+            raise HTTPException(404, f"run {run_id!r} not found")
+        return run.status
+
+
+def _lines_after(settings, run_id: str, cursor: int, rank: int | None):
+    with get_sessionmaker(settings.db_url)() as db:
+        run = crud.get_run(db, run_id)
+        rows = crud.logs_after(db, run_id, cursor, rank=rank, limit=PAGE)
+        return [(x.seq, x.rank, x.line) for x in rows], run.status
+
+
+def _event(data: str, *, event: str | None = None, id: int | None = None) -> str:
+    head = (f"id: {id}\n" if id is not None else "") + (f"event: {event}\n" if event else "")
+    body = "\n".join(f"data: {part}" for part in data.split("\n"))
+    return f"{head}{body}\n\n"
+
+
+@router.get("/{run_id}/logs/stream")
+async def stream_logs(
+    request: Request, run_id: str, settings: SettingsDep,
+    rank: int | None = Query(None, ge=0),
+    last_event_id: Annotated[str | None, Header()] = None,
+    after: int = Query(-1, ge=-1, description="resume after this seq (or Last-Event-ID)"),
+) -> StreamingResponse:
+    """Server-sent events: `id` is the line's sequence number, so a reconnecting EventSource
+    resumes exactly where it stopped; `event: status` on changes, `event: end` when done."""
+    if last_event_id and last_event_id.strip().isdigit():
+        after = int(last_event_id)
+    await run_in_threadpool(_status_of, settings, run_id)  # 404 before the stream starts
+
+    async def events():
+        cursor, sent_status = after, None
+        with hub.subscribe(run_id) as sub:  # before the first read: nothing falls in between
+            need_db = True
+            while True:
+                lines = None if need_db else hub.lines_after(run_id, cursor, rank)
+                status = hub.status(run_id)
+                if lines is None:
+                    lines, status = await run_in_threadpool(_lines_after, settings, run_id,
+                                                            cursor, rank)
+                    need_db = len(lines) == PAGE  # a full page: there may be more
+                for seq, _, line in lines:
+                    cursor = seq
+                    yield _event(line, id=seq)
+                if status and status != sent_status:
+                    sent_status = status
+                    yield _event(status, event="status")
+                if sent_status in FINISHED and not lines and not need_db:
+                    yield _event(sent_status, event="end")
+                    return
+                if await request.is_disconnected():
+                    return
+                if not lines and not await sub.wait(RECHECK_S):
+                    need_db = True  # no news for a while: make sure nothing was missed
+                    yield ": ping\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+@router.get("/{run_id}/live")
+async def stream_live(request: Request, run_id: str, settings: SettingsDep) -> StreamingResponse:
+    """What the live run page redraws on: `event: status` when the run's status changes,
+    `event: traces` when its traces have grown (at most one a second; the page then refetches
+    GET /metrics, which analyses the partial traces), `event: end` once it is finished."""
+    status = await run_in_threadpool(_status_of, settings, run_id)
+
+    async def events():
+        sent_status, seen = None, -1
+        with hub.subscribe(run_id) as sub:
+            cur = status
+            while True:
+                v = hub.version(run_id)
+                if cur != sent_status:
+                    sent_status = cur
+                    yield _event(cur, event="status")
+                if cur in FINISHED:
+                    yield _event(cur, event="end")
+                    return
+                if v != seen:
+                    seen = v
+                    yield _event(str(v), event="traces")
+                if await request.is_disconnected():
+                    return
+                if await sub.wait(RECHECK_S):
+                    cur = hub.status(run_id) or cur
+                    if cur == sent_status:  # trace growth: coalesce a burst into one event
+                        await asyncio.sleep(TRACE_EVENTS_S)
+                else:
+                    cur = await run_in_threadpool(_status_of, settings, run_id)
+                    yield ": ping\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -1,0 +1,54 @@
+"""The run page while the run goes (issue 13): a long real DDP run through the service; the page
+shows step-time figures and curves from the partial traces and keeps updating without a reload,
+log lines arrive before the run ends; cancelled at ~100 steps, the page keeps what it saw.
+
+No timing is asserted: the checks wait (generously) for states, and compare counts."""
+
+from __future__ import annotations
+
+from playwright.sync_api import expect
+
+from tests.conftest import wait_for
+from tests.frontend.browser import shot
+
+# the timed model: ~60 ms a step whatever the machine, so 300 steps outlast the checks
+LONG = {"preset": "ddp", "name": "live ddp", "train": {"steps": 300},
+        "model": {"arch": "timed", "layers": 2, "hidden": 16, "t_forward": 0.01,
+                  "t_backward_input": 0.01, "t_backward_weight": 0.01}}
+
+
+def steps_on_page(page) -> int:
+    """Steps drawn on the step-time curve."""
+    return page.evaluate("""() => {
+        const d = document.getElementById('throughput-chart').data;
+        return d && d.length ? d[0].x.length : 0 }""")
+
+
+def test_the_page_is_live_and_a_cancelled_run_keeps_its_steps(svc, page):
+    rid = svc.submit(LONG)["id"]
+    page.goto(f"{svc.url}/runs/{rid}")
+    page.wait_for_function("() => Number(document.body.dataset.liveUpdates || 0) >= 1",
+                           timeout=180_000)
+    card = page.locator("#cards [data-key='step_time_s']")
+    expect(card).not_to_have_attribute("data-value", "", timeout=60_000)
+    first = steps_on_page(page)
+    assert first >= 1
+    # the page keeps growing without a reload while the run goes
+    wait_for(lambda: steps_on_page(page) > first, 120, "more steps on the live page")
+    assert svc.run(rid)["status"] == "running"
+    # log lines arrive while the run goes (the [paralab] launch line at least, then rank lines)
+    expect(page.locator("#log")).to_contain_text("launching on")
+    shot(page, "run-live")
+    # cancel at ~100 steps (asked to confirm); the page keeps every step it saw
+    wait_for(lambda: steps_on_page(page) >= 100 or svc.run(rid)["status"] != "running", 240,
+             "100 steps")
+    page.allowed_dialogs.append("Cancel run")
+    page.click("#cancel-btn")
+    done = svc.wait_status(rid, ("cancelled", "succeeded"), 120)
+    assert done["status"] == "cancelled", done["status"]
+    page.wait_for_selector("body[data-charts-ready='1']", timeout=120_000)
+    m = svc.http.get(f"/api/runs/{rid}/metrics").json()
+    kept = [r for r in m["tables"]["throughput"] if r["step_s"] is not None]
+    assert len(kept) >= 90, len(kept)
+    assert steps_on_page(page) == len(kept)
+    shot(page, "run-cancelled")
