@@ -42,6 +42,9 @@ class Settings(BaseSettings):
     # A running run whose worker has been silent this long is failed as "worker lost".
     run_heartbeat_timeout_s: float = 60.0
     worker_heartbeat_s: float = 5.0
+    # a live stream without news re-reads the database this often (a lost pub/sub message costs
+    # at most this much delay) and pings its client
+    stream_recheck_s: float = Field(10.0, gt=0)
     run_heartbeat_s: float = 1.0
     # SIGTERM to torchrun, then SIGKILL to everything carrying the run's ID after this grace.
     kill_grace_s: float = 5.0

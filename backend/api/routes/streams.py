@@ -2,8 +2,8 @@
 for the live run page. A waiting stream holds no database connection and no thread: it sleeps
 on the run's topic in `backend.streams.hub`, takes caught-up lines from the topic's buffer, and
 queries the database (a short session, in pages) only when it is behind that buffer, when it
-starts, and after `RECHECK_S` without news (so a lost pub/sub message costs seconds, not the
-stream)."""
+starts, and after `settings.stream_recheck_s` without news (a lost pub/sub message costs
+seconds, not the stream)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from backend.streams import hub
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 
-RECHECK_S = 10.0  # a stream without news asks the database this often (and pings the client)
 TRACE_EVENTS_S = 1.0  # at most one "traces" event per stream and second: each one is a refetch
 PAGE = 1000
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -83,9 +82,9 @@ async def stream_logs(
                 if sent_status in FINISHED and not lines and not need_db:
                     yield _event(sent_status, event="end")
                     return
-                if await request.is_disconnected():
-                    return
-                if not lines and not await sub.wait(RECHECK_S):
+                # (a client that goes away cancels this generator: StreamingResponse listens
+                # for the disconnect itself, so no per-iteration check is needed)
+                if not lines and not await sub.wait(settings.stream_recheck_s):
                     need_db = True  # no news for a while: make sure nothing was missed
                     yield ": ping\n\n"
 
@@ -114,9 +113,7 @@ async def stream_live(request: Request, run_id: str, settings: SettingsDep) -> S
                 if v != seen:
                     seen = v
                     yield _event(str(v), event="traces")
-                if await request.is_disconnected():
-                    return
-                if await sub.wait(RECHECK_S):
+                if await sub.wait(settings.stream_recheck_s):
                     cur = hub.status(run_id) or cur
                     if cur == sent_status:  # trace growth: coalesce a burst into one event
                         await asyncio.sleep(TRACE_EVENTS_S)
