@@ -28,6 +28,7 @@ from jobs.entry import exit_now, job_main
 from jobs.memory import MemoryBook, SavedTensorCounter, param_storages, process_memory
 from jobs.models import model_module
 from jobs.spec import JobSpec
+from jobs.testbug import mb_divisor
 from jobs.trace import Tracer
 
 
@@ -52,7 +53,7 @@ def build_strategy(ctx: RunContext, model):
     p, t = ctx.spec.parallel, ctx.spec.train
     group = ctx.mesh["dp"].get_group() if ctx.dims.dp > 1 else None
     kw = {"lr": t.lr, "precision": t.precision, "fp32_grads": t.fp32_grads,
-          "bucket_mb": p.bucket_mb}
+          "bucket_mb": p.bucket_mb, "optimizer": t.optimizer}
     if ctx.dims.dp == 1:
         from jobs.parallel.data import Single
         return Single(model, group, ctx.tracer, **kw)
@@ -163,12 +164,16 @@ def train_loop(ctx: RunContext, strategy, loss_fn) -> dict:
                         loss = loss_fn(strategy.forward(x).float(), y)
                     sample("after_forward", activations=saved.bytes)
                     with tr.span("backward"):
-                        strategy.backward(loss / rounds)
+                        strategy.backward(loss / mb_divisor(rounds))
                         layer_spans.end_backward()
                 loss_sum += loss.detach().double()
             tr.microbatch = None
             with tr.span("grad_sync", cat="comm"):
                 strategy.finish_grads()
+            if step == 0 and os.environ.get("PARALAB_DUMP_PARAMS") == "1":
+                grads = strategy.full_grads()  # the correctness gate's step-0 gradients
+                if ctx.rank == 0:
+                    torch.save(grads, ctx.out / "grads-step0.pt")
             sample("after_backward")
             strategy.step()
             sample("after_step")

@@ -35,6 +35,7 @@ from jobs.parallel.pipeline.stage import (
     split_stages,
 )
 from jobs.parallel.tensor import allreduce_sequence_parallel_grads, apply_tensor_parallel
+from jobs.testbug import mb_divisor
 
 
 def build_stages(ctx) -> tuple[dict[int, nn.Module], object]:
@@ -129,7 +130,8 @@ def make_strategy(ctx, stages):
     model = stages[0] if len(stages) == 1 else nn.ModuleList(stages.values())
     if ctx.spec.parallel.engine == "native":
         from jobs.parallel.threed import NativeMP
-        return NativeMP(model, stages, ctx, lr=ctx.spec.train.lr)
+        return NativeMP(model, stages, ctx, lr=ctx.spec.train.lr,
+                        optimizer=ctx.spec.train.optimizer)
     from jobs.train import build_strategy
     return build_strategy(ctx, model)
 
@@ -148,13 +150,14 @@ def run(ctx) -> dict:
         rt = NativePipeline(stages, schedule=schedule, p=dims.pp, m=m, v=p.virtual_stages,
                             rank=c["pp"], pp_group=ctx.mesh["pp"].get_group(),
                             loss_fn=loss_fn, tracer=tr, device=ctx.device)
-        rt.loss_scale = 1.0 / accum
+        # the torch schedule divides by m itself; the test-only bug cancels that too
+        rt.loss_scale = m / mb_divisor(m * accum)
     else:
         rt = PipelineRuntime(stages, schedule=schedule, p=dims.pp, m=m, v=p.virtual_stages,
                              rank=c["pp"], pp_ranks=dims.group_ranks("pp", ctx.rank),
                              loss_fn=loss_fn, act_shape=act_shape(spec, dims, mb),
                              tracer=tr, device=ctx.device)
-        rt.loss_scale = 1.0 / (m * accum)
+        rt.loss_scale = 1.0 / mb_divisor(m * accum)
     tp_group = ctx.mesh["tp"].get_group() if dims.tp > 1 else None
     book = MemoryBook()
     losses, step_times = [], []
@@ -173,6 +176,8 @@ def run(ctx) -> dict:
                 allreduce_sequence_parallel_grads(strategy.model, tp_group, tr)
             with tr.span("grad_sync", cat="comm"):
                 strategy.finish_grads()
+            if step == 0 and os.environ.get("PARALAB_DUMP_PARAMS") == "1":
+                dump_tensors(ctx, strategy.full_grads(), stages, "grads")
             strategy.step()
         sample = {**strategy.state_bytes(), "activations": rt.peak["activation_bytes"]}
         book.add("after_step", step, sample)
@@ -229,10 +234,14 @@ def global_name(name: str, stages: dict) -> str:
 def dump_params(ctx, strategy, stages) -> None:
     """PARALAB_DUMP_PARAMS=1: every rank writes `params-rank{R}.pt` {full-model name: local
     tensor (a tp shard where sharded)} plus its coords, for the multi-rank tests."""
-    full = strategy.full_parameters()
+    dump_tensors(ctx, strategy.full_parameters(), stages, "params")
+
+
+def dump_tensors(ctx, full: dict, stages, what: str) -> None:
+    """`{what}-rank{R}.pt`: {full-model name: local tensor (a tp shard where sharded)}."""
     out = {global_name(n, stages): t.detach().float().cpu() for n, t in full.items()}
     torch.save({"coords": ctx.dims.coords(ctx.rank), "tp": ctx.dims.tp, "params": out},
-               ctx.out / f"params-rank{ctx.rank}.pt")
+               ctx.out / f"{what}-rank{ctx.rank}.pt")
 
 
 def summarize(ctx, per_rank: list[dict], schedule: str) -> dict:

@@ -22,8 +22,9 @@ import torch
 import torch.nn as nn
 
 from jobs.models import layer_list
-from jobs.parallel.base import Strategy, tensor_bytes
+from jobs.parallel.base import Strategy, make_optimizer, optimizer_class, tensor_bytes
 from jobs.parallel.capture import ORIGINAL, capture
+from jobs.testbug import dp_divisor
 
 
 def _local(t):
@@ -80,12 +81,13 @@ class NativeDDP(Native):
         if zero:
             from torch.distributed.optim import ZeroRedundancyOptimizer
             self.name = "zero1"
-            self.opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam,
+            self.opt = ZeroRedundancyOptimizer(model.parameters(),
+                                               optimizer_class(self.optimizer),
                                                process_group=group, lr=self.lr)
             self.notes.append("ZeroRedundancyOptimizer: all-reduce (DDP) + broadcast of each "
                               "rank's updated parameters; shards are whole parameters")
         else:
-            self.opt = torch.optim.Adam(model.parameters(), lr=self.lr)
+            self.opt = make_optimizer(model.parameters(), self.optimizer, self.lr)
 
     def _hook(self, _state, bucket):
         buf = bucket.buffer()
@@ -93,7 +95,7 @@ class NativeDDP(Native):
                                    group_size=self.n, axis="dp", group="dp",
                                    bucket=bucket.index(), source="ddp.comm_hook",
                                    device=False, **{"async": True})
-        n = self.n
+        n = dp_divisor(self.n)
         all_reduce = ORIGINAL["all_reduce"]  # recorded here, not again by capture()
         fut = all_reduce(buf, group=self.group, async_op=True).get_future()
 
@@ -124,6 +126,10 @@ class NativeDDP(Native):
     def full_parameters(self):
         return {n: p.detach().float().clone() for n, p in self.ddp.module.named_parameters()}
 
+    def full_grads(self):
+        return {n: p.grad.detach().float().clone()
+                for n, p in self.ddp.module.named_parameters() if p.grad is not None}
+
     def _state(self):
         return self.opt.optim.state if hasattr(self.opt, "optim") else self.opt.state
 
@@ -134,6 +140,16 @@ class NativeDDP(Native):
             out["owned_elems_per_rank"] = [sum(p.numel() for g in part for p in g["params"])
                                            for part in parts]
         return out
+
+
+def undo_dp_average(model, n: int) -> None:
+    """Test-only bug (jobs/testbug.py) for FSDP2, whose averaging happens inside its reduce-
+    scatter (a divide factor of 1 needs PREMUL_SUM, which gloo lacks): scale the averaged
+    gradients back up by n, the same result as never dividing."""
+    if dp_divisor(n) == 1:
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(n)
 
 
 class NativeFSDP(Native):
@@ -148,9 +164,12 @@ class NativeFSDP(Native):
         for blk in layer_list(model) or []:
             fully_shard(blk, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
         fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
-        self.opt = torch.optim.Adam(model.parameters(), lr=self.lr)
+        self.opt = make_optimizer(model.parameters(), self.optimizer, self.lr)
         if reshard:
             self.notes.append("FSDP2 keeps the root module unsharded after forward")
+
+    def finish_grads(self) -> None:
+        undo_dp_average(self.model, self.n)
 
     def no_sync(self):
         import contextlib

@@ -1,6 +1,6 @@
 """3D composition on the native engine: DTensor TP over mesh["tp"] (jobs/parallel/tensor.py),
 torch.distributed.pipelining over the pp axis (pipeline/native.py) and FSDP2 `fully_shard` over
-mesh["dp"], whose parameters are then 2-D DTensors (dp x tp), with torch.optim.Adam.
+mesh["dp"], whose parameters are then 2-D DTensors (dp x tp), with torch.optim.Adam (or SGD).
 
 DistributedDataParallel cannot wrap DTensor parameters, so on the native engine the dp axis is
 FSDP2 whatever the ZeRO stage: zero_stage 3 reshards after forward (ZeRO-3), 0-2 keep the
@@ -19,7 +19,8 @@ import contextlib
 import torch
 
 from jobs.models import layer_list
-from jobs.parallel.base import Strategy, tensor_bytes
+from jobs.parallel.base import Strategy, make_optimizer, tensor_bytes
+from jobs.parallel.native import undo_dp_average
 
 
 def _local(t):
@@ -43,7 +44,7 @@ class NativeMP(Strategy):
                     fully_shard(blk, mesh=ctx.mesh["dp"], reshard_after_forward=reshard)
                 fully_shard(st, mesh=ctx.mesh["dp"], reshard_after_forward=reshard)
             self.notes.append(f"dp axis: FSDP2 (reshard_after_forward={reshard})")
-        self.opt = torch.optim.Adam(model.parameters(), lr=self.lr)
+        self.opt = make_optimizer(model.parameters(), self.optimizer, self.lr)
 
     @contextlib.contextmanager
     def comm_context(self):
@@ -55,6 +56,10 @@ class NativeMP(Strategy):
             if self.tp and self.tracer.step == 0:  # a Python dispatch mode slows every op:
                 stack.enter_context(FuncolRecorder(self.tracer, "tp"))  # step 0 only
             yield
+
+    def finish_grads(self) -> None:
+        if self.group is not None:
+            undo_dp_average(self.model, self.n)
 
     def step(self) -> None:
         with self.tracer.span("optimizer", cat="compute"):
