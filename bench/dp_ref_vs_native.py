@@ -31,11 +31,14 @@ def worker(args) -> None:
     import torch
     import torch.distributed as dist
 
+    from jobs.compose import Composed, build_strategy
+    from jobs.context import RunContext
     from jobs.dims import ParallelDims
+    from jobs.loop import train_loop
     from jobs.models import mlp
+    from jobs.runners import DirectRunner
     from jobs.spec import parse_spec
     from jobs.trace import Tracer
-    from jobs.train import RunContext, build_strategy, train_loop
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -59,7 +62,7 @@ def worker(args) -> None:
                                  tr)
                 s = build_strategy(ctx, mlp.build(spec.model, 0))
                 dist.barrier()
-                res = train_loop(ctx, s, mlp.loss_fn)
+                res = train_loop(ctx, Composed(s, DirectRunner(s, mlp.loss_fn, tr, 1)))
                 tr.close()
                 t = torch.tensor(res["step_times"][2:])
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the step

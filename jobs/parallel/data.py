@@ -182,9 +182,3 @@ class Single(Replicated):
     def __init__(self, model, group=None, tracer=None, **kw):
         super().__init__(model, None, tracer, **kw)
         self.n, self.r = 1, 0  # no DP peers, whatever the world size (tp/pp runs)
-
-
-def apply_data_parallel(model, group, tracer=None, *, mode: str = "ddp", **kw) -> Replicated:
-    """Seed 001 parameter server (`ps`), seed 004 all-reduce (`allreduce`) or bucketed `ddp`."""
-    cls = {"ps": ParameterServerDP, "allreduce": AllReduceDP, "ddp": DDP}[mode]
-    return cls(model, group, tracer, **kw)

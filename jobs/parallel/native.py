@@ -191,21 +191,3 @@ class NativeFSDP(Native):
         local = [_local(p).numel() for p in self.model.parameters()]
         return {**super().layout(), "shard_elems": sum(local),
                 "padding_elems": sum(local) * self.n - self.numel}
-
-
-def apply_native(model, dp_mesh, tracer=None, *, spec, **kw) -> Strategy:
-    p = spec.parallel
-    group = dp_mesh.get_group()
-    if p.zero_stage == 0:
-        if p.dp_mode == "ps":
-            raise NotImplementedError("the parameter server has no native PyTorch component; "
-                                      "use engine 'reference'")
-        if p.dp_mode == "allreduce":
-            from jobs.parallel.data import AllReduceDP  # torch.distributed.all_reduce itself
-            s = AllReduceDP(model, group, tracer, **kw)
-            s.engine = "native"
-            return s
-        return NativeDDP(model, group, tracer, **kw)
-    if p.zero_stage == 1:
-        return NativeDDP(model, group, tracer, zero=True, **kw)
-    return NativeFSDP(model, dp_mesh, tracer, reshard=p.zero_stage == 3, **kw)

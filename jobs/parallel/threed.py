@@ -20,6 +20,7 @@ import torch
 
 from jobs.models import layer_list
 from jobs.parallel.base import Strategy, make_optimizer, tensor_bytes
+from jobs.parallel.checkpoint import recomputing
 from jobs.parallel.native import undo_dp_average
 
 
@@ -113,8 +114,9 @@ class FuncolRecorder:
               "reduce_scatter_tensor": "reduce_scatter"}[name]
         payload = nbytes * n if op == "all_gather" else nbytes
         phase = "bwd" if torch._C._current_autograd_node() is not None else "fwd"
+        extra = {"recompute": True} if recomputing() else {}  # activation checkpointing
         self.tracer.comm_start(op, payload_bytes=payload, group_size=n, axis=self.axis,
-                               group=self.axis, phase=phase, source="dtensor").done()
+                               group=self.axis, phase=phase, source="dtensor", **extra).done()
 
     def __enter__(self):
         self.mode.__enter__()

@@ -361,9 +361,3 @@ class Zero3(Strategy):
         return {**super().layout(), "units": [u.numel for u in self.units],
                 "unit_padded": [u.padded for u in self.units],
                 "shard_elems": sum(u.shard_numel for u in self.units)}
-
-
-def apply_zero(model, group, tracer=None, *, stage: int, **kw) -> Strategy:
-    if stage == 3:
-        return Zero3(model, group, tracer, **kw)
-    return Zero12(model, group, tracer, stage=stage, **kw)

@@ -115,21 +115,28 @@ def allreduce_algorithms(n: int, M: float) -> list[dict]:
 
 
 def tp_bytes_per_microbatch(s: int, b: int, h: int, layers: int, tp: int, act_bytes: float,
-                            sequence_parallel: bool = False) -> dict:
+                            sequence_parallel: bool = False, checkpointing: bool = False) -> dict:
     """Megatron TP, per rank per micro-batch: per block 2 all-reduces forward + 2 backward of
-    b*s*h elements; with SP each becomes all-gather + reduce-scatter (same bytes)."""
+    b*s*h elements; with SP each becomes all-gather + reduce-scatter (same bytes). With
+    activation checkpointing of whole blocks the forward is recomputed in backward, with its
+    collectives: the forward half again (`recompute_value`, included in `value`)."""
     payload = s * b * h * act_bytes
     if tp <= 1:
-        return {"value": 0.0, "formula": "0 (no tensor parallelism)", "ops": []}
+        return {"value": 0.0, "formula": "0 (no tensor parallelism)", "ops": [],
+                "recompute_value": 0.0}
+    k = 3 if checkpointing else 2  # forward, backward (+ recomputed forward), per half block
     if sequence_parallel:
-        ops = [("all_gather", payload, tp, 2 * layers), ("reduce_scatter", payload, tp,
-                                                         2 * layers)]
-        formula = "layers*4*(t-1)/t*s*b*h*act_bytes (2 all-gather + 2 reduce-scatter per block)"
+        ops = [("all_gather", payload, tp, k * layers), ("reduce_scatter", payload, tp,
+                                                         k * layers)]
+        formula = f"layers*{2 * k}*(t-1)/t*s*b*h*act_bytes ({k} all-gather + {k} " \
+            "reduce-scatter per block)"
     else:
-        ops = [("all_reduce", payload, tp, 4 * layers)]
-        formula = "layers*4*2(t-1)/t*s*b*h*act_bytes (2 fwd + 2 bwd all-reduce per block)"
+        ops = [("all_reduce", payload, tp, 2 * k * layers)]
+        formula = f"layers*{2 * k}*2(t-1)/t*s*b*h*act_bytes (2 fwd + 2 bwd all-reduce per " \
+            "block" + (" + 2 recomputed fwd)" if checkpointing else ")")
     value = sum(commbytes.bytes_sent(op, sz, g) * c for op, sz, g, c in ops)
-    return {"value": value, "formula": formula, "ops": ops}
+    return {"value": value, "formula": formula, "ops": ops,
+            "recompute_value": value / 3 if checkpointing else 0.0}
 
 
 def pp_bytes_per_microbatch(act_elems: float, act_bytes: float, pp: int, v: int) -> dict:

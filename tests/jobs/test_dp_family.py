@@ -280,7 +280,7 @@ def test_activation_bytes_and_checkpointing():
     of a GPT keeps only their inputs."""
     from jobs.memory import SavedTensorCounter, param_storages
     from jobs.models import gpt
-    from jobs.train import apply_activation_checkpointing
+    from jobs.parallel.checkpoint import apply_activation_checkpointing
     s = parse_spec({"model": {"arch": "gpt", "hidden": 16, "layers": 2, "heads": 2,
                               "seq_len": 8, "vocab": 32},
                     "runtime": {"nproc_per_node": 1}}, max_world_size=1 << 30)
