@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,6 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from tests.support.launch import torchrun  # noqa: E402
 
 SPEC = {"model": {"arch": "mlp", "hidden": 256, "layers": 8},
         "parallel": {"dp": 2, "dp_mode": "ddp", "bucket_mb": 0.25},
@@ -153,12 +153,8 @@ def main() -> None:
     if args.worker:
         return worker(args)
     with tempfile.TemporaryDirectory() as d:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-               str(args.nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",
-               __file__, "--worker", "--out", d, "--steps", str(args.steps), "--trials",
-               str(args.trials)]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        p = torchrun(args.nproc, [__file__, "--worker", "--out", d, "--steps", str(args.steps),
+                                  "--trials", str(args.trials)], timeout=3600)
         lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
         if p.returncode or not lines:
             sys.exit(p.stderr[-3000:])

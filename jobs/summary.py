@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from jobs import bubbles, schedules
+from jobs import schedules
+from jobs.analysis.collectives import axis_bytes_table
+from jobs.analysis.load import Traces, load_run_dir
+from jobs.analysis.pipeline import stage_bubbles_table
+from jobs.analysis.steps import step_rank_table
 from jobs.context import RunContext
 from jobs.parallel.formulas import NATIVE_DEVIATIONS, comm_per_step, model_state
 from jobs.spec import JobSpec
@@ -66,25 +70,42 @@ def summarize_mp(ctx: RunContext, per_rank: list[dict], schedule: str) -> dict:
     last = [r for r in per_rank if r["coords"]["pp"] == last_pp and r["coords"]["tp"] == 0]
     out["loss"] = [sum(r["losses"][s] for r in last) / len(last)
                    for s in range(spec.train.steps)]
-    measured = bubbles.summary(ctx.out)
-    steps = list(range(1 if spec.train.steps > 1 else 0, spec.train.steps))
-    times = bubbles.measured_stage_times(bubbles.load(ctx.out), steps,
-                                         dims.pp * p.virtual_stages)
-    if not any(times["t_f"]):
-        times = {"t_f": 1.0, "t_b_input": 1.0, "t_b_weight": 0.0}
-    sim = schedules.simulate(schedule, dims.pp, p.microbatches, p.virtual_stages, **times)
+    # measured from the traces by jobs.analysis (the one trace loader and bubble definition:
+    # steady steps, idle / pipeline window, next to the simulator fed this run's stage times)
+    tr = load_run_dir(ctx.out)
+    rows = {r["stage"]: r for r in stage_bubbles_table(tr, spec, None, step_rank_table(tr))}
+    memory = stage_memory(tr)
     out["pipeline"] = {
         "schedule": schedule, "p": dims.pp, "m": p.microbatches, "v": p.virtual_stages,
-        "stages": {str(s): {"idle_fraction": measured["bubble"].get(str(s), {}).get(
-            "idle_fraction"), "simulated_idle_fraction": sim["ranks"][s]["idle_fraction"],
-            **measured["memory"].get(str(s), {})} for s in range(dims.pp)},
+        "stages": {str(s): {"idle_fraction": rows.get(s, {}).get("measured_idle_fraction"),
+                            "simulated_idle_fraction": rows.get(s, {}).get("simulated"),
+                            "steps": rows.get(s, {}).get("steps"), **memory.get(s, {})}
+                   for s in range(dims.pp)},
         "closed_form_bubble": schedules.closed_form_bubble(schedule, dims.pp, p.microbatches,
                                                            p.virtual_stages),
-        "simulated_with": sim["times"], "convention": schedules.CONVENTION,
-        "partition": ctx.partition}
-    out["bytes_by_axis"] = measured["bytes_by_axis"]
+        "convention": schedules.CONVENTION, "partition": ctx.partition}
+    by_axis: dict = {}
+    for r in axis_bytes_table(tr):
+        by_axis.setdefault(str(r["rank"]), {})[r["axis"]] = r["bytes_sent"]
+    out["bytes_by_axis"] = by_axis
     out["mesh"] = {"pp": dims.pp, "dp": dims.dp, "tp": dims.tp}
     return out
+
+
+def stage_memory(tr: Traces) -> dict[int, dict]:
+    """pp -> peak in-flight micro-batches (chunks) and activation bytes over the stage's ranks
+    (the pipeline runtimes' `mem` records)."""
+    out: dict = {}
+    for rank, recs in tr.ranks.items():
+        cur = out.setdefault(int(tr.coords(rank).get("pp", rank) or 0),
+                             {"peak_inflight_microbatches": 0, "peak_activation_bytes": 0})
+        for r in recs:
+            if r.get("type") == "mem" and "inflight_microbatches" in r:
+                cur["peak_inflight_microbatches"] = max(cur["peak_inflight_microbatches"],
+                                                        r["inflight_microbatches"])
+                cur["peak_activation_bytes"] = max(cur["peak_activation_bytes"],
+                                                   r.get("activations", 0))
+    return dict(sorted(out.items()))
 
 
 def _str_keys(obj):

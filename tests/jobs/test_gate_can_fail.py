@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from jobs.spec import parse_spec
-from tests.jobs.launch import multirun
 from tests.support.gate import TOL, assemble, reference, rel_err
+from tests.support.launch import multirun
 
 GPT = {"arch": "gpt", "layers": 2, "hidden": 16, "heads": 4, "seq_len": 8, "vocab": 32}
 

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
-from _launch import torchrun
 
 from jobs.spec import parse_spec
 from tests.support.gate import TOL, assemble, loss_err, reference, rel_err
+from tests.support.launch import run_worker
 
 # several torchrun launches (module fixtures), slower still on a loaded 2-core box
+HERE = Path(__file__).parent
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 GPT = {"arch": "gpt", "layers": 4, "hidden": 16, "heads": 4, "seq_len": 8, "vocab": 32}
@@ -87,7 +90,7 @@ def runs(tmp_path_factory):
     os.environ["PARALAB_DUMP_PARAMS"] = "1"
     try:
         for world, names in by_world.items():
-            res = torchrun("train_worker.py", world, out, *names, timeout=600)
+            res = run_worker(HERE / "train_worker.py", world, out, *names, timeout=600)
             assert res["done"] == names
     finally:
         os.environ.pop("PARALAB_DUMP_PARAMS")
