@@ -129,7 +129,7 @@ def estimate(trace: Path, Tracer) -> float:
             pass
 
     def mem():
-        tr.memory(phase="after_step", params=1, grads=2, optim=3)
+        tr.memory(phase="after_step", params=1, grads=2, optimizer=3)
 
     t = torch.zeros(4)
     c = SavedTensorCounter()

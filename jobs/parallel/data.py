@@ -72,7 +72,7 @@ class Replicated(Strategy):
             optim += tensor_bytes(self.master)
         optim += tensor_bytes(self.grad32)
         return {"params": tensor_bytes(self.flat), "grads": tensor_bytes(self.gflat),
-                "optim": optim}
+                "optimizer": optim}
 
     def layout(self):
         return {**super().layout(), "buckets": len(self.bk.groups),

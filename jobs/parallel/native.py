@@ -58,7 +58,7 @@ class Native(Strategy):
         ps = [_local(p) for p in self.model.parameters()]
         return {"params": sum(tensor_bytes(p) for p in ps),
                 "grads": sum(tensor_bytes(_local(p.grad)) for p in self.model.parameters()),
-                "optim": self._optim_bytes(self._state())}
+                "optimizer": self._optim_bytes(self._state())}
 
     def _state(self):
         return self.opt.state

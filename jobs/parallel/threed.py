@@ -78,7 +78,7 @@ class NativeMP(Strategy):
         optim = sum(tensor_bytes(_local(t)) for s in self.opt.state.values() for t in s.values()
                     if torch.is_tensor(t) and t.numel() > 1)
         return {"params": sum(tensor_bytes(_local(p)) for p in ps),
-                "grads": sum(tensor_bytes(_local(p.grad)) for p in ps), "optim": optim}
+                "grads": sum(tensor_bytes(_local(p.grad)) for p in ps), "optimizer": optim}
 
 
 class FuncolRecorder:

@@ -148,7 +148,7 @@ class Zero12(Strategy):
         optim = self.opt.state_bytes() + sum(tensor_bytes(g) for g in self.grad32 or [])
         if not self.fp32_master:
             optim += sum(tensor_bytes(m) for m in self.master)
-        out = {"params": tensor_bytes(self.flat), "grads": grads, "optim": optim}
+        out = {"params": tensor_bytes(self.flat), "grads": grads, "optimizer": optim}
         if self.stage == 2:
             out["grads_peak"] = max(self.grads_peak, grads)
         return out
@@ -354,7 +354,7 @@ class Zero3(Strategy):
             optim += sum(tensor_bytes(m) for m in self.master)
         return {"params": sum(tensor_bytes(u.shard) for u in self.units),
                 "grads": sum(tensor_bytes(u.shard.grad) for u in self.units),
-                "optim": optim, "gathered": self.gathered_now,
+                "optimizer": optim, "gathered": self.gathered_now,
                 "gathered_peak": self.gathered_peak}
 
     def layout(self):

@@ -15,7 +15,7 @@ PP = {"preset": "pp-1f1b", "train": {"steps": 2}}
 
 def test_memory_error_pct_against_theory():
     comps = predict(DDP)["memory"]["components"]
-    want = {"params": comps["params"], "grads": comps["grads"], "optim": comps["optimizer"]}
+    want = {"params": comps["params"], "grads": comps["grads"], "optimizer": comps["optimizer"]}
     recs = {}
     for r in range(2):
         scale = 1.01 if r == 0 else 0.98

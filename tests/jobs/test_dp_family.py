@@ -225,7 +225,7 @@ def test_reference_memory_matches_seeds(world):
     for k, want in fp32.items():
         for rank in range(n):
             m = mem_after_step(out / f"ref-{k}", rank)
-            assert (m["params"], m["grads"], m["optim"]) == want, (k, rank)
+            assert (m["params"], m["grads"], m["optimizer"]) == want, (k, rank)
     for rank in range(n):  # ZeRO-2: full bucket gradients live only until their reduce-
         # scatter completes (on a starved CPU that can be the end of backward, so the bound
         # is the full gradients + the shard + the in-flight outputs), then only the shard
@@ -234,17 +234,17 @@ def test_reference_memory_matches_seeds(world):
         assert all(r["grads"] == 4 * PSI // n for r in m)
     for rank in range(n):
         m = mem_after_step(out / "ref-ps", rank)
-        assert m["optim"] == (8 * P if rank == 0 else 0)
+        assert m["optimizer"] == (8 * P if rank == 0 else 0)
     if n == 2:  # the seeds' 16Ψ model (bf16 params/grads, fp32 master+m+v) and 20Ψ
         bf = {"ddp": (2 * P, 2 * P, 12 * P), "zero1": (2 * P, 2 * P, 12 * P // n),
               "zero2": (2 * P, 2 * P // n, 12 * P // n),
               "zero3": (2 * P // n, 2 * P // n, 12 * P // n)}
         for k, (p, g, o) in bf.items():
             m = mem_after_step(out / f"bf16-{k}", 0)
-            assert (m["params"], m["grads"], m["optim"]) == (p, g, o), k
+            assert (m["params"], m["grads"], m["optimizer"]) == (p, g, o), k
             m = mem_after_step(out / f"bf16g-{k}", 0)
             sharded = 1 if k == "ddp" else n
-            assert (m["params"], m["grads"], m["optim"]) == (p, g, o + 4 * P // sharded), k
+            assert (m["params"], m["grads"], m["optimizer"]) == (p, g, o + 4 * P // sharded), k
 
 
 def test_summary_formula_check(world):
@@ -324,4 +324,4 @@ def test_uneven_shards_padded_and_reported(world):
         want = {"zero1": (4 * P, 4 * P, 8 * P // n), "zero2": (4 * P, 4 * P // n, 8 * P // n),
                 "zero3": (4 * P // n, 4 * P // n, 8 * P // n)}[k]
         m = mem_after_step(run, 0)
-        assert (m["params"], m["grads"], m["optim"]) == want, (k, pad)
+        assert (m["params"], m["grads"], m["optimizer"]) == want, (k, pad)
