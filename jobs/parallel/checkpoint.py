@@ -23,17 +23,18 @@ def recomputing() -> bool:
     return _RECOMPUTING[0] > 0
 
 
-@contextlib.contextmanager
-def _mark():
-    _RECOMPUTING[0] += 1
-    try:
-        yield
-    finally:
+class _Mark:
+    """Re-enterable (a split backward, B then W, recomputes a layer twice)."""
+
+    def __enter__(self):
+        _RECOMPUTING[0] += 1
+
+    def __exit__(self, *exc):
         _RECOMPUTING[0] -= 1
 
 
 def _recompute_context():
-    return contextlib.nullcontext(), _mark()
+    return contextlib.nullcontext(), _Mark()
 
 
 def apply_activation_checkpointing(module) -> int:

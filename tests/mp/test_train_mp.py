@@ -68,6 +68,9 @@ for eng in ("reference", "native"):
     CASES[f"{pre}sgd+3d"] = {"preset": "3d", "model": GPT, "parallel": {"engine": eng}, **SGD}
     CASES[f"{pre}sgd+pp-1f1b"] = {"preset": "pp-1f1b", "model": GPT,
                                   "parallel": {"engine": eng}, **SGD}
+CASES["ac+pp-zb"] = {"preset": "pp-zb", "model": MLP, **AC}  # split backward: B, then W
+CASES["native-ac+pp-interleaved"] = {"preset": "pp-interleaved", "model": MLP,
+                                     "parallel": {"engine": "native"}, **AC}
 CASES["sgd+tp+accum"] = {"preset": "tp", "model": GPT, "train": {
     "optimizer": "sgd", "lr": 0.1, "grad_accum": 2}}
 
