@@ -68,7 +68,7 @@ def rank_records(rank: int, ranks: int, steps: int, rng: random.Random) -> list[
                              1 << 20, mb, bucket=b)
                 t += d
                 rec("mem", step, t, t, mb, phase="after_" + name, params=1 << 20,
-                    grads=1 << 20, optim=2 << 20, activations=1 << 18, rss_bytes=1 << 28)
+                    grads=1 << 20, optimizer=2 << 20, activations=1 << 18, rss_bytes=1 << 28)
                 out[-1].pop("dur_ns")
         rec("span", step, t, t + 900, name="grad_sync", cat="comm")
         rec("span", step, t + 5, t + 890, name="wait_grads", cat="comm_wait")
@@ -76,7 +76,7 @@ def rank_records(rank: int, ranks: int, steps: int, rng: random.Random) -> list[
         rec("span", step, t, t + 300, name="optimizer", cat="compute")
         t += 300
         rec("mem", step, t, t, phase="after_step", params=1 << 20, grads=1 << 20,
-            optim=2 << 20, rss_bytes=1 << 28)
+            optimizer=2 << 20, rss_bytes=1 << 28)
         out[-1].pop("dur_ns")
         rec("span", step, s0, t + 10, name="step", cat="step")
         t += 20

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from tests.support.launch import torchrun  # noqa: E402
 
 PAIRS = {"ddp": {"dp_mode": "ddp"}, "zero1": {"zero_stage": 1}, "zero2": {"zero_stage": 2},
          "zero3": {"zero_stage": 3}}
@@ -31,11 +31,14 @@ def worker(args) -> None:
     import torch
     import torch.distributed as dist
 
+    from jobs.compose import Composed, build_strategy
+    from jobs.context import RunContext
     from jobs.dims import ParallelDims
+    from jobs.loop import train_loop
     from jobs.models import mlp
+    from jobs.runners import DirectRunner
     from jobs.spec import parse_spec
     from jobs.trace import Tracer
-    from jobs.train import RunContext, build_strategy, train_loop
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -59,7 +62,7 @@ def worker(args) -> None:
                                  tr)
                 s = build_strategy(ctx, mlp.build(spec.model, 0))
                 dist.barrier()
-                res = train_loop(ctx, s, mlp.loss_fn)
+                res = train_loop(ctx, Composed(s, DirectRunner(s, mlp.loss_fn, tr, 1)))
                 tr.close()
                 t = torch.tensor(res["step_times"][2:])
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the step
@@ -81,12 +84,9 @@ def main() -> None:
     if args.worker:
         return worker(args)
     with tempfile.TemporaryDirectory() as d:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-               str(args.nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",
-               __file__, "--worker", "--out", d, "--steps", str(args.steps), "--trials",
-               str(args.trials), "--hidden", str(args.hidden)]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        p = torchrun(args.nproc, [__file__, "--worker", "--out", d, "--steps", str(args.steps),
+                                  "--trials", str(args.trials), "--hidden", str(args.hidden)],
+                     timeout=3600)
         lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
         if p.returncode or not lines:
             sys.exit(p.stderr[-3000:])

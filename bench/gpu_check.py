@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from tests.support.launch import torchrun  # noqa: E402
 
 
 def check(cond: bool, what: str) -> None:
@@ -63,11 +63,8 @@ def job(out: Path, nproc: int, name: str, parallel: dict, train: dict | None = N
     d = out / name
     d.mkdir(parents=True)
     (d / "spec.json").write_text(json.dumps(spec))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "-m", "jobs.train",
-           "--spec", str(d / "spec.json"), "--out", str(d)]
-    p = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                       capture_output=True, text=True, timeout=300)
+    p = torchrun(nproc, ["-m", "jobs.train", "--spec", str(d / "spec.json"), "--out", str(d)],
+                 timeout=300)
     check(p.returncode == 0, f"job {name} on NCCL x{nproc}" + ("" if p.returncode == 0 else
                                                                  "\n" + p.stderr[-2000:]))
     s = json.loads((d / "summary.json").read_text())

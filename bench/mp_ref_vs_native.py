@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jobs.spec import parse_spec  # noqa: E402
+from tests.support.launch import torchrun  # noqa: E402
 
 GPT = {"arch": "gpt", "layers": 4, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 256}
 PRESETS = ("tp", "sp", "pp-gpipe", "pp-1f1b", "pp-interleaved", "pp-zb", "pp-zbv", "3d",
@@ -30,11 +29,6 @@ PRESETS = ("tp", "sp", "pp-gpipe", "pp-1f1b", "pp-interleaved", "pp-zb", "pp-zbv
 # names that are a preset plus parallel overrides
 VARIANTS = {"tp+vocab": ("tp", {"vocab_parallel": True})}
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(name: str, engine: str, steps: int, out: Path) -> dict:
@@ -46,12 +40,8 @@ def run(name: str, engine: str, steps: int, out: Path) -> dict:
                        "train": {"steps": steps, "global_batch": 16}})
     out.mkdir(parents=True, exist_ok=True)
     (out / "spec.json").write_text(json.dumps(spec.to_dict()))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-           str(spec.world_size), "--master-addr", "127.0.0.1", "--master-port",
-           str(free_port()), "-m", "jobs.train", "--spec", str(out / "spec.json"),
-           "--out", str(out)]
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    p = torchrun(spec.world_size, ["-m", "jobs.train", "--spec", str(out / "spec.json"),
+                                   "--out", str(out)], timeout=900)
     if p.returncode:
         raise SystemExit(f"{name}/{engine} failed:\n{p.stderr[-3000:]}")
     return json.loads((out / "summary.json").read_text())

@@ -17,14 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.support.launch import torchrun  # noqa: E402
 
 
 def worker(args) -> None:
@@ -69,11 +70,6 @@ def worker(args) -> None:
     dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def main() -> int:
     ap = argparse.ArgumentParser()
@@ -90,13 +86,11 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.ranks),
-               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), __file__,
-               "--worker", "--result", str(result), "--bytes", str(args.bytes),
-               "--warmup", str(args.warmup), "--iters", str(args.iters),
-               "--algorithms", *args.algorithms]
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        subprocess.run(cmd, check=True, cwd=ROOT, env=env)
+        p = torchrun(args.ranks, [__file__, "--worker", "--result", str(result), "--bytes",
+                                  str(args.bytes), "--warmup", str(args.warmup), "--iters",
+                                  str(args.iters), "--algorithms", *args.algorithms])
+        if p.returncode:
+            sys.exit(p.stderr[-3000:])
         res = json.loads(result.read_text())
     sys.path.insert(0, str(ROOT))
     from jobs import commbytes

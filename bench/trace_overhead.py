@@ -3,7 +3,7 @@
     python bench/trace_overhead.py [--nproc 2] [--steps 30] [--trials 5]
 
 Launches itself under torchrun (gloo). On each rank the same reference DDP model is trained
-alternately by the job's loop `jobs.train.train_loop` (a) with the real Tracer (spans, one comm
+alternately by the job's loop `jobs.loop.train_loop` (a) with the real Tracer (spans, one comm
 record per bucket, memory records, flushing) and (b) with the tracer off (NullTracer; the loop's
 own memory accounting still runs). Trials alternate a/b to share the machine's noise; the
 median step time of each is reported with the ratio, and a load-independent estimate: the cost
@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,6 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from tests.support.launch import torchrun  # noqa: E402
 
 SPEC = {"model": {"arch": "mlp", "hidden": 256, "layers": 8},
         "parallel": {"dp": 2, "dp_mode": "ddp", "bucket_mb": 0.25},
@@ -34,12 +34,15 @@ def worker(args) -> None:
     import torch
     import torch.distributed as dist
 
+    from jobs.compose import Composed
+    from jobs.context import RunContext
     from jobs.dims import ParallelDims
+    from jobs.loop import train_loop
     from jobs.models import mlp
     from jobs.parallel.data import DDP
+    from jobs.runners import DirectRunner
     from jobs.spec import parse_spec
     from jobs.trace import NullTracer, Tracer
-    from jobs.train import RunContext, train_loop
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -59,7 +62,7 @@ def worker(args) -> None:
         ctx = RunContext(spec, out, rank, world, "gloo", torch.device("cpu"), dims, mesh, tr)
         s = DDP(mlp.build(spec.model, 0), group, tr, lr=1e-3, bucket_mb=0.25)
         c0, m0 = time.process_time(), time.thread_time()
-        res = train_loop(ctx, s, mlp.loss_fn)
+        res = train_loop(ctx, Composed(s, DirectRunner(s, mlp.loss_fn, tr, 1)))
         cpu.setdefault("a", []).append((time.process_time() - c0) / args.steps)
         cpu.setdefault("ma", []).append((time.thread_time() - m0) / args.steps)
         tr.close()
@@ -70,7 +73,7 @@ def worker(args) -> None:
         ctx = RunContext(spec, out, rank, world, "gloo", torch.device("cpu"), dims, mesh, tr)
         s = DDP(mlp.build(spec.model, 0), group, tr, lr=1e-3, bucket_mb=0.25)
         c0, m0 = time.process_time(), time.thread_time()
-        res = train_loop(ctx, s, mlp.loss_fn)
+        res = train_loop(ctx, Composed(s, DirectRunner(s, mlp.loss_fn, tr, 1)))
         cpu.setdefault("b", []).append((time.process_time() - c0) / args.steps)
         cpu.setdefault("mb", []).append((time.thread_time() - m0) / args.steps)
         return res["step_times"][2:]
@@ -126,7 +129,7 @@ def estimate(trace: Path, Tracer) -> float:
             pass
 
     def mem():
-        tr.memory(phase="after_step", params=1, grads=2, optim=3)
+        tr.memory(phase="after_step", params=1, grads=2, optimizer=3)
 
     t = torch.zeros(4)
     c = SavedTensorCounter()
@@ -150,12 +153,8 @@ def main() -> None:
     if args.worker:
         return worker(args)
     with tempfile.TemporaryDirectory() as d:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-               str(args.nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",
-               __file__, "--worker", "--out", d, "--steps", str(args.steps), "--trials",
-               str(args.trials)]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        p = torchrun(args.nproc, [__file__, "--worker", "--out", d, "--steps", str(args.steps),
+                                  "--trials", str(args.trials)], timeout=3600)
         lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
         if p.returncode or not lines:
             sys.exit(p.stderr[-3000:])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-CATEGORIES = ("params", "grads", "optim", "gathered", "activations")
+CATEGORIES = ("params", "grads", "optimizer", "gathered", "activations")
 
 
 class SavedTensorCounter:
@@ -83,7 +83,7 @@ class MemoryBook:
                 self.at[k] = f"step {step} {phase}"
 
     def summary(self) -> dict:
-        model_state = {k: self.peak.get(k, 0) for k in ("params", "grads", "optim")}
+        model_state = {k: self.peak.get(k, 0) for k in ("params", "grads", "optimizer")}
         return {"peak_bytes": dict(self.peak), "peak_at": dict(self.at),
                 "model_state_peak_bytes": model_state,
                 "phases": [s for s in self.samples if s["step"] in (-1, 0, self._last_step())]}

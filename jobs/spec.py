@@ -27,6 +27,7 @@ PP_PARTITIONS = ("even", "measured")
 PP_SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zero-bubble", "zbv")
 ENGINES = ("reference", "native")
 PRECISIONS = ("fp32", "bf16")
+OPTIMIZERS = ("adam", "sgd")
 BACKENDS = ("auto", "gloo", "nccl")
 COLLECTIVE_OPS = (
     "all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "send_recv",
@@ -98,7 +99,10 @@ class TrainSpec:
     precision: str = _f("fp32", "fp32, or bf16 compute with fp32 master weights and Adam state",
                         choices=PRECISIONS)
     fp32_grads: bool = _f(False, "bf16: keep an fp32 gradient copy (the 20Ψ memory model)")
-    lr: float = _f(1e-3, "Adam learning rate", ge=0.0, le=10.0)
+    lr: float = _f(1e-3, "learning rate", ge=0.0, le=10.0)
+    optimizer: str = _f("adam", "adam (torch.optim.Adam), or plain sgd (torch.optim.SGD, no "
+                        "momentum): SGD is sensitive to a constant gradient scale, Adam is not, "
+                        "so the correctness tests train with both", choices=OPTIMIZERS)
     seed: int = _f(0, "seed for initial parameters and data", ge=0, le=2**31 - 1)
     activation_checkpointing: bool = _f(False, "recompute block activations in backward")
 
@@ -444,9 +448,6 @@ def _engine_checks(s: JobSpec) -> list[dict]:
     if mp and t.precision != "fp32":
         e.append(_err(("train", "precision"), "model parallelism (tp or pp > 1) runs in fp32 "
                       "only; bf16 is available for data parallelism"))
-    if mp and t.activation_checkpointing:
-        e.append(_err(("train", "activation_checkpointing"),
-                      "not available with tp or pp > 1 yet"))
     if p.engine == "reference" and p.dp > 1 and mp:
         if p.zero_stage == 3:
             e.append(_err(("parallel", "zero_stage"), "reference ZeRO-3 gathers parameters in "

@@ -8,7 +8,7 @@ Layout of the trace (open it in https://ui.perfetto.dev or chrome://tracing):
   one thread per group   every `comm` record of a process group (`group` field) as "X" events;
                          in-flight collectives overlap without nesting, so overlapping ones go
                          to extra lanes ("comm dp #2"): events on one (pid, tid) always nest
-  counters ("C")         `memory` (params, grads, optim, activations, gathered bytes) and
+  counters ("C")         `memory` (params, grads, optimizer, activations, gathered bytes) and
                          `process memory` (RSS, CUDA allocator) per rank
   instants ("i")         `instant` records and the `end` record (its reason)
   otherData              spec, coordinates and clock error per rank, t0_ns (time origin)
@@ -26,7 +26,7 @@ from .load import Traces, from_records
 
 HOST_TID = 1
 COMM_TID0 = 1000
-MEM_KEYS = ("params", "grads", "optim", "activations", "gathered")
+MEM_KEYS = ("params", "grads", "optimizer", "activations", "gathered")
 PROC_KEYS = ("rss_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes",
              "cuda_peak_allocated_bytes")
 _SKIP_ARGS = {"type", "ts_ns", "dur_ns", "name", "cat", "rank"}

@@ -77,6 +77,8 @@ def parse_lines(lines, rank: int, warnings: list[str]) -> tuple[list[dict], dict
         if t in ("span", "comm", "mem", "instant", "end") and not _valid_timed(r):
             bad += 1
             continue
+        if t == "mem" and "optim" in r:  # traces written before issue 12 named it `optim`
+            r.setdefault("optimizer", r.pop("optim"))
         recs.append(r)
     if bad:
         warnings.append(f"rank {rank}: {bad} unreadable or untimed line(s) skipped")

@@ -1,6 +1,6 @@
 """Memory measured vs predicted per rank and component, with the error in %.
 
-Measured: the peak over a rank's `mem` records of each component (`params`, `grads`, `optim`,
+Measured: the peak over a rank's `mem` records of each component (`params`, `grads`, `optimizer`,
 `activations`, and ZeRO-3's `gathered_peak`); where the trace's samples carry no model state
 (the model-parallel runner samples activations only) the rank's `summary.json` peaks are used
 (`source` says which). Predicted: jobs.theory (see predicted.py). `formula_bytes` is the seeds'
@@ -14,7 +14,7 @@ from __future__ import annotations
 from . import predicted as P
 from .load import Traces
 
-STATE = ("params", "grads", "optim")
+STATE = ("params", "grads", "optimizer")
 EXTRA = ("activations", "gathered_peak")
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from jobs.spec import JobSpec, parse_spec
 
-COMPONENTS = {"params": "params", "grads": "grads", "optim": "optimizer"}
+COMPONENTS = {"params": "params", "grads": "grads", "optimizer": "optimizer"}
 
 
 def spec_of(spec: JobSpec | dict | None, warnings: list[str]) -> JobSpec | None:
@@ -36,7 +36,7 @@ def theory(spec: JobSpec | None, warnings: list[str]) -> dict | None:
 
 def rank_model_state(pred: dict | None, spec: JobSpec | None, pp_coord: int,
                      dp_coord: int = 0) -> dict:
-    """{"params", "grads", "optim"} predicted bytes for a rank at pipeline coordinate pp (a
+    """{"params", "grads", "optimizer"} predicted bytes for a rank at pipeline coordinate pp (a
     parameter-server worker, dp > 0 of dp-ps, holds no optimizer state: seed 001)."""
     if not pred or spec is None:
         return {}
@@ -50,7 +50,7 @@ def rank_model_state(pred: dict | None, spec: JobSpec | None, pp_coord: int,
     out = {k: c[v] for k, v in COMPONENTS.items()}
     if spec.parallel.dp > 1 and spec.parallel.dp_mode == "ps" and dp_coord != 0 \
             and not spec.parallel.zero_stage:
-        out["optim"] = 0.0
+        out["optimizer"] = 0.0
     return out
 
 

@@ -9,18 +9,22 @@ so a training loop picks them by `spec.model.arch` and never branches on the mod
 
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
+
+import torch.nn as nn
+
+from jobs.models import gpt, mlp, timed
+
+MODELS: dict[str, ModuleType] = {"mlp": mlp, "gpt": gpt, "timed": timed}  # spec.ARCHS
 
 
 def model_module(arch: str) -> ModuleType:
-    return importlib.import_module(f"jobs.models.{arch}")
+    return MODELS[arch]
 
 
 def layer_list(model):
     """The model's repeated layers (`blocks` or `layers` ModuleList), the units ZeRO-3/FSDP shard
     one at a time; None when the model has none."""
-    import torch.nn as nn
     for name in ("blocks", "layers"):
         mods = getattr(model, name, None)
         if isinstance(mods, nn.ModuleList):

@@ -1,5 +1,6 @@
 """What every data-parallel strategy shares: the loop-facing interface, traced collectives,
-flat parameter / gradient buffers split into reverse-order buckets, and Adam on fp32 masters.
+flat parameter / gradient buffers split into reverse-order buckets, and the optimizer (Adam or
+plain SGD, `train.optimizer`) on fp32 masters.
 
 The training loop drives a strategy like this (jobs/train.py):
 
@@ -31,6 +32,13 @@ def tensor_bytes(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.numel() * t.element_size()
 
 
+def full_fp32(t: torch.Tensor) -> torch.Tensor:
+    """A detached fp32 copy, gathered to full shape when `t` is a DTensor (a collective)."""
+    if hasattr(t, "full_tensor"):
+        t = t.full_tensor()
+    return t.detach().float().clone()
+
+
 class Strategy:
     """Base: replicated model, plain autograd gradients, nothing synchronised."""
 
@@ -38,13 +46,15 @@ class Strategy:
     engine = "reference"
 
     def __init__(self, model: nn.Module, group=None, tracer=None, *, lr: float = 1e-3,
-                 precision: str = "fp32", fp32_grads: bool = False, bucket_mb: float = 25.0):
+                 precision: str = "fp32", fp32_grads: bool = False, bucket_mb: float = 25.0,
+                 optimizer: str = "adam"):
         self.model = model
         self.group = group
         self.n = dist.get_world_size(group) if dist.is_initialized() else 1
         self.r = dist.get_rank(group) if dist.is_initialized() else 0
         self.tracer = tracer if tracer is not None else NullTracer()
         self.lr, self.precision, self.fp32_grads = lr, precision, fp32_grads
+        self.optimizer = optimizer
         self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         self.bucket_bytes = max(1, int(bucket_mb * (1 << 20)))
         self.sync = True
@@ -90,6 +100,13 @@ class Strategy:
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter, unsharded, as fp32 (the master copy where there is one)."""
         return {n: p.detach().float().clone() for n, p in self.model.named_parameters()}
+
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        """Every parameter's gradient as the optimizer sees it (reduced and averaged), unsharded
+        over dp, as fp32: the correctness gate compares it with a single process. A collective
+        where gradients are sharded: every rank calls it."""
+        return {n: full_fp32(p.grad) for n, p in self.model.named_parameters()
+                if p.grad is not None}
 
     def state_bytes(self) -> dict[str, int]:
         """Bytes of parameters, gradients and optimizer state this rank holds right now."""
@@ -213,14 +230,26 @@ class Buckets:
         return flat
 
 
-class Adam:
-    """torch.optim.Adam over flat fp32 tensors (elementwise, so identical to Adam on the
-    unflattened parameters). `master` is updated in place: in fp32 it is a view of the
-    parameters themselves, in bf16 a separate fp32 copy."""
+OPTIMIZERS = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
 
-    def __init__(self, masters: list[torch.Tensor], lr: float):
+
+def optimizer_class(name: str):
+    """The torch optimizer class for `train.optimizer` (the one table every engine uses)."""
+    return OPTIMIZERS[name]
+
+
+def make_optimizer(params, name: str, lr: float) -> torch.optim.Optimizer:
+    return OPTIMIZERS[name](params, lr=lr)
+
+
+class FlatOptimizer:
+    """torch.optim.Adam / SGD over flat fp32 tensors (elementwise, so identical to the same
+    optimizer on the unflattened parameters). `master` is updated in place: in fp32 it is a
+    view of the parameters themselves, in bf16 a separate fp32 copy."""
+
+    def __init__(self, masters: list[torch.Tensor], lr: float, name: str = "adam"):
         self.params = [nn.Parameter(m, requires_grad=True) for m in masters]  # share storage
-        self.opt = torch.optim.Adam(self.params, lr=lr)
+        self.opt = make_optimizer(self.params, name, lr)
 
     def step(self, grads: list[torch.Tensor]) -> None:
         for p, g in zip(self.params, grads, strict=True):

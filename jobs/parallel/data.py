@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from jobs.parallel.base import Adam, Buckets, Strategy, tensor_bytes
+from jobs.parallel.base import Buckets, FlatOptimizer, Strategy, tensor_bytes
+from jobs.testbug import dp_divisor
 
 
 class Replicated(Strategy):
@@ -26,10 +27,10 @@ class Replicated(Strategy):
         self.flat = self.bk.flatten_params_into(self.dtype)
         self.gflat = torch.zeros_like(self.flat)
         self._bind_grads()
-        self.adam = self.master = self.grad32 = None
+        self.opt = self.master = self.grad32 = None
         if self.owns_optimizer:
             self.master = self.flat if self.dtype == torch.float32 else self.flat.float()
-            self.adam = Adam([self.master], self.lr)
+            self.opt = FlatOptimizer([self.master], self.lr, self.optimizer)
             if self.fp32_grads:
                 self.grad32 = torch.zeros_like(self.master)
 
@@ -42,11 +43,11 @@ class Replicated(Strategy):
         self._bind_grads()
 
     def _update(self) -> None:
-        """Adam on the (already averaged) flat gradient; refresh the bf16 compute copy."""
+        """The optimizer on the (already averaged) flat gradient; refresh the bf16 compute copy."""
         g = self.gflat
         if self.grad32 is not None:
             g = self.grad32.copy_(self.gflat)
-        self.adam.step([g])
+        self.opt.step([g])
         if self.master is not self.flat:
             self.flat.copy_(self.master)
 
@@ -55,18 +56,23 @@ class Replicated(Strategy):
             self._update()
 
     def full_parameters(self):
-        src = self.master if self.master is not None else self.flat.float()
+        return self._by_name(self.master if self.master is not None else self.flat.float())
+
+    def full_grads(self):
+        return self._by_name(self.gflat.float())
+
+    def _by_name(self, src):
         views = dict(zip([id(p) for p in self.bk.params], self.bk.views(src), strict=True))
         return {n: views[id(p)].detach().clone()
                 for n, p in self.model.named_parameters()}
 
     def state_bytes(self):
-        optim = (self.adam.state_bytes() if self.adam else 0)
+        optim = (self.opt.state_bytes() if self.opt else 0)
         if self.master is not None and self.master is not self.flat:
             optim += tensor_bytes(self.master)
         optim += tensor_bytes(self.grad32)
         return {"params": tensor_bytes(self.flat), "grads": tensor_bytes(self.gflat),
-                "optim": optim}
+                "optimizer": optim}
 
     def layout(self):
         return {**super().layout(), "buckets": len(self.bk.groups),
@@ -81,7 +87,7 @@ class AllReduceDP(Replicated):
     def finish_grads(self) -> None:
         for name, p in self.model.named_parameters():
             self.all_reduce(p.grad, param=name)
-        self.gflat.div_(self.n)
+        self.gflat.div_(dp_divisor(self.n))
 
 
 class DDP(Replicated):
@@ -115,7 +121,7 @@ class DDP(Replicated):
                 self.works[b].wait()
         self.works.clear()
         self.pending = [len(g) for g in self.bk.groups]
-        self.gflat.div_(self.n)
+        self.gflat.div_(dp_divisor(self.n))
 
     def zero_grad(self) -> None:
         super().zero_grad()
@@ -154,7 +160,7 @@ class ParameterServerDP(Replicated):
             self._wait([self._p2p("recv", b, w, "grads") for w, b in bufs.items()])
             for b in bufs.values():
                 self.gflat.add_(b)
-            self.gflat.div_(self.n)
+            self.gflat.div_(dp_divisor(self.n))
         else:
             self._wait([self._p2p("send", self.gflat, self.root, "grads")])
 
@@ -176,9 +182,3 @@ class Single(Replicated):
     def __init__(self, model, group=None, tracer=None, **kw):
         super().__init__(model, None, tracer, **kw)
         self.n, self.r = 1, 0  # no DP peers, whatever the world size (tp/pp runs)
-
-
-def apply_data_parallel(model, group, tracer=None, *, mode: str = "ddp", **kw) -> Replicated:
-    """Seed 001 parameter server (`ps`), seed 004 all-reduce (`allreduce`) or bucketed `ddp`."""
-    cls = {"ps": ParameterServerDP, "allreduce": AllReduceDP, "ddp": DDP}[mode]
-    return cls(model, group, tracer, **kw)

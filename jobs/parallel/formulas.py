@@ -1,45 +1,38 @@
-"""The seeds' per-rank traffic and memory for each data-parallel strategy, per step, with the
-nccl-tests factors of `jobs.commbytes` (the same factors the tracer uses), so a summary can put
-the formula next to what the trace measured.
+"""The seeds' per-rank traffic and model-state memory of each data-parallel strategy, per step,
+for the run summary's `formula_check`: both come from `jobs.theory` (the one formula table:
+`theory.comm.dp_collectives` / `dp_bytes_per_rank`, `theory.memory.MEMORY_MODELS` /
+`model_state_bytes`), with the nccl-tests factors of `jobs.commbytes` the tracer uses.
 
-Traffic per step (Ψ = bytes of all parameters in the communication dtype, N = DP degree):
-    dp-ps          root: receives (N-1)·Ψ gradients, sends (N-1)·Ψ parameters; worker: Ψ, Ψ
-    dp-allreduce, ddp   all-reduce Ψ                      = 2(N-1)/N·Ψ
-    zero1, zero2   reduce-scatter Ψ + all-gather Ψ           = 2(N-1)/N·Ψ
-    zero3          all-gather Ψ twice + reduce-scatter Ψ     = 3(N-1)/N·Ψ = 1.5 × DDP
-Model-state memory (elements × bytes; the seeds' 16Ψ model in bf16, 20Ψ with fp32 gradients;
-fp32 training is 4 + 4 + 8):
-    replicated: P + G + O;  zero1: P + G + O/N;  zero2: P + (G + O)/N;  zero3: (P + G + O)/N
+What is added here is only what a run has and the theory's per-step figure has not: the role
+of a parameter-server rank, and gradient accumulation (ZeRO-2 reduce-scatters every round,
+ZeRO-3 also gathers the parameters twice per round; the others communicate once per step).
 """
 
 from __future__ import annotations
 
 from jobs import commbytes
+from jobs.theory.comm import dp_bytes_per_rank, dp_collectives
+from jobs.theory.memory import MEMORY_MODELS, model_state_bytes
 
-OPS = {"dp-ps": None, "dp-allreduce": [("all_reduce", 1)], "ddp": [("all_reduce", 1)],
-       "zero1": [("reduce_scatter", 1), ("all_gather", 1)],
-       "zero2": [("reduce_scatter", 1), ("all_gather", 1)],
-       "zero3": [("all_gather", 2), ("reduce_scatter", 1)]}
+ZERO_STAGE = {"dp-ps": 0, "dp-allreduce": 0, "ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3,
+              "fsdp": 3}
 
 
 def comm_per_step(strategy: str, n: int, psi_bytes: int, rank: int = 0,
                   rounds: int = 1) -> dict:
     """{"ops": [[op, payload, times], ...], "bytes_sent": .., "bytes_recv": ..} for one rank
-    and one step of `rounds` accumulation rounds: ZeRO-2 reduce-scatters (and frees) the
-    gradients of every round, ZeRO-3 also gathers the parameters twice per round; the others
-    communicate once per step."""
-    label = "zero3" if strategy == "fsdp" else strategy
-    if label == "dp-ps":
+    and one step of `rounds` accumulation rounds."""
+    stage = ZERO_STAGE[strategy]
+    if strategy == "dp-ps":
         k = (n - 1) if rank == 0 else 1
-        b = k * commbytes.bytes_sent("send", psi_bytes, n)
+        role = dp_bytes_per_rank(psi_bytes, n, 0, 1, "ps")["per_role"]
+        b = role["server" if rank == 0 else "worker"]
         return {"ops": [["recv" if rank == 0 else "send", psi_bytes, k],
                         ["send" if rank == 0 else "recv", psi_bytes, k]],
                 "bytes_sent": b, "bytes_recv": b}
-    ops = OPS[label]
-    if label == "zero2":
-        ops = [("reduce_scatter", rounds), ("all_gather", 1)]
-    elif label == "zero3":
-        ops = [("all_gather", 2 * rounds), ("reduce_scatter", rounds)]
+    ops = [(op, count * (rounds if stage >= 2 and (op == "reduce_scatter" or stage == 3)
+                         else 1))
+           for op, _, _, count in dp_collectives(psi_bytes, n, stage)]
     sent = sum(times * commbytes.bytes_sent(op, psi_bytes, n) for op, times in ops)
     return {"ops": [[op, psi_bytes, times] for op, times in ops], "bytes_sent": sent,
             "bytes_recv": sent}
@@ -47,21 +40,14 @@ def comm_per_step(strategy: str, n: int, psi_bytes: int, rank: int = 0,
 
 def model_state(strategy: str, n: int, psi: int, precision: str = "fp32",
                 fp32_grads: bool = False, rank: int = 0) -> dict:
-    """Bytes of parameters / gradients / optimizer state one rank holds (exact, unpadded)."""
-    label = "zero3" if strategy == "fsdp" else strategy
-    if precision == "bf16":
-        p, g, o = 2 * psi, 2 * psi, (16 if fp32_grads else 12) * psi
-    else:
-        p, g, o = 4 * psi, 4 * psi, 8 * psi
-    if label == "dp-ps":
-        return {"params": p, "grads": g, "optim": o if rank == 0 else 0}
-    if label == "zero1":
-        o //= n
-    elif label == "zero2":
-        g, o = g // n, o // n
-    elif label == "zero3":
-        p, g, o = p // n, g // n, o // n
-    return {"params": p, "grads": g, "optim": o}
+    """Bytes of `params` / `grads` / `optimizer` one rank holds (exact, unpadded)."""
+    mm = MEMORY_MODELS["fp32" if precision == "fp32" else "20psi" if fp32_grads else "16psi"]
+    out = model_state_bytes(psi, n, ZERO_STAGE[strategy], bytes_params=mm["params"],
+                            bytes_grads=mm["grads"], bytes_optimizer=mm["optimizer"])
+    out = {k: int(v) if float(v).is_integer() else v for k, v in out.items()}
+    if strategy == "dp-ps" and rank != 0:
+        out["optimizer"] = 0  # only the server holds optimizer state
+    return out
 
 
 NATIVE_DEVIATIONS = {

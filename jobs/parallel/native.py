@@ -22,8 +22,9 @@ import torch
 import torch.nn as nn
 
 from jobs.models import layer_list
-from jobs.parallel.base import Strategy, tensor_bytes
+from jobs.parallel.base import Strategy, make_optimizer, optimizer_class, tensor_bytes
 from jobs.parallel.capture import ORIGINAL, capture
+from jobs.testbug import dp_divisor
 
 
 def _local(t):
@@ -57,7 +58,7 @@ class Native(Strategy):
         ps = [_local(p) for p in self.model.parameters()]
         return {"params": sum(tensor_bytes(p) for p in ps),
                 "grads": sum(tensor_bytes(_local(p.grad)) for p in self.model.parameters()),
-                "optim": self._optim_bytes(self._state())}
+                "optimizer": self._optim_bytes(self._state())}
 
     def _state(self):
         return self.opt.state
@@ -80,12 +81,13 @@ class NativeDDP(Native):
         if zero:
             from torch.distributed.optim import ZeroRedundancyOptimizer
             self.name = "zero1"
-            self.opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam,
+            self.opt = ZeroRedundancyOptimizer(model.parameters(),
+                                               optimizer_class(self.optimizer),
                                                process_group=group, lr=self.lr)
             self.notes.append("ZeroRedundancyOptimizer: all-reduce (DDP) + broadcast of each "
                               "rank's updated parameters; shards are whole parameters")
         else:
-            self.opt = torch.optim.Adam(model.parameters(), lr=self.lr)
+            self.opt = make_optimizer(model.parameters(), self.optimizer, self.lr)
 
     def _hook(self, _state, bucket):
         buf = bucket.buffer()
@@ -93,7 +95,7 @@ class NativeDDP(Native):
                                    group_size=self.n, axis="dp", group="dp",
                                    bucket=bucket.index(), source="ddp.comm_hook",
                                    device=False, **{"async": True})
-        n = self.n
+        n = dp_divisor(self.n)
         all_reduce = ORIGINAL["all_reduce"]  # recorded here, not again by capture()
         fut = all_reduce(buf, group=self.group, async_op=True).get_future()
 
@@ -124,6 +126,10 @@ class NativeDDP(Native):
     def full_parameters(self):
         return {n: p.detach().float().clone() for n, p in self.ddp.module.named_parameters()}
 
+    def full_grads(self):
+        return {n: p.grad.detach().float().clone()
+                for n, p in self.ddp.module.named_parameters() if p.grad is not None}
+
     def _state(self):
         return self.opt.optim.state if hasattr(self.opt, "optim") else self.opt.state
 
@@ -134,6 +140,16 @@ class NativeDDP(Native):
             out["owned_elems_per_rank"] = [sum(p.numel() for g in part for p in g["params"])
                                            for part in parts]
         return out
+
+
+def undo_dp_average(model, n: int) -> None:
+    """Test-only bug (jobs/testbug.py) for FSDP2, whose averaging happens inside its reduce-
+    scatter (a divide factor of 1 needs PREMUL_SUM, which gloo lacks): scale the averaged
+    gradients back up by n, the same result as never dividing."""
+    if dp_divisor(n) == 1:
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(n)
 
 
 class NativeFSDP(Native):
@@ -148,9 +164,12 @@ class NativeFSDP(Native):
         for blk in layer_list(model) or []:
             fully_shard(blk, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
         fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
-        self.opt = torch.optim.Adam(model.parameters(), lr=self.lr)
+        self.opt = make_optimizer(model.parameters(), self.optimizer, self.lr)
         if reshard:
             self.notes.append("FSDP2 keeps the root module unsharded after forward")
+
+    def finish_grads(self) -> None:
+        undo_dp_average(self.model, self.n)
 
     def no_sync(self):
         import contextlib
@@ -172,21 +191,3 @@ class NativeFSDP(Native):
         local = [_local(p).numel() for p in self.model.parameters()]
         return {**super().layout(), "shard_elems": sum(local),
                 "padding_elems": sum(local) * self.n - self.numel}
-
-
-def apply_native(model, dp_mesh, tracer=None, *, spec, **kw) -> Strategy:
-    p = spec.parallel
-    group = dp_mesh.get_group()
-    if p.zero_stage == 0:
-        if p.dp_mode == "ps":
-            raise NotImplementedError("the parameter server has no native PyTorch component; "
-                                      "use engine 'reference'")
-        if p.dp_mode == "allreduce":
-            from jobs.parallel.data import AllReduceDP  # torch.distributed.all_reduce itself
-            s = AllReduceDP(model, group, tracer, **kw)
-            s.engine = "native"
-            return s
-        return NativeDDP(model, group, tracer, **kw)
-    if p.zero_stage == 1:
-        return NativeDDP(model, group, tracer, zero=True, **kw)
-    return NativeFSDP(model, dp_mesh, tracer, reshard=p.zero_stage == 3, **kw)

@@ -1,6 +1,6 @@
 """3D composition on the native engine: DTensor TP over mesh["tp"] (jobs/parallel/tensor.py),
 torch.distributed.pipelining over the pp axis (pipeline/native.py) and FSDP2 `fully_shard` over
-mesh["dp"], whose parameters are then 2-D DTensors (dp x tp), with torch.optim.Adam.
+mesh["dp"], whose parameters are then 2-D DTensors (dp x tp), with torch.optim.Adam (or SGD).
 
 DistributedDataParallel cannot wrap DTensor parameters, so on the native engine the dp axis is
 FSDP2 whatever the ZeRO stage: zero_stage 3 reshards after forward (ZeRO-3), 0-2 keep the
@@ -19,7 +19,9 @@ import contextlib
 import torch
 
 from jobs.models import layer_list
-from jobs.parallel.base import Strategy, tensor_bytes
+from jobs.parallel.base import Strategy, make_optimizer, tensor_bytes
+from jobs.parallel.checkpoint import recomputing
+from jobs.parallel.native import undo_dp_average
 
 
 def _local(t):
@@ -43,7 +45,7 @@ class NativeMP(Strategy):
                     fully_shard(blk, mesh=ctx.mesh["dp"], reshard_after_forward=reshard)
                 fully_shard(st, mesh=ctx.mesh["dp"], reshard_after_forward=reshard)
             self.notes.append(f"dp axis: FSDP2 (reshard_after_forward={reshard})")
-        self.opt = torch.optim.Adam(model.parameters(), lr=self.lr)
+        self.opt = make_optimizer(model.parameters(), self.optimizer, self.lr)
 
     @contextlib.contextmanager
     def comm_context(self):
@@ -55,6 +57,10 @@ class NativeMP(Strategy):
             if self.tp and self.tracer.step == 0:  # a Python dispatch mode slows every op:
                 stack.enter_context(FuncolRecorder(self.tracer, "tp"))  # step 0 only
             yield
+
+    def finish_grads(self) -> None:
+        if self.group is not None:
+            undo_dp_average(self.model, self.n)
 
     def step(self) -> None:
         with self.tracer.span("optimizer", cat="compute"):
@@ -72,7 +78,7 @@ class NativeMP(Strategy):
         optim = sum(tensor_bytes(_local(t)) for s in self.opt.state.values() for t in s.values()
                     if torch.is_tensor(t) and t.numel() > 1)
         return {"params": sum(tensor_bytes(_local(p)) for p in ps),
-                "grads": sum(tensor_bytes(_local(p.grad)) for p in ps), "optim": optim}
+                "grads": sum(tensor_bytes(_local(p.grad)) for p in ps), "optimizer": optim}
 
 
 class FuncolRecorder:
@@ -108,8 +114,9 @@ class FuncolRecorder:
               "reduce_scatter_tensor": "reduce_scatter"}[name]
         payload = nbytes * n if op == "all_gather" else nbytes
         phase = "bwd" if torch._C._current_autograd_node() is not None else "fwd"
+        extra = {"recompute": True} if recomputing() else {}  # activation checkpointing
         self.tracer.comm_start(op, payload_bytes=payload, group_size=n, axis=self.axis,
-                               group=self.axis, phase=phase, source="dtensor").done()
+                               group=self.axis, phase=phase, source="dtensor", **extra).done()
 
     def __enter__(self):
         self.mode.__enter__()

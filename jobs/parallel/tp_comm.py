@@ -20,6 +20,8 @@ import contextlib
 import torch
 import torch.distributed as dist
 
+from jobs.parallel.checkpoint import recomputing
+
 SEQ_DIM = 1
 
 
@@ -27,8 +29,9 @@ def _comm(tracer, op, t: torch.Tensor, group, payload_elems: int, region: str, p
     if tracer is None:
         return contextlib.nullcontext()
     n = dist.get_world_size(group)
+    extra = {"recompute": True} if recomputing() else {}  # activation checkpointing
     return tracer.comm(op, payload_bytes=payload_elems * t.element_size(), group_size=n,
-                       axis="tp", group="tp", region=region, phase=phase)
+                       axis="tp", group="tp", region=region, phase=phase, **extra)
 
 
 def _all_reduce(x, group, tracer, region, phase):

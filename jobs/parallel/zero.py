@@ -22,7 +22,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from jobs.models import layer_list
-from jobs.parallel.base import Adam, Buckets, Strategy, tensor_bytes
+from jobs.parallel.base import Buckets, FlatOptimizer, Strategy, tensor_bytes
+from jobs.testbug import dp_divisor
 
 
 class Zero12(Strategy):
@@ -39,7 +40,7 @@ class Zero12(Strategy):
         own = [bk.shard(self.flat, b, self.r) for b in range(nb)]
         self.fp32_master = self.dtype == torch.float32
         self.master = own if self.fp32_master else [s.float() for s in own]
-        self.adam = Adam(self.master, self.lr)
+        self.opt = FlatOptimizer(self.master, self.lr, self.optimizer)
         self.grad32 = [torch.zeros_like(m) for m in self.master] if self.fp32_grads else None
         if stage == 1:
             self.gflat = torch.zeros_like(self.flat)
@@ -111,14 +112,14 @@ class Zero12(Strategy):
             with self.tracer.span("wait_grads", cat="comm_wait"):
                 self._drain(block=True)
         for g in self.gshard:
-            g.div_(self.n)
+            g.div_(dp_divisor(self.n))
 
     def step(self) -> None:
         with self.tracer.span("optimizer", cat="compute"):
             grads = self.gshard
             if self.grad32 is not None:
                 grads = [g32.copy_(g) for g32, g in zip(self.grad32, self.gshard, strict=True)]
-            self.adam.step(grads)
+            self.opt.step(grads)
             if not self.fp32_master:
                 for b, m in enumerate(self.master):
                     self.bk.shard(self.flat, b, self.r).copy_(m)
@@ -127,8 +128,14 @@ class Zero12(Strategy):
             self.all_gather(self.bk.bucket(self.flat, b), mine, bucket=b, phase="update")
 
     def full_parameters(self):
+        return self._gather(self.master)
+
+    def full_grads(self):
+        return self._gather(self.gshard)
+
+    def _gather(self, shards):
         full = torch.zeros(self.bk.total, dtype=torch.float32, device=self.flat.device)
-        for b, m in enumerate(self.master):
+        for b, m in enumerate(shards):
             dist.all_gather_into_tensor(self.bk.bucket(full, b), m.detach().float().clone(),
                                         group=self.group)
         views = dict(zip([id(p) for p in self.bk.params], self.bk.views(full), strict=True))
@@ -138,10 +145,10 @@ class Zero12(Strategy):
         grads = (tensor_bytes(self.gflat) if self.stage == 1 else
                  sum(tensor_bytes(g) for g in self.gshard)
                  + sum(tensor_bytes(p.grad) for p in self.bk.params))
-        optim = self.adam.state_bytes() + sum(tensor_bytes(g) for g in self.grad32 or [])
+        optim = self.opt.state_bytes() + sum(tensor_bytes(g) for g in self.grad32 or [])
         if not self.fp32_master:
             optim += sum(tensor_bytes(m) for m in self.master)
-        out = {"params": tensor_bytes(self.flat), "grads": grads, "optim": optim}
+        out = {"params": tensor_bytes(self.flat), "grads": grads, "optimizer": optim}
         if self.stage == 2:
             out["grads_peak"] = max(self.grads_peak, grads)
         return out
@@ -166,7 +173,7 @@ class _Gather(torch.autograd.Function):
         unit.release_backward()
         out = torch.empty(unit.shard_numel, dtype=grad_full.dtype, device=grad_full.device)
         unit.owner.reduce_scatter(out, grad_full.contiguous(), unit=unit.index)
-        return out.div_(unit.owner.n), None
+        return out.div_(dp_divisor(unit.owner.n)), None
 
 
 class _Unit:
@@ -274,7 +281,7 @@ class Zero3(Strategy):
         self.fp32_master = self.dtype == torch.float32
         self.master = [u.shard if self.fp32_master else u.shard.detach().float()
                        for u in self.units]
-        self.adam = Adam(self.master, self.lr)
+        self.opt = FlatOptimizer(self.master, self.lr, self.optimizer)
         self.grad32 = [torch.zeros_like(m) for m in self.master] if self.fp32_grads else None
         self.padding = sum(u.padded - u.numel for u in self.units)
 
@@ -318,14 +325,21 @@ class Zero3(Strategy):
                      for u in self.units]
             if self.grad32 is not None:
                 grads = [g32.copy_(g) for g32, g in zip(self.grad32, grads, strict=True)]
-            self.adam.step(grads)
+            self.opt.step(grads)
             if not self.fp32_master:
                 for u, m in zip(self.units, self.master, strict=True):
                     u.shard.data.copy_(m)
 
     def full_parameters(self):
+        return self._gather(self.master)
+
+    def full_grads(self):
+        return self._gather([u.shard.grad if u.shard.grad is not None
+                             else torch.zeros_like(u.shard) for u in self.units])
+
+    def _gather(self, shards):
         out = {}
-        for u, m in zip(self.units, self.master, strict=True):
+        for u, m in zip(self.units, shards, strict=True):
             full = torch.empty(u.padded, dtype=torch.float32, device=u.device)
             dist.all_gather_into_tensor(full, m.detach().float().contiguous(), group=self.group)
             off = 0
@@ -335,21 +349,15 @@ class Zero3(Strategy):
         return {n: out[n] for n in self.names}
 
     def state_bytes(self):
-        optim = self.adam.state_bytes() + sum(tensor_bytes(g) for g in self.grad32 or [])
+        optim = self.opt.state_bytes() + sum(tensor_bytes(g) for g in self.grad32 or [])
         if not self.fp32_master:
             optim += sum(tensor_bytes(m) for m in self.master)
         return {"params": sum(tensor_bytes(u.shard) for u in self.units),
                 "grads": sum(tensor_bytes(u.shard.grad) for u in self.units),
-                "optim": optim, "gathered": self.gathered_now,
+                "optimizer": optim, "gathered": self.gathered_now,
                 "gathered_peak": self.gathered_peak}
 
     def layout(self):
         return {**super().layout(), "units": [u.numel for u in self.units],
                 "unit_padded": [u.padded for u in self.units],
                 "shard_elems": sum(u.shard_numel for u in self.units)}
-
-
-def apply_zero(model, group, tracer=None, *, stage: int, **kw) -> Strategy:
-    if stage == 3:
-        return Zero3(model, group, tracer, **kw)
-    return Zero12(model, group, tracer, stage=stage, **kw)

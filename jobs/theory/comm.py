@@ -115,21 +115,37 @@ def allreduce_algorithms(n: int, M: float) -> list[dict]:
 
 
 def tp_bytes_per_microbatch(s: int, b: int, h: int, layers: int, tp: int, act_bytes: float,
-                            sequence_parallel: bool = False) -> dict:
+                            sequence_parallel: bool = False, checkpointing: bool = False) -> dict:
     """Megatron TP, per rank per micro-batch: per block 2 all-reduces forward + 2 backward of
-    b*s*h elements; with SP each becomes all-gather + reduce-scatter (same bytes)."""
+    b*s*h elements; with SP each all-reduce becomes an all-gather + a reduce-scatter (4 + 4 per
+    block, the same bytes; Korthikanti et al. 2022).
+
+    Activation checkpointing of whole blocks recomputes each block's forward in backward, with
+    its collectives, but torch's non-reentrant checkpoint stops the recomputation once the
+    tensors backward needs exist (early stop, the default): the block's last collective (the
+    MLP's output all-reduce / reduce-scatter) is not repeated. Recomputed per block: 1
+    all-reduce; with SP 2 all-gathers + 1 reduce-scatter (`recompute_value`, in `value`)."""
     payload = s * b * h * act_bytes
     if tp <= 1:
-        return {"value": 0.0, "formula": "0 (no tensor parallelism)", "ops": []}
+        return {"value": 0.0, "formula": "0 (no tensor parallelism)", "ops": [],
+                "recompute_value": 0.0}
     if sequence_parallel:
-        ops = [("all_gather", payload, tp, 2 * layers), ("reduce_scatter", payload, tp,
-                                                         2 * layers)]
-        formula = "layers*4*(t-1)/t*s*b*h*act_bytes (2 all-gather + 2 reduce-scatter per block)"
+        ops = [("all_gather", payload, tp, 4 * layers), ("reduce_scatter", payload, tp,
+                                                         4 * layers)]
+        redo = [("all_gather", payload, tp, 2 * layers), ("reduce_scatter", payload, tp, layers)]
+        formula = "layers*8*(t-1)/t*s*b*h*act_bytes (4 all-gather + 4 reduce-scatter per block)"
+        extra = " + layers*3*(t-1)/t*s*b*h*act_bytes recomputed (2 all-gather + 1 reduce-scatter)"
     else:
         ops = [("all_reduce", payload, tp, 4 * layers)]
+        redo = [("all_reduce", payload, tp, layers)]
         formula = "layers*4*2(t-1)/t*s*b*h*act_bytes (2 fwd + 2 bwd all-reduce per block)"
-    value = sum(commbytes.bytes_sent(op, sz, g) * c for op, sz, g, c in ops)
-    return {"value": value, "formula": formula, "ops": ops}
+        extra = " + layers*2(t-1)/t*s*b*h*act_bytes recomputed (1 all-reduce per block)"
+    if not checkpointing:
+        redo, extra = [], ""
+    again = sum(commbytes.bytes_sent(op, sz, g) * c for op, sz, g, c in redo)
+    value = sum(commbytes.bytes_sent(op, sz, g) * c for op, sz, g, c in ops) + again
+    return {"value": value, "formula": formula + extra, "ops": ops + redo,
+            "recompute_value": again}
 
 
 def pp_bytes_per_microbatch(act_elems: float, act_bytes: float, pp: int, v: int) -> dict:

@@ -252,7 +252,7 @@ def _comm(w: dict) -> dict:
     if w["tp"] > 1 and None not in (w["hidden"], w["micro_batch_size"], w["layers"]):
         tp = C.tp_bytes_per_microbatch(s, w["micro_batch_size"], w["hidden"],
                                        w["layers"] // w["pp"], w["tp"], act_bytes,
-                                       w["sequence_parallel"])
+                                       w["sequence_parallel"], w["activation_checkpointing"])
     elif w["tp"] > 1:
         tp = {"value": 0.0, "formula": "not modeled: give hidden, micro_batch_size, layers "
               "(and seq_len)", "ops": []}
@@ -283,7 +283,8 @@ def _comm(w: dict) -> dict:
     }
     return {"bytes_per_rank": total, "GB_per_rank": total / GB, "time_lower_bound_s": t,
             "components": comps, "convention": conv,
-            "per_microbatch": {"tp": tp["value"], "pp": pp["value"]},
+            "per_microbatch": {"tp": tp["value"], "pp": pp["value"],
+                               "tp_recompute": tp.get("recompute_value", 0.0)},
             "dp_ops": [list(o) for o in dp["ops"]], "tp_ops_per_microbatch":
             [list(o) for o in tp["ops"]], "pp_ops_per_microbatch": [list(o) for o in pp["ops"]],
             "dp_by_zero_stage": by_stage, "allreduce_algorithms": table, "explain": explain}

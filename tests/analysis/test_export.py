@@ -25,7 +25,7 @@ def synthetic():
                    comm(r, 0, "all_reduce", 60, 95, n=2, payload=1000, bucket=1, seq=1),
                    span(r, 0, "grad_sync", 70, 96, cat="comm"),
                    span(r, 0, "wait_grads", 71, 95, cat="comm_wait"),
-                   mem(r, 0, 99, params=10, grads=10, optim=20, rss_bytes=5000),
+                   mem(r, 0, 99, params=10, grads=10, optimizer=20, rss_bytes=5000),
                    {"type": "instant", "rank": r, "step": 0, "microbatch": None,
                     "name": "marker", "ts_ns": 50_000}, end(r, 120)]
     return recs
@@ -57,7 +57,7 @@ def test_real_4_rank_run_export_is_strict_tef(zero3_run):
     info = tef.check(trace, 4)
     assert info["spans"] > 0 and set(info["counters"]) == {0, 1, 2, 3}
     mem = [e for e in trace["traceEvents"] if e["ph"] == "C" and e["name"] == "memory"]
-    assert mem and all({"params", "grads", "optim"} <= set(e["args"]) for e in mem)
+    assert mem and all({"params", "grads", "optimizer"} <= set(e["args"]) for e in mem)
     labels = {e["pid"]: e["args"]["labels"] for e in trace["traceEvents"]
               if e["name"] == "process_labels"}
     assert labels[3] == "pp=0,dp=3,tp=0"

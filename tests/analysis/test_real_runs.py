@@ -51,7 +51,7 @@ def test_zero3_logical_bytes_exact_and_memory_within_2pct(zero3):
         assert r["bytes_sent_per_step"] == r["formula_bytes"]          # exact
         assert r["deviation_bytes"] == 0 and r["padding_elems"] == 0
         assert abs(r["error_pct"]) < 2                                  # theory's Ψ
-    state = [r for r in t["memory"] if r["component"] in ("params", "grads", "optim",
+    state = [r for r in t["memory"] if r["component"] in ("params", "grads", "optimizer",
                                                           "model_state")]
     assert len(state) == 16
     for r in state:

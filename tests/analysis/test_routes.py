@@ -33,7 +33,7 @@ def analyzed(settings, run_id):
     recs = {r: [meta(r, 2, spec={"preset": "ddp"}), span(r, 0, "step", 0, 100, cat="step"),
                 span(r, 0, "backward", 0, 60),
                 comm(r, 0, "all_reduce", 10 * r + 20, 80, n=2, payload=4096, bucket=0),
-                mem(r, 0, 90, params=100, grads=100, optim=200), end(r, 120)]
+                mem(r, 0, 90, params=100, grads=100, optimizer=200), end(r, 120)]
             for r in range(2)}
     out = write(settings.runs_dir / run_id, recs, summary={"loss": [1.0]})
     return write_analysis(out)

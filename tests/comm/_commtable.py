@@ -10,30 +10,10 @@ from __future__ import annotations
 
 import json
 import math
-import socket
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def torchrun(nproc: int, args: list[str], *, env: dict, timeout: float = 240
-             ) -> subprocess.CompletedProcess:
-    """`torchrun --nproc-per-node nproc ARGS` from the repo root on a free port; retried on a
-    new port when another process grabbed it between the probe and the bind."""
-    for _ in range(3):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-                "--master-addr", "127.0.0.1", "--master-port", str(port), *args]
-        proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=timeout)
-        if proc.returncode == 0 or "ddress already in use" not in proc.stderr:
-            break
-    return proc
+from tests.support.launch import ROOT, torchrun  # noqa: F401  (the one launcher)
 
 
 def load_traces(out: Path) -> dict[int, list[dict]]:

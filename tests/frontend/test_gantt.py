@@ -51,7 +51,7 @@ def write_trace(folder, ranks=4, steps=50, mb=8, pp=False, actions=False):
             recs.append({"type": "span", "name": "step", "cat": "step", "rank": r, "step": s,
                          "ts_ns": start, "dur_ns": t - start})
             recs.append({"type": "mem", "rank": r, "step": s, "ts_ns": t, "params": 1000,
-                         "grads": 1000, "optim": 2000, "activations": 500 + r})
+                         "grads": 1000, "optimizer": 2000, "activations": 500 + r})
             t += 10_000
             total += 2 * mb + 2
         text = "\n".join(json.dumps(x) for x in recs) + "\n"

@@ -1,6 +1,10 @@
 """Data-parallel family (issue 3): correctness against a single process, communication volumes
 and memory against the seeds' formulas, read from the traces. Two torchrun launches (world
-sizes 2 and 4) run every strategy x engine back to back inside one process group each."""
+sizes 2 and 4) run every strategy x engine back to back inside one process group each.
+
+The correctness gate (issue 12, tests/support/gate.py): step-0 gradients (gathered to full
+shape), final parameters and losses of every run against a single process, with Adam and with
+plain SGD (which, unlike Adam, sees a missing 1/dp or 1/m); bf16 against a bf16 single process."""
 
 from __future__ import annotations
 
@@ -11,13 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from jobs.models import mlp
 from jobs.spec import parse_spec
-from tests.jobs.launch import multirun, read_trace
+from tests.support.gate import TOL, loss_err, reference, rel_err
+from tests.support.launch import multirun, read_trace
 
 H, L, STEPS, GB = 16, 3, 3, 8
 PSI = L * H * (H + 1)  # 816: every layer's count divisible by 4, so no shard padding
 SMALL_BUCKET = 0.001   # MiB: one parameter per bucket
+SGD = {"optimizer": "sgd", "lr": 0.1}
 
 REF = {"ps": {"dp_mode": "ps"}, "allreduce": {"dp_mode": "allreduce"},
        "ddp": {"dp_mode": "ddp", "bucket_mb": SMALL_BUCKET},
@@ -39,6 +44,8 @@ def spec(n: int, par: dict, train: dict | None = None, engine: str = "reference"
 def runs_for(n: int) -> list[tuple[str, dict]]:
     runs = [(f"ref-{k}", spec(n, v)) for k, v in REF.items()]
     runs += [(f"native-{k}", spec(n, v, engine="native")) for k, v in NATIVE.items()]
+    runs += [(f"sgd-ref-{k}", spec(n, v, SGD)) for k, v in REF.items()]
+    runs += [(f"sgd-native-{k}", spec(n, v, SGD, engine="native")) for k, v in NATIVE.items()]
     if n == 4:  # h = 5: 30 parameters per layer, shards padded to a multiple of 4
         runs += [(f"pad-{k}", spec(n, REF[k], hidden=5)) for k in ("zero1", "zero2", "zero3")]
     if n == 2:
@@ -52,6 +59,8 @@ def runs_for(n: int) -> list[tuple[str, dict]]:
         runs += [(f"accum-{k}", spec(n, REF[k], {"grad_accum": 2}))
                  for k in ("ddp", "zero1", "zero2", "zero3")]
         runs += [("ckpt-ddp", spec(n, REF["ddp"], {"activation_checkpointing": True}))]
+        runs += [(f"sgd-accum-{k}", spec(n, REF[k], {**SGD, "grad_accum": 2}))
+                 for k in ("ddp", "zero2", "zero3")]
     return runs
 
 
@@ -63,64 +72,95 @@ def world(request, tmp_path_factory):
     return n, out
 
 
-def single_process(train: dict | None = None, hidden: int = H) -> dict[str, torch.Tensor]:
-    """The same global batches on one process: plain model, plain torch.optim.Adam."""
+def single_process(train: dict | None = None, hidden: int = H) -> dict:
+    """The same global batches on one process (tests/support/gate.py)."""
     s = parse_spec(spec(1, {}, train, hidden=hidden) | {"parallel": {"dp": 1}},
                    max_world_size=1 << 30)
-    model = mlp.build(s.model, s.train.seed)
-    opt = torch.optim.Adam(model.parameters(), lr=s.train.lr)
-    for step in range(STEPS):
-        x, y = mlp.batch(s.model, GB, s.train.seed, step)
-        opt.zero_grad()
-        mlp.loss_fn(model(x), y).backward()
-        opt.step()
-    return {k: v.detach() for k, v in model.named_parameters()}
-
-
-def rel_err(a: dict, b: dict) -> float:
-    num = sum(float((a[k] - b[k]).pow(2).sum()) for k in b)
-    den = sum(float(b[k].pow(2).sum()) for k in b)
-    return (num / den) ** 0.5
+    return reference(s)
 
 
 def params(run: Path) -> dict[str, torch.Tensor]:
     return torch.load(run / "params-final.pt")
 
 
+def grads(run: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run / "grads-step0.pt")
+
+
+def losses(run: Path) -> list[float]:
+    return json.loads((run / "summary.json").read_text())["loss"]
+
+
+GATED = ("ref-", "native-", "accum-", "ckpt-")
+
+
+def gate(out: Path, names: list[str], ref: dict, curves: bool) -> list[tuple]:
+    """(run, what, error) for every comparison over TOL (all runs, so a failure names every
+    strategy it touches)."""
+    bad = []
+    for name in names:
+        errs = {"grads": rel_err(grads(out / name), ref["grads"]),
+                "params": rel_err(params(out / name), ref["params"])}
+        if curves:
+            errs["loss"] = loss_err(losses(out / name), ref["loss"])
+        bad += [(name, k, e) for k, e in errs.items() if not e <= TOL]
+    return bad
+
+
 def test_fp32_equals_single_process(world):
+    """Adam: step-0 gradients and final parameters of every fp32 run equal one process."""
     n, out = world
-    ref = single_process()
-    for name, _ in runs_for(n):
-        if name.startswith(("ref-", "native-", "accum-", "ckpt-")):
-            got = params(out / name)
-            assert set(got) == set(ref), name
-            assert rel_err(got, ref) <= 1e-5, (name, rel_err(got, ref))
+    names = [name for name, _ in runs_for(n) if name.startswith(GATED)]
+    assert not gate(out, names, single_process(), curves=False)
+
+
+def test_sgd_equals_single_process(world):
+    """Plain SGD: gradients, parameters and the loss curve of every strategy x engine."""
+    n, out = world
+    names = [name for name, _ in runs_for(n) if name.startswith("sgd-")]
+    assert not gate(out, names, single_process(SGD), curves=True)
 
 
 def test_engines_agree_and_losses_match(world):
     n, out = world
-    losses = {name: json.loads((out / name / "summary.json").read_text())["loss"]
-              for name, _ in runs_for(n) if name.startswith(("ref-", "native-"))}
-    first = losses["ref-ddp"]
-    for name, ls in losses.items():
-        assert ls == pytest.approx(first, rel=1e-5), name
+    ls = {name: losses(out / name) for name, _ in runs_for(n)
+          if name.startswith(("ref-", "native-"))}
+    ref = single_process()
+    for name, curve in ls.items():
+        assert loss_err(curve, ref["loss"]) <= TOL, name
     for k in NATIVE:
-        assert rel_err(params(out / f"native-{k}"), params(out / f"ref-{k}")) <= 1e-5
+        assert rel_err(params(out / f"native-{k}"), params(out / f"ref-{k}")) <= TOL
 
 
-def test_bf16_within_bound(world):
-    """bf16 compute with fp32 masters vs the fp32 single process. Adam's per-element update
-    is at most ~lr in size, so however bf16 rounding perturbs the gradients two runs cannot
-    drift apart by more than 2·lr per step per element: bound 2·lr·steps (lr = 1e-3)."""
+BF16_GRAD_TOL = 1e-2  # bf16 keeps 8 mantissa bits (eps 3.9e-3); measured 2.0e-3
+BF16_MOVE_TOL = 5e-3  # reference engine: final parameters vs the bf16 single process, as a
+# fraction of how far that process moved them (measured 9e-4)
+FSDP2_MOVE_TOL = 0.1  # FSDP2's own mixed precision vs fp32, same measure (measured 3e-2)
+
+
+def test_bf16_equals_bf16_single_process(world):
+    """bf16 compute with fp32 masters vs a bf16 single process (the Single strategy: same
+    compute, fp32 masters), not vs fp32 with a bound that a frozen run passes. Tolerances are
+    fractions of how far the reference moved the parameters, so a run whose parameters never
+    move fails (its error is 100 % of the movement)."""
     n, out = world
     if n != 2:
         pytest.skip("bf16 variants run at world size 2 only (time budget)")
-    ref = single_process()
-    for name, _ in runs_for(n):
-        if name.startswith("bf16"):
-            got = params(out / name)
-            worst = max(float((got[k] - ref[k]).abs().max()) for k in ref)
-            assert worst <= 2 * 1e-3 * STEPS, (name, worst)
+    fp32 = single_process()
+    for name, s in runs_for(n):
+        if not name.startswith("bf16"):
+            continue
+        ref = single_process(s["train"])
+        init = single_process({**s["train"], "steps": 1, "lr": 0.0})["params"]
+        assert rel_err(grads(out / name), ref["grads"]) <= BF16_GRAD_TOL, name
+        if "native" in name:  # FSDP2 MixedPrecisionPolicy rounds differently: vs fp32
+            moved = rel_err(fp32["params"], init)
+            err = rel_err(params(out / name), fp32["params"])
+            assert err <= FSDP2_MOVE_TOL * moved, (name, err, moved)
+        else:
+            moved = rel_err(ref["params"], init)
+            err = rel_err(params(out / name), ref["params"])
+            assert err <= BF16_MOVE_TOL * moved, (name, err, moved)
 
 
 def comm_records(run: Path, rank: int) -> list[dict]:
@@ -140,7 +180,6 @@ def test_reference_bytes_match_seeds(world):
             for step in range(STEPS):
                 sent = sum(Fraction(r["bytes_sent"]) for r in recs if r["step"] == step)
                 assert sent == per_step, (k, rank, step, sent, per_step)
-    assert expect["zero3"] / expect["ddp"] == Fraction(3, 2)
     for rank in range(n):  # parameter server (seed 001): root (N-1)Ψ each way, workers Ψ
         recs = comm_records(out / "ref-ps", rank)
         for step in range(STEPS):
@@ -186,7 +225,7 @@ def test_reference_memory_matches_seeds(world):
     for k, want in fp32.items():
         for rank in range(n):
             m = mem_after_step(out / f"ref-{k}", rank)
-            assert (m["params"], m["grads"], m["optim"]) == want, (k, rank)
+            assert (m["params"], m["grads"], m["optimizer"]) == want, (k, rank)
     for rank in range(n):  # ZeRO-2: full bucket gradients live only until their reduce-
         # scatter completes (on a starved CPU that can be the end of backward, so the bound
         # is the full gradients + the shard + the in-flight outputs), then only the shard
@@ -195,18 +234,17 @@ def test_reference_memory_matches_seeds(world):
         assert all(r["grads"] == 4 * PSI // n for r in m)
     for rank in range(n):
         m = mem_after_step(out / "ref-ps", rank)
-        assert m["optim"] == (8 * P if rank == 0 else 0)
+        assert m["optimizer"] == (8 * P if rank == 0 else 0)
     if n == 2:  # the seeds' 16Ψ model (bf16 params/grads, fp32 master+m+v) and 20Ψ
         bf = {"ddp": (2 * P, 2 * P, 12 * P), "zero1": (2 * P, 2 * P, 12 * P // n),
               "zero2": (2 * P, 2 * P // n, 12 * P // n),
               "zero3": (2 * P // n, 2 * P // n, 12 * P // n)}
         for k, (p, g, o) in bf.items():
             m = mem_after_step(out / f"bf16-{k}", 0)
-            assert (m["params"], m["grads"], m["optim"]) == (p, g, o), k
+            assert (m["params"], m["grads"], m["optimizer"]) == (p, g, o), k
             m = mem_after_step(out / f"bf16g-{k}", 0)
             sharded = 1 if k == "ddp" else n
-            assert (m["params"], m["grads"], m["optim"]) == (p, g, o + 4 * P // sharded), k
-            assert p + g + o == (16 * P if k == "ddp" else p + g + o)
+            assert (m["params"], m["grads"], m["optimizer"]) == (p, g, o + 4 * P // sharded), k
 
 
 def test_summary_formula_check(world):
@@ -248,7 +286,7 @@ def test_activation_bytes_and_checkpointing():
     of a GPT keeps only their inputs."""
     from jobs.memory import SavedTensorCounter, param_storages
     from jobs.models import gpt
-    from jobs.train import apply_activation_checkpointing
+    from jobs.parallel.checkpoint import apply_activation_checkpointing
     s = parse_spec({"model": {"arch": "gpt", "hidden": 16, "layers": 2, "heads": 2,
                               "seq_len": 8, "vocab": 32},
                     "runtime": {"nproc_per_node": 1}}, max_world_size=1 << 30)
@@ -277,7 +315,8 @@ def test_uneven_shards_padded_and_reported(world):
     psi = L * 5 * 6
     for k in ("zero1", "zero2", "zero3"):
         run = out / f"pad-{k}"
-        assert rel_err(params(run), ref) <= 1e-5, k
+        assert rel_err(params(run), ref["params"]) <= TOL, k
+        assert rel_err(grads(run), ref["grads"]) <= TOL, k
         fc = json.loads((run / "summary.json").read_text())["formula_check"]
         pad = fc["padding_elems"]
         assert fc["psi"] == psi and pad > 0, k
@@ -285,4 +324,4 @@ def test_uneven_shards_padded_and_reported(world):
         want = {"zero1": (4 * P, 4 * P, 8 * P // n), "zero2": (4 * P, 4 * P // n, 8 * P // n),
                 "zero3": (4 * P // n, 4 * P // n, 8 * P // n)}[k]
         m = mem_after_step(run, 0)
-        assert (m["params"], m["grads"], m["optim"]) == want, (k, pad)
+        assert (m["params"], m["grads"], m["optimizer"]) == want, (k, pad)

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from tests.jobs.launch import ROOT
+from tests.support.launch import ROOT
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(),

@@ -17,7 +17,7 @@ import pytest
 from jobs import commbytes
 from jobs.spec import PRESETS
 from jobs.trace import Tracer
-from tests.jobs.launch import ROOT, multirun, read_trace, torchrun
+from tests.support.launch import ROOT, multirun, read_trace, torchrun
 
 DP_PRESETS = ["dp-ps", "dp-allreduce", "ddp", "zero1", "zero2", "zero3", "fsdp"]
 # Overlap needs the host free while "compute" runs, as on a GPU: the timed model sleeps in
@@ -169,13 +169,13 @@ def test_job_cli_writes_outputs_and_errors(tmp_path):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"preset": "zero2", "train": {"steps": 1},
                                 "model": {"hidden": 8, "layers": 2}}))
-    p = torchrun(2, ["jobs.train", "--spec", str(spec), "--out", str(tmp_path / "ok")])
+    p = torchrun(2, ["-m", "jobs.train", "--spec", str(spec), "--out", str(tmp_path / "ok")])
     assert p.returncode == 0, p.stderr[-3000:]
     assert (tmp_path / "ok" / "summary.json").exists()
     assert (tmp_path / "ok" / "trace-rank1.jsonl").exists()
     spec.write_text(json.dumps({"preset": "dp-ps", "parallel": {"engine": "native"},
                                 "train": {"steps": 1}}))
-    p = torchrun(2, ["jobs.train", "--spec", str(spec), "--out", str(tmp_path / "bad")])
+    p = torchrun(2, ["-m", "jobs.train", "--spec", str(spec), "--out", str(tmp_path / "bad")])
     assert p.returncode != 0
     err = (tmp_path / "bad" / "error-rank0.txt").read_text()
     assert "no native PyTorch component" in err

@@ -1,7 +1,8 @@
 """Worker for test_pipeline.py. argv: OUT MODE
   correct: every schedule x arch (gpt, mlp, timed) on p = world vs a single-process run; zbv
            also on the native engine (torch's ScheduleZBVZeroBubble), key "<arch>/zbv/native"
-  bubble:  timed layers that sleep; traces per run under OUT/<run>/ for bubbles.py, one run per
+  bubble:  timed layers sleeping `t` s (0 in the tests: only the order of actions is checked);
+           traces per run under OUT/<run>/ for test_pipeline.py, one run per
            schedule plus "zbv-native" (p = 2 only, to keep the test short)
 """
 

@@ -1,5 +1,7 @@
 """Measured pipeline partition (parallel.pp_partition = measured): per-layer costs, then the
-contiguous split that minimises the most expensive stage."""
+contiguous split that minimises the most expensive stage. Measured times are never compared
+here (they depend on the machine's load): the split is checked on given costs, the measurement
+on its shape and side effects."""
 
 from __future__ import annotations
 
@@ -12,16 +14,15 @@ from jobs.spec import ModelSpec
 
 
 def test_heavy_head_gets_fewer_layers():
-    # vocab 4096 x hidden 32: the LM head (and its loss) costs several blocks
+    # the LM head (and its loss) counted with the last block costs several blocks
     ms = ModelSpec(arch="gpt", layers=8, hidden=32, heads=2, seq_len=16, vocab=4096)
-    torch.manual_seed(0)
     model = gpt.build(ms, 0)
     x, y = gpt.batch(ms, 8, 0, 0)
-    costs = measure_layer_costs(model, x, y, gpt.loss_fn)
-    assert len(costs) == 8 and all(c > 0 for c in costs)
-    assert costs[-1] > 2 * min(costs[1:-1])  # the head is counted with the last block
+    measured = measure_layer_costs(model, x, y, gpt.loss_fn, reps=1)
+    assert len(measured) == 8 and all(c > 0 for c in measured)
+    costs = [1.0] * 7 + [5.0]
     sizes = partition_by_cost(costs, 2)
-    assert sum(sizes) == 8 and sizes[0] > sizes[1]
+    assert sizes == [6, 2]  # max(6, 1 + 5) = 6: the least the most expensive stage can cost
     assert all(p.grad is None for p in model.parameters())  # measuring leaves no gradients
     stages = split_stages(model, 2, 1, 1, sizes=sizes)
     assert len(stages[0].blocks) == sizes[1] and stages[0].head is not None

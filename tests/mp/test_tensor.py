@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-import pytest
-from _launch import torchrun
+from pathlib import Path
 
-from jobs import bubbles
+import pytest
+
+from jobs.analysis.load import load_run_dir
+from tests.support.launch import run_worker
 
 # several torchrun launches (module fixtures), slower still on a loaded 2-core box
+HERE = Path(__file__).parent
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 LAYERS, B, S, H, T = 2, 4, 8, 16, 2  # tp_worker.py's model and batch, tp = world size 2
@@ -17,7 +21,7 @@ STEPS = 3
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("tp")
-    return out, torchrun("tp_worker.py", T, out)
+    return out, run_worker(HERE / "tp_worker.py", T, out)
 
 
 @pytest.mark.parametrize("case", ["tp", "sp", "native-tp", "native-sp"])
@@ -28,7 +32,7 @@ def test_matches_single_process(run, case):
 
 
 def _ops(out, name):
-    traces = bubbles.load(out / name)
+    traces = load_run_dir(out / name).ranks
     assert len(traces) == T
     return {rank: [r for r in recs if r["type"] == "comm"] for rank, recs in traces.items()}
 

@@ -95,9 +95,8 @@ RULES = [
         "dp": 2, "vocab_parallel": True}}, ["parallel", "vocab_parallel"], "needs parallel.tp > 1"),
     ("model parallelism is fp32", {"parallel": {"pp": 2}, "train": {"precision": "bf16"}},
      ["train", "precision"], "runs in fp32 only"),
-    ("no checkpointing with pp", {"parallel": {"pp": 2}, "train": {
-        "activation_checkpointing": True}}, ["train", "activation_checkpointing"],
-     "not available with tp or pp > 1"),
+    ("optimizer choices", {"train": {"optimizer": "lamb"}}, ["train", "optimizer"],
+     "must be one of adam, sgd"),
     ("reference ZeRO-3 is DP only", {"model": {"arch": "gpt"}, "parallel": {
         "dp": 2, "tp": 2, "zero_stage": 3}, "runtime": {"nproc_per_node": 4}},
      ["parallel", "zero_stage"], "use engine 'native' (FSDP2)"),
@@ -130,6 +129,21 @@ def test_every_preset_is_a_valid_spec_with_its_own_label(name):
     spec = parse_spec({"preset": name})
     expected = {"fsdp": "fsdp", "collective-sweep": "collective-sweep"}.get(name, name)
     assert derive_strategy(spec) == expected
+
+
+def test_checkpointing_composes_with_model_parallelism():
+    """Activation checkpointing is no longer refused with tp / pp / 3D (issue 12)."""
+    for par, n in (({"pp": 2}, 2), ({"tp": 2}, 2), ({"dp": 2, "tp": 2, "pp": 2}, 8)):
+        spec = parse_spec({"model": {"arch": "gpt"}, "parallel": par,
+                           "train": {"activation_checkpointing": True},
+                           "runtime": {"nproc_per_node": n}}, max_world_size=8)
+        assert spec.train.activation_checkpointing
+
+
+def test_optimizer_defaults_to_adam():
+    assert parse_spec({"parallel": {"dp": 2}}).train.optimizer == "adam"
+    assert parse_spec({"parallel": {"dp": 2}, "train": {"optimizer": "sgd"}}).train.optimizer \
+        == "sgd"
 
 
 def test_preset_overrides_merge_nested_fields():

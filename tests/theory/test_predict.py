@@ -217,7 +217,8 @@ def test_spec_zero_stage_and_overrides():
     out = predict(spec, bandwidth_GBps=10.0, compute_ms=50.0)
     assert out["memory"]["components"]["params"] == 4 * n / 2
     assert out["comm"]["bytes_per_rank"] == pytest.approx(3 * 1 / 2 * 4 * n)
-    assert out["step"]["speedup_no_overlap"] is not None
+    comm_s = 3 * 1 / 2 * 4 * n / 10e9  # the bytes above at 10 GB/s
+    assert out["step"]["speedup_no_overlap"] == pytest.approx(0.05 / (0.05 / 2 + comm_s))
     with pytest.raises(SpecError):
         predict(spec, bandwidth_GBps=-1)
 

@@ -3,7 +3,7 @@ export const Plotly = window.Plotly;
 
 export const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948",
   "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
-export const COMPONENT_COLORS = { params: "#4e79a7", grads: "#f28e2b", optim: "#59a14f",
+export const COMPONENT_COLORS = { params: "#4e79a7", grads: "#f28e2b", optimizer: "#59a14f",
   optimizer: "#59a14f", activations: "#e15759", gathered: "#b07aa1", gathered_peak: "#b07aa1",
   buffers: "#76b7b2" };
 

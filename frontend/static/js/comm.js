@@ -95,7 +95,7 @@ async function overlapChart(div, ranks, h, analysis) {
     part("exposed_comm_mean_s", "exposed comm", "#e15759"),
     part("bubble_mean_s", "bubble", "#edc948"), part("idle_mean_s", "idle", "#bab0ac"),
     { type: "scatter", mode: "markers+text", name: "comm overlapped with compute", x,
-      y: overlapped, marker: { color: COMPONENT_COLORS.optim, size: 10, symbol: "diamond" },
+      y: overlapped, marker: { color: COMPONENT_COLORS.optimizer, size: 10, symbol: "diamond" },
       text: ranks.map((r) => (r.overlap_pct === null ? "" : fmtPct(r.overlap_pct))),
       textposition: "top center", hovertemplate: `overlapped %{x}: %{y:.3g} ${u.unit}<extra></extra>` }];
   await plot(div, traces, layout(`Mean step per rank (${stepsLabel(h)}): compute, exposed comm, ` +

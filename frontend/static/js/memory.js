@@ -5,7 +5,7 @@ import { COMPONENT_COLORS, emptyChart, layout, plot } from "./charts.js";
 import { el, esc, fmtBytes, fmtPct } from "./dom.js";
 import { axisUnit } from "./units.js";
 
-// Aggregate rows (model_state = params + grads + optim) are listed but never stacked.
+// Aggregate rows (model_state = params + grads + optimizer) are listed but never stacked.
 const AGGREGATES = new Set(["model_state", "total"]);
 const parts = (rows) => rows.filter((r) => !AGGREGATES.has(r.component));
 

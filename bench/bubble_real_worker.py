@@ -1,4 +1,4 @@
-"""Worker for test_bubble_real.py: real compute on p = 2 ranks, stages of equal cost.
+"""Worker for bench/bubble_real.py: real compute on p = 2 ranks, stages of equal cost.
 argv: OUT HIDDEN LAYERS MB STEPS. Traces per schedule under OUT/<schedule>/.
 
 The model is an MLP of identical h x h layers split evenly, so the two stages do the same

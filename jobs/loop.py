@@ -1,0 +1,75 @@
+"""The one training loop: every strategy and composition runs through `train_loop`.
+
+    strategy.zero_grad()
+    loss = runner.run(microbatches)      # forward / backward (jobs/runners.py)
+    strategy.finish_grads()              # gradients reduced and averaged over dp
+    strategy.step()                      # optimizer + whatever parameter sync it needs
+
+Memory is sampled at `init`, `after_forward` (direct runner, per micro-batch, with the bytes
+autograd saved), `after_backward` and `after_step` (with the pipeline's peak activation bytes
+under model parallelism). With PARALAB_DUMP_PARAMS=1 the step-0 gradients are dumped for the
+correctness gate (jobs/dumps.py), after step 0's span: their gathers are not traced."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from jobs.context import RunContext
+from jobs.data import local_microbatches
+from jobs.dumps import dump_grads
+from jobs.memory import MemoryBook, process_memory
+
+
+def train_loop(ctx: RunContext, comp) -> dict:
+    """Per-rank results (rank 0 merges them into the summary, jobs/summary.py)."""
+    spec, tr, strategy, runner = ctx.spec, ctx.tracer, comp.strategy, comp.runner
+    rounds = spec.train.grad_accum * spec.parallel.microbatches
+    dp_rank = ctx.dims.coords(ctx.rank)["dp"]
+    book = MemoryBook()
+    losses, step_times = [], []
+    # the profiler counts every collective of the run: no dump gathers under it
+    dump = (os.environ.get("PARALAB_DUMP_PARAMS") == "1"
+            and os.environ.get("PARALAB_PROFILE") != "1")
+
+    def sample(phase: str, **extra) -> None:
+        s = {**strategy.state_bytes(), **extra}
+        book.add(phase, tr.step, s)
+        tr.memory(phase=phase, **s)  # adds RSS / CUDA allocator figures
+
+    sample("init")
+    prof = None
+    if os.environ.get("PARALAB_PROFILE") == "1":  # an independent count of collectives (tests)
+        from torch.profiler import ProfilerActivity, profile
+        prof = profile(activities=[ProfilerActivity.CPU])
+        prof.__enter__()
+    for step in range(spec.train.steps):
+        tr.step = step
+        t0 = tr.now()
+        mbs = local_microbatches(spec, step, dp_rank, ctx.dims.dp, rounds, ctx.device)
+        strategy.zero_grad()
+        with tr.span("step", cat="step"), strategy.comm_context(), comp.loss_context():
+            loss = runner.run(mbs, sample)
+            with tr.span("grad_sync", cat="comm"):
+                strategy.finish_grads()
+            sample("after_backward")
+            strategy.step()
+            sample("after_step", **runner.memory())
+        if step == 0 and dump:  # outside the traced step: the gathers are not the run's
+            dump_grads(ctx, comp)  # (the optimizer step leaves the reduced gradients alone)
+        losses.append(loss)
+        step_times.append((tr.now() - t0) / 1e9)
+        if comp.model_parallel or getattr(tr, "cuda", False):
+            tr.flush()  # CUDA-event records resolve on the main thread only
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        counts: dict[str, int] = {}
+        for ev in prof.events():
+            if ev.name.startswith("gloo:"):
+                counts[ev.name] = counts.get(ev.name, 0) + 1
+        (ctx.out / f"profile-counts-rank{ctx.rank}.json").write_text(json.dumps(counts))
+    return {"losses": losses, "step_times": step_times, "memory": book.summary(),
+            "comm": tr.comm_totals, "layout": strategy.layout(), "notes": strategy.notes,
+            "comm_by_step": tr.comm_by_step.get("dp", {}),
+            "coords": ctx.dims.coords(ctx.rank), "clock_error_ns": tr.clock_error_ns,
+            "process_memory": process_memory(), **runner.result()}

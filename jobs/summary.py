@@ -1,0 +1,152 @@
+"""The run summary rank 0 writes (`summary.json`), from every rank's loop result: losses,
+step times, memory, bytes, the seeds' formulas next to the measured figures (`formula_check`)
+and, under model parallelism, the pipeline section (per-stage bubble, simulated and closed
+form) and bytes per mesh axis."""
+
+from __future__ import annotations
+
+import torch
+
+from jobs import schedules
+from jobs.analysis.collectives import axis_bytes_table
+from jobs.analysis.load import Traces, load_run_dir
+from jobs.analysis.pipeline import stage_bubbles_table
+from jobs.analysis.steps import step_rank_table
+from jobs.context import RunContext
+from jobs.parallel.formulas import NATIVE_DEVIATIONS, comm_per_step, model_state
+from jobs.spec import JobSpec
+
+
+def tokens_per_step(spec: JobSpec) -> int:
+    return spec.train.global_batch * (spec.model.seq_len if spec.model.arch == "gpt" else 1)
+
+
+def backend_provenance(backend: str) -> dict:
+    """Versions the run depended on, for the run's provenance (the worker adds host facts)."""
+    info = {"torch": torch.__version__, "process_group_backend": backend,
+            "gloo": f"bundled with torch {torch.__version__}" if backend == "gloo" else None}
+    if torch.cuda.is_available():
+        info.update(cuda=torch.version.cuda, device_name=torch.cuda.get_device_name(),
+                    nccl=".".join(map(str, torch.cuda.nccl.version())))
+    return info
+
+
+def summarize(ctx: RunContext, per_rank: list[dict], comp) -> dict:
+    if comp.model_parallel:
+        return _str_keys(summarize_mp(ctx, per_rank, comp.schedule))
+    return summarize_dp(ctx, per_rank)
+
+
+def summarize_dp(ctx: RunContext, per_rank: list[dict]) -> dict:
+    spec, world = ctx.spec, ctx.world
+    dp = ctx.dims.dp
+    # loss: each rank's value is the mean over its samples; the global-batch mean averages the
+    # DP replicas (equal sizes), so it is the same number whatever the strategy.
+    losses = [sum(r["losses"][s] for r in per_rank[:: max(1, world // dp)]) / dp
+              for s in range(spec.train.steps)]
+    step_times = [max(r["step_times"][s] for r in per_rank) for s in range(spec.train.steps)]
+    steady = step_times[1:] or step_times
+    mean_t = sum(steady) / len(steady)
+    return {"strategy": spec.strategy, "engine": spec.parallel.engine, "world_size": world,
+            "backend": ctx.backend, "precision": spec.train.precision, "loss": losses,
+            "step_time_s": step_times, "mean_step_time_s": mean_t,
+            "tokens_per_s": tokens_per_step(spec) / mean_t if mean_t > 0 else None,
+            "psi": per_rank[0]["layout"].get("psi"),
+            "ranks": [{"rank": i, **{k: r[k] for k in ("coords", "comm", "memory", "layout",
+                                                        "clock_error_ns", "process_memory")}}
+                      for i, r in enumerate(per_rank)],
+            "notes": per_rank[0]["notes"], "formula_check": formula_check(spec, per_rank),
+            "provenance": backend_provenance(ctx.backend)}
+
+
+def summarize_mp(ctx: RunContext, per_rank: list[dict], schedule: str) -> dict:
+    spec, dims = ctx.spec, ctx.dims
+    p = spec.parallel
+    out = summarize_dp(ctx, [{**r, "losses": [x or 0.0 for x in r["losses"]]}
+                             for r in per_rank])
+    # the rank holding the last stage (pp rank 0 in zbv's V placement) reports the loss
+    last_pp = schedules.rank_of(dims.pp * p.virtual_stages - 1, dims.pp, p.virtual_stages,
+                                schedules.placement_of(schedule))
+    last = [r for r in per_rank if r["coords"]["pp"] == last_pp and r["coords"]["tp"] == 0]
+    out["loss"] = [sum(r["losses"][s] for r in last) / len(last)
+                   for s in range(spec.train.steps)]
+    # measured from the traces by jobs.analysis (the one trace loader and bubble definition:
+    # steady steps, idle / pipeline window, next to the simulator fed this run's stage times)
+    tr = load_run_dir(ctx.out)
+    rows = {r["stage"]: r for r in stage_bubbles_table(tr, spec, None, step_rank_table(tr))}
+    memory = stage_memory(tr)
+    out["pipeline"] = {
+        "schedule": schedule, "p": dims.pp, "m": p.microbatches, "v": p.virtual_stages,
+        "stages": {str(s): {"idle_fraction": rows.get(s, {}).get("measured_idle_fraction"),
+                            "simulated_idle_fraction": rows.get(s, {}).get("simulated"),
+                            "steps": rows.get(s, {}).get("steps"), **memory.get(s, {})}
+                   for s in range(dims.pp)},
+        "closed_form_bubble": schedules.closed_form_bubble(schedule, dims.pp, p.microbatches,
+                                                           p.virtual_stages),
+        "convention": schedules.CONVENTION, "partition": ctx.partition}
+    by_axis: dict = {}
+    for r in axis_bytes_table(tr):
+        by_axis.setdefault(str(r["rank"]), {})[r["axis"]] = r["bytes_sent"]
+    out["bytes_by_axis"] = by_axis
+    out["mesh"] = {"pp": dims.pp, "dp": dims.dp, "tp": dims.tp}
+    return out
+
+
+def stage_memory(tr: Traces) -> dict[int, dict]:
+    """pp -> peak in-flight micro-batches (chunks) and activation bytes over the stage's ranks
+    (the pipeline runtimes' `mem` records)."""
+    out: dict = {}
+    for rank, recs in tr.ranks.items():
+        cur = out.setdefault(int(tr.coords(rank).get("pp", rank) or 0),
+                             {"peak_inflight_microbatches": 0, "peak_activation_bytes": 0})
+        for r in recs:
+            if r.get("type") == "mem" and "inflight_microbatches" in r:
+                cur["peak_inflight_microbatches"] = max(cur["peak_inflight_microbatches"],
+                                                        r["inflight_microbatches"])
+                cur["peak_activation_bytes"] = max(cur["peak_activation_bytes"],
+                                                   r.get("activations", 0))
+    return dict(sorted(out.items()))
+
+
+def _str_keys(obj):
+    """JSON-ready: dict keys as strings, tuples as lists, all the way down."""
+    if isinstance(obj, dict):
+        return {str(k): _str_keys(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_str_keys(v) for v in obj]
+    return obj
+
+
+def formula_check(spec: JobSpec, per_rank: list[dict]) -> dict:
+    """Per rank: the seeds' traffic per step and model-state bytes next to what was measured
+    (trace records; state after the last step), with the deviation and, for native engines,
+    why it deviates. Reference engines match exactly up to the padding shown."""
+    label, t = spec.strategy, spec.train
+    if label not in ("dp-ps", "dp-allreduce", "ddp", "zero1", "zero2", "zero3", "fsdp"):
+        return {}
+    n = spec.parallel.dp
+    psi = per_rank[0]["layout"]["psi"]
+    elem = 2 if t.precision == "bf16" else 4
+    rows = []
+    for i, r in enumerate(per_rank):
+        f = comm_per_step(label, n, psi * elem, rank=i,
+                          rounds=t.grad_accum * spec.parallel.microbatches)
+        steps = {int(k): v for k, v in r["comm_by_step"].items() if int(k) >= 0}
+        sent = [steps.get(s, [0.0, 0.0])[0] for s in range(t.steps)]
+        recv = [steps.get(s, [0.0, 0.0])[1] for s in range(t.steps)]
+        fm = model_state(label, n, psi, t.precision, t.fp32_grads, rank=i)
+        last = [x for x in r["memory"]["phases"] if x["phase"] == "after_step"][-1]
+        mm = {k: last.get(k, 0) for k in fm}
+        rows.append({"rank": i, "bytes_sent_formula": f["bytes_sent"],
+                     "bytes_recv_formula": f["bytes_recv"], "bytes_sent_per_step": sent,
+                     "bytes_recv_per_step": recv,
+                     "bytes_sent_deviation": [x - f["bytes_sent"] for x in sent],
+                     "memory_formula": fm, "memory_measured": mm,
+                     "memory_deviation": {k: mm[k] - fm[k] for k in fm}})
+    engine = spec.parallel.engine
+    key = "zero3" if label == "fsdp" else label
+    return {"strategy": label, "engine": engine, "psi": psi, "comm_ops": f["ops"],
+            "padding_elems": per_rank[0]["layout"].get("padding_elems", 0),
+            "explanation": (NATIVE_DEVIATIONS.get(key, "") if engine == "native" else
+                            "reference engine: equals the seeds' formula (padding aside)"),
+            "ranks": rows}

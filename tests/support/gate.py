@@ -1,0 +1,92 @@
+"""The correctness gate's single-process reference and comparisons (tests only).
+
+Every strategy x engine is compared with one process training the same global batches:
+  - gradients after step 0 (reduced, averaged, gathered to full shape), fp32, rel. 1e-5;
+  - parameters after the last step, and the loss curve, with Adam and with plain SGD
+    (SGD moves by lr * gradient, so a constant gradient scale (a missing 1/dp or 1/m)
+    shows; Adam normalises it away);
+  - bf16 runs against a bf16 single process (the same bf16 compute, fp32 masters).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from jobs.data import global_batch
+from jobs.models import model_module
+from jobs.parallel.base import make_optimizer
+
+TOL = 1e-5  # fp32: relative error of gradients / parameters / losses
+
+
+def reference(spec) -> dict:
+    """{"params": after the last step, "grads": after step 0, "loss": per step} of a single
+    process (plain torch in fp32; the Single strategy's bf16 compute with fp32 masters)."""
+    mod = model_module(spec.model.arch)
+    model = mod.build(spec.model, spec.train.seed)
+    t = spec.train
+    if t.precision == "bf16":
+        from jobs.parallel.data import Single
+        st = Single(model, lr=t.lr, precision="bf16", fp32_grads=t.fp32_grads,
+                    optimizer=t.optimizer)
+        fwd, params, step = st.forward, st.full_parameters, st.step
+        zero, grads = st.zero_grad, st.full_grads
+    else:
+        opt = make_optimizer(model.parameters(), t.optimizer, t.lr)
+        fwd, step, zero = model, opt.step, opt.zero_grad
+
+        def params():
+            return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+        def grads():
+            return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    out: dict = {"loss": []}
+    for s in range(t.steps):
+        x, y = global_batch(spec, s)
+        zero()
+        loss = mod.loss_fn(fwd(x).float(), y)
+        loss.backward()
+        out["loss"].append(float(loss.detach()))
+        if s == 0:
+            out["grads"] = grads()
+        step()
+    out["params"] = params()
+    return out
+
+
+def rel_err(got: dict, ref: dict) -> float:
+    """||got - ref|| / ||ref|| over every tensor (the names must match)."""
+    assert set(got) == set(ref), sorted(set(got) ^ set(ref))
+    num = sum(float((got[k].float() - ref[k].float()).pow(2).sum()) for k in ref)
+    den = sum(float(ref[k].float().pow(2).sum()) for k in ref)
+    return (num / den) ** 0.5
+
+
+def max_abs(got: dict, ref: dict) -> float:
+    return max(float((got[k].float() - ref[k].float()).abs().max()) for k in ref)
+
+
+def loss_err(got: list[float], ref: list[float]) -> float:
+    return max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(got, ref, strict=True))
+
+
+def assemble(out: Path, ref: dict, what: str = "params") -> dict:
+    """Full tensors from every dp-0 rank's `{what}-rank{R}.pt` (tp shards concatenated)."""
+    shards: dict = {}
+    for f in sorted(out.glob(f"{what}-rank*.pt")):
+        d = torch.load(f)
+        if d["coords"]["dp"]:
+            continue
+        for n, t in d["params"].items():
+            shards.setdefault(n, {})[d["coords"]["tp"]] = t
+    full = {}
+    for n, by_tp in shards.items():
+        parts = [by_tp[i] for i in sorted(by_tp)]
+        if parts[0].shape == ref[n].shape:
+            full[n] = parts[0]
+        else:
+            dim = 0 if parts[0].shape[0] != ref[n].shape[0] else 1
+            full[n] = torch.cat(parts, dim)
+    return full
