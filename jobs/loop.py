@@ -19,6 +19,7 @@ from jobs.context import RunContext
 from jobs.data import local_microbatches
 from jobs.dumps import dump_grads
 from jobs.memory import MemoryBook, process_memory
+from jobs.summary import loss_weight
 
 
 def train_loop(ctx: RunContext, comp) -> dict:
@@ -27,6 +28,7 @@ def train_loop(ctx: RunContext, comp) -> dict:
     rounds = spec.train.grad_accum * spec.parallel.microbatches
     dp_rank = ctx.dims.coords(ctx.rank)["dp"]
     book = MemoryBook()
+    weight = loss_weight(ctx, ctx.rank, comp.schedule if comp.model_parallel else None)
     losses, step_times = [], []
     # the profiler counts every collective of the run: no dump gathers under it
     dump = (os.environ.get("PARALAB_DUMP_PARAMS") == "1"
@@ -48,8 +50,11 @@ def train_loop(ctx: RunContext, comp) -> dict:
         t0 = tr.now()
         mbs = local_microbatches(spec, step, dp_rank, ctx.dims.dp, rounds, ctx.device)
         strategy.zero_grad()
-        with tr.span("step", cat="step"), strategy.comm_context(), comp.loss_context():
+        with tr.span("step", cat="step") as rec, strategy.comm_context(), \
+                comp.loss_context():
             loss = runner.run(mbs, sample)
+            if loss is not None and weight:  # the live page's loss (jobs.summary.loss_weight)
+                rec.update(loss=loss, loss_weight=weight)
             with tr.span("grad_sync", cat="comm"):
                 strategy.finish_grads()
             sample("after_backward")
@@ -59,6 +64,9 @@ def train_loop(ctx: RunContext, comp) -> dict:
             dump_grads(ctx, comp)  # (the optimizer step leaves the reduced gradients alone)
         losses.append(loss)
         step_times.append((tr.now() - t0) / 1e9)
+        if weight:  # a line per step as it ends (the log is live); this rank's own samples
+            print(f"step {step} loss {loss:.6f} (this rank's samples) time "
+                  f"{step_times[-1] * 1e3:.1f} ms", flush=True)
         if comp.model_parallel or getattr(tr, "cuda", False):
             tr.flush()  # CUDA-event records resolve on the main thread only
     if prof is not None:

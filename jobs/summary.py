@@ -31,6 +31,35 @@ def backend_provenance(backend: str) -> dict:
     return info
 
 
+def loss_weight(ctx: RunContext, rank: int, schedule: str | None) -> float:
+    """This rank's share of the global-batch loss: the loss of a step is the weighted sum of
+    the ranks' local losses (each the mean over that rank's samples). Data parallel: one rank
+    per DP replica, 1/dp each (replicas hold equal sizes). Model parallel: the ranks holding
+    the last pipeline stage (pp rank 0 in zbv's V placement) at tp 0, equally. The one rule the
+    summary, the per-step log lines and the traces' `step` spans (`loss_weight`) all use."""
+    dims, world = ctx.dims, ctx.world
+    if schedule is None:
+        stride = max(1, world // dims.dp)
+        return 1.0 / dims.dp if rank % stride == 0 else 0.0
+    p = ctx.spec.parallel
+    last_pp = schedules.rank_of(dims.pp * p.virtual_stages - 1, dims.pp, p.virtual_stages,
+                                schedules.placement_of(schedule))
+
+    def holds(r: int) -> bool:
+        c = dims.coords(r)
+        return c["pp"] == last_pp and c["tp"] == 0
+
+    if not holds(rank):
+        return 0.0
+    return 1.0 / sum(holds(r) for r in range(world))
+
+
+def global_losses(ctx: RunContext, per_rank: list[dict], schedule: str | None) -> list[float]:
+    w = [loss_weight(ctx, r, schedule) for r in range(ctx.world)]
+    return [sum(w[r] * (per_rank[r]["losses"][s] or 0.0) for r in range(ctx.world) if w[r])
+            for s in range(ctx.spec.train.steps)]
+
+
 def summarize(ctx: RunContext, per_rank: list[dict], comp) -> dict:
     if comp.model_parallel:
         return _str_keys(summarize_mp(ctx, per_rank, comp.schedule))
@@ -39,11 +68,7 @@ def summarize(ctx: RunContext, per_rank: list[dict], comp) -> dict:
 
 def summarize_dp(ctx: RunContext, per_rank: list[dict]) -> dict:
     spec, world = ctx.spec, ctx.world
-    dp = ctx.dims.dp
-    # loss: each rank's value is the mean over its samples; the global-batch mean averages the
-    # DP replicas (equal sizes), so it is the same number whatever the strategy.
-    losses = [sum(r["losses"][s] for r in per_rank[:: max(1, world // dp)]) / dp
-              for s in range(spec.train.steps)]
+    losses = global_losses(ctx, per_rank, None)
     step_times = [max(r["step_times"][s] for r in per_rank) for s in range(spec.train.steps)]
     steady = step_times[1:] or step_times
     mean_t = sum(steady) / len(steady)
@@ -64,12 +89,7 @@ def summarize_mp(ctx: RunContext, per_rank: list[dict], schedule: str) -> dict:
     p = spec.parallel
     out = summarize_dp(ctx, [{**r, "losses": [x or 0.0 for x in r["losses"]]}
                              for r in per_rank])
-    # the rank holding the last stage (pp rank 0 in zbv's V placement) reports the loss
-    last_pp = schedules.rank_of(dims.pp * p.virtual_stages - 1, dims.pp, p.virtual_stages,
-                                schedules.placement_of(schedule))
-    last = [r for r in per_rank if r["coords"]["pp"] == last_pp and r["coords"]["tp"] == 0]
-    out["loss"] = [sum(r["losses"][s] for r in last) / len(last)
-                   for s in range(spec.train.steps)]
+    out["loss"] = global_losses(ctx, per_rank, schedule)
     # measured from the traces by jobs.analysis (the one trace loader and bubble definition:
     # steady steps, idle / pipeline window, next to the simulator fed this run's stage times)
     tr = load_run_dir(ctx.out)

@@ -71,9 +71,9 @@ def run_in_group(spec: JobSpec, out: Path, backend: str) -> dict | None:
         if rank == 0:
             summary = summarize(ctx, gathered, comp)
             (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-            for s, (loss, t) in enumerate(zip(summary.get("loss", []),
-                                              summary.get("step_time_s", []), strict=False)):
-                print(f"step {s} loss {loss:.6f} time {t * 1e3:.1f} ms", flush=True)
+            if summary.get("loss"):
+                print(f"done: {len(summary['loss'])} steps, final loss "
+                      f"{summary['loss'][-1]:.6f} (global batch)", flush=True)
         tracer.close("ok")
     except BaseException as exc:
         tracer.close(f"error: {type(exc).__name__}")

@@ -121,7 +121,11 @@ def step_row(step: int, rank: int, coords: dict, recs: list[dict],
             "pipeline_idle_s": iv.length(pipe_idle) / NS if window is not None else None,
             "idle_s": max(0, (t1 - t0) - busy) / NS,
             "overlap_pct": 100.0 * overlap / comm_ns if comm_ns else None,
-            "comm_ops": len(comms), "has_step_span": bool(steps)}
+            "comm_ops": len(comms), "has_step_span": bool(steps),
+            # the job's loss over this rank's samples, and its share of the global-batch loss
+            # (jobs.summary.loss_weight): on the ranks whose loss counts
+            "loss": steps[0].get("loss") if steps else None,
+            "loss_weight": steps[0].get("loss_weight") if steps else None}
 
 
 def step_rank_table(tr: Traces) -> list[dict]:
@@ -187,12 +191,29 @@ def tokens_per_step(spec: dict | None) -> int | None:
     return int(gb) * (int(model.get("seq_len", 1)) if model.get("arch") == "gpt" else 1)
 
 
+def traced_losses(step_rows: list[dict]) -> dict[int, float]:
+    """Global-batch loss per step from the `step` spans (what a run that never wrote its
+    summary still has): the weighted sum of the ranks' losses, for the steps where every
+    rank that counts finished (weights summing to 1)."""
+    acc: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for r in sorted(step_rows, key=lambda r: (r["step"], r["rank"])):
+        if r.get("loss") is not None and r.get("loss_weight"):
+            a = acc[r["step"]]
+            a[0] += r["loss_weight"] * r["loss"]
+            a[1] += r["loss_weight"]
+    return {s: v for s, (v, w) in acc.items() if abs(w - 1.0) < 1e-9}
+
+
 def throughput_table(step_rows: list[dict], spec: dict | None, summary: dict | None) -> list:
-    """Per step: step time (slowest rank's step span), tokens/s, loss (from summary.json)."""
+    """Per step: step time (slowest rank's step span), tokens/s, loss (summary.json's, else
+    from the traces: a cancelled or live run)."""
     by_step: dict[int, list[float]] = defaultdict(list)
     for r in step_rows:
         by_step[r["step"]].append(r["step_s"])
     losses = (summary or {}).get("loss") or []
+    if not losses:
+        traced = traced_losses(step_rows)
+        losses = [traced.get(s) for s in range(max(traced) + 1)] if traced else []
     tokens = tokens_per_step(spec)
     rows = []
     for step in sorted(set(by_step) | set(range(len(losses)))):

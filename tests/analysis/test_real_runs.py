@@ -111,3 +111,24 @@ def test_pipeline_run_bubble_split_and_bytes(pp, pp_run):
     assert sr and all(r["complete"] and r["ranks"] == [0, 1] for r in sr)
     state = [r for r in pp["tables"]["memory"] if r["component"] == "model_state"]
     assert len(state) == 2 and all(abs(r["error_pct"]) <= 2.0 for r in state)
+
+
+@pytest.mark.parametrize("which", ["zero3_run", "pp_run"])
+def test_traced_losses_are_the_summary_losses(which, request):
+    """A run that never writes its summary (cancelled, live) keeps its loss curve: the step
+    spans' losses, weighted as jobs.summary.loss_weight says, give the summary's numbers."""
+    from jobs.analysis.load import load_run_dir
+    from jobs.analysis.steps import step_rank_table, throughput_table, traced_losses
+
+    tr = load_run_dir(request.getfixturevalue(which))
+    rows = step_rank_table(tr)
+    want = tr.summary["loss"]
+    got = traced_losses(rows)
+    assert sorted(got) == list(range(len(want)))
+    assert [got[s] for s in range(len(want))] == approx(want, rel=1e-12, abs=0)
+    weights = {r["rank"]: r["loss_weight"] for r in rows if r["loss_weight"]}
+    assert sum(weights.values()) == approx(1.0)
+    if which == "pp_run":  # only the last stage's rank counts
+        assert list(weights) == [1]
+    live = throughput_table(rows, tr.spec_dict(), None)
+    assert [r["loss"] for r in live] == approx(want, rel=1e-12, abs=0)

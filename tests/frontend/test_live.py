@@ -17,11 +17,11 @@ LONG = {"preset": "ddp", "name": "live ddp", "train": {"steps": 300},
                   "t_backward_input": 0.01, "t_backward_weight": 0.01}}
 
 
-def steps_on_page(page) -> int:
-    """Steps drawn on the step-time curve."""
-    return page.evaluate("""() => {
-        const d = document.getElementById('throughput-chart').data;
-        return d && d.length ? d[0].x.length : 0 }""")
+def steps_on_page(page, chart: str = "throughput-chart") -> int:
+    """Steps drawn on the step-time (or loss) curve."""
+    return page.evaluate("""(id) => {
+        const d = document.getElementById(id).data;
+        return d && d.length ? d[0].x.length : 0 }""", chart)
 
 
 def test_the_page_is_live_and_a_cancelled_run_keeps_its_steps(svc, page):
@@ -33,11 +33,13 @@ def test_the_page_is_live_and_a_cancelled_run_keeps_its_steps(svc, page):
     expect(card).not_to_have_attribute("data-value", "", timeout=60_000)
     first = steps_on_page(page)
     assert first >= 1
+    wait_for(lambda: steps_on_page(page, "loss-chart") >= 1, 60, "a loss point")
     # the page keeps growing without a reload while the run goes
     wait_for(lambda: steps_on_page(page) > first, 120, "more steps on the live page")
     assert svc.run(rid)["status"] == "running"
     # log lines arrive while the run goes (the [paralab] launch line at least, then rank lines)
     expect(page.locator("#log")).to_contain_text("launching on")
+    expect(page.locator("#log")).to_contain_text("step 3 loss")  # a line per step, as it ends
     shot(page, "run-live")
     # cancel at ~100 steps (asked to confirm); the page keeps every step it saw
     wait_for(lambda: steps_on_page(page) >= 100 or svc.run(rid)["status"] != "running", 240,
@@ -51,4 +53,7 @@ def test_the_page_is_live_and_a_cancelled_run_keeps_its_steps(svc, page):
     kept = [r for r in m["tables"]["throughput"] if r["step_s"] is not None]
     assert len(kept) >= 90, len(kept)
     assert steps_on_page(page) == len(kept)
+    losses = [r for r in m["tables"]["throughput"] if r["loss"] is not None]
+    assert len(losses) >= 90
+    assert steps_on_page(page, "loss-chart") == len(losses)
     shot(page, "run-cancelled")

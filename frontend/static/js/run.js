@@ -176,7 +176,7 @@ async function refreshLive() {
     analysis = a;
     renderCards();
     await Promise.allSettled([mountCurves(a, $("#loss-chart"), $("#throughput-chart")),
-      mountMemory(a, $("#memory-chart"), $("#memory-table"))]);
+      mountMemory(a, $("#memory-chart"), $("#memory-table")), mountComm(a, null)]);
     const steps = (await api.ganttSteps(run.id)).steps.map((x) => x.step);
     if (!chartsLoaded && steps.length) {
       if (!gantt) gantt = await mountGantt(run.id, true, headlineOf(a));
