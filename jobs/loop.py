@@ -47,7 +47,6 @@ def train_loop(ctx: RunContext, comp) -> dict:
         prof.__enter__()
     for step in range(spec.train.steps):
         tr.step = step
-        t0 = tr.now()
         mbs = local_microbatches(spec, step, dp_rank, ctx.dims.dp, rounds, ctx.device)
         strategy.zero_grad()
         with tr.span("step", cat="step") as rec, strategy.comm_context(), \
@@ -63,12 +62,13 @@ def train_loop(ctx: RunContext, comp) -> dict:
         if step == 0 and dump:  # outside the traced step: the gathers are not the run's
             dump_grads(ctx, comp)  # (the optimizer step leaves the reduced gradients alone)
         losses.append(loss)
-        step_times.append((tr.now() - t0) / 1e9)
+        if comp.model_parallel or getattr(tr, "cuda", False):
+            tr.flush()  # CUDA-event records resolve on the main thread only
+        # the step span's duration (device time once resolved): the number the analysis reads
+        step_times.append(rec["dur_ns"] / 1e9)
         if weight:  # a line per step as it ends (the log is live); this rank's own samples
             print(f"step {step} loss {loss:.6f} (this rank's samples) time "
                   f"{step_times[-1] * 1e3:.1f} ms", flush=True)
-        if comp.model_parallel or getattr(tr, "cuda", False):
-            tr.flush()  # CUDA-event records resolve on the main thread only
     if prof is not None:
         prof.__exit__(None, None, None)
         counts: dict[str, int] = {}

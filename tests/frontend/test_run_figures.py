@@ -20,7 +20,6 @@ from tests.frontend.browser import shot
 
 RUN_DONE_S = 300
 STEPS = 4
-SKIP_SUMMARY = True  # TEMP until the jobs branch lands
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +78,7 @@ def test_endpoint_figures_equal_the_exported_tables(svc, runs):
         assert h["step_time_s"] == sorted(thr[s] for s in (1, 2, 3))[1]  # median of steps 1-3
         # the job's own step times (its log lines) are the slowest rank's step spans
         summary = svc.run(rid)["summary"]
-        assert SKIP_SUMMARY or [round(t, 9) for t in summary["step_time_s"]] == \
+        assert [round(t, 9) for t in summary["step_time_s"]] == \
             [round(thr[s], 9) for s in range(STEPS)], kind
         # overlap is defined once: the ranks table and the headline agree with step_rank
         use = [r for r in m["tables"]["step_rank"] if r["step"] >= 1]
