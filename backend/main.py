@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 import logging
 import time
 from pathlib import Path
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from backend import crud
 from backend.api.routes import (
@@ -31,6 +34,7 @@ from backend.auth import AuthMiddleware
 from backend.core.config import Settings, get_settings
 from backend.core.db import get_sessionmaker
 from backend.core.security import LoginThrottle, check_startup
+from backend.errors import DomainError, NotFound
 from jobs.spec import json_schema
 
 log = logging.getLogger(__name__)
@@ -60,6 +64,19 @@ async def _reaper(app: FastAPI) -> None:
             log.exception("reaper round failed")
 
 
+def _is_api(path: str) -> bool:
+    return path == "/api" or path.startswith("/api/")
+
+
+def _html_404(message: str) -> HTMLResponse:
+    """Pages answer a person: a small HTML page with a way back, not JSON."""
+    return HTMLResponse(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Not found - "
+        "paralab</title><link rel=\"stylesheet\" href=\"/static/css/app.css\"></head><body>"
+        f"<main id=\"content\"><h1>Not found</h1><p>{html.escape(message)}</p>"
+        "<p><a href=\"/\">Back to the runs</a></p></main></body></html>", status_code=404)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     # Team mode refuses to start without a real secret key (ConfigError); the bind address is
@@ -81,6 +98,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         "addr": LoginThrottle(settings.login_max_failures_per_client, settings.login_window_s)}
     # Identity on every request, deny by default in team mode (backend/auth.py).
     app.add_middleware(AuthMiddleware, settings=settings)
+
+    @app.exception_handler(DomainError)
+    async def _domain(request: Request, exc: DomainError):
+        # The one place domain errors become HTTP: status from the class, {"detail": ...}.
+        if exc.status == 404 and not _is_api(request.url.path):
+            return _html_404(str(exc))
+        return JSONResponse({"detail": exc.detail}, exc.status, headers=exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 404 and not _is_api(request.url.path):
+            return _html_404("no page here")
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_request, exc: RequestValidationError):
@@ -122,6 +152,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/api/{rest:path}", include_in_schema=False)
     def api_404(rest: str):
-        raise HTTPException(404, f"no API route /api/{rest}")
+        raise NotFound(f"no API route /api/{rest}")
 
     return app

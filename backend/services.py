@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fastapi import HTTPException
 from sqlalchemy.orm import Session
 
 from backend import crud, permissions
 from backend.auth import Principal, audit
 from backend.core.config import Settings
+from backend.errors import Invalid, Unavailable
 from backend.models import Run
 from jobs.spec import JobSpec, SpecError, parse_spec
 from jobs.theory import predict
@@ -65,7 +65,8 @@ def memory_gate(db: Session, settings: Settings, spec: JobSpec) -> dict | None:
 def submit(db: Session, settings: Settings, body: dict[str, Any], *,
            owner: str | Principal, force: bool = False, client: str | None = None) -> Run:
     """Validate, gate on predicted memory, store, then enqueue the run's ID. Nothing is stored
-    when validation fails; when the broker refuses the message, the run is removed (503).
+    when validation fails (Invalid); when the broker refuses the message, the run is removed
+    (Unavailable).
     `owner` is the submitting Principal (its role and per-user limits are checked and the
     submission is audited) or, for callers without accounts, a bare username."""
     user = owner if isinstance(owner, Principal) else None
@@ -79,18 +80,18 @@ def submit(db: Session, settings: Settings, body: dict[str, Any], *,
     except SpecError as exc:
         errors += [{**e, "loc": ["body", *e["loc"]]} for e in exc.errors]
     if errors:
-        raise HTTPException(422, errors)
+        raise Invalid(errors=errors)
     if user is not None:
         permissions.check_submit_limits(db, user, spec.world_size)
     if not force and (refusal := memory_gate(db, settings, spec)):
-        raise HTTPException(422, [refusal])
+        raise Invalid(errors=[refusal])
     run = crud.create_run(db, spec, owner=owner, tags=tags, notes=notes)
     try:
         enqueue_run(settings, run.id, run.queue)
     except Exception as exc:
         log.exception("enqueue of run %s failed", run.id)
         crud.delete_run(db, run.id)
-        raise HTTPException(503, f"the job queue is unavailable: {exc}") from exc
+        raise Unavailable(f"the job queue is unavailable: {exc}") from exc
     audit(db, owner, "run.submit", run.id, {"name": run.name, "strategy": run.strategy,
                                             "world_size": run.world_size, "queue": run.queue,
                                             **({"force": True} if force else {})}, client)

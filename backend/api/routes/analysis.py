@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Query
 from fastapi.responses import FileResponse, Response
 
 from backend import crud, gantt, run_traces
 from backend.api.deps import DbDep, RunDep, SettingsDep
+from backend.errors import Invalid, NotFound
 from backend.storage import resolve_run_path
 from jobs.analysis import PERFETTO_FILE, TABLES, tables_to_csv
 from jobs.analysis.history import bandwidth_vs_sweep
@@ -25,8 +26,8 @@ router = APIRouter(prefix="/api", tags=["analysis"])
 _TABLE_DOC = f"one table: {', '.join(TABLES)}"
 
 
-def _bad_query(field: str, msg: str) -> HTTPException:
-    return HTTPException(422, [{"loc": ["query", field], "msg": msg, "type": "value_error"}])
+def _bad_query(field: str, msg: str) -> Invalid:
+    return Invalid(msg, field=field, where="query")
 
 
 def _check_table(table: str | None) -> None:
@@ -37,7 +38,7 @@ def _check_table(table: str | None) -> None:
 def load_analysis(settings, run) -> dict:
     a = run_traces.analysis(settings.runs_dir / run.id, run.spec)
     if a is None:
-        raise HTTPException(404, f"run {run.id} has no analysis yet (status {run.status}): no "
+        raise NotFound(f"run {run.id} has no analysis yet (status {run.status}): no "
                                  "trace has been written")
     return a
 
@@ -87,7 +88,7 @@ def export_run(run: RunDep, settings: SettingsDep,
     if format == "perfetto":
         path = resolve_run_path(settings.runs_dir, run.id, PERFETTO_FILE)
         if not path.is_file():
-            raise HTTPException(404, f"run {run.id} has no Perfetto trace yet (status "
+            raise NotFound(f"run {run.id} has no Perfetto trace yet (status "
                                      f"{run.status}): the worker writes it when the job ends")
         return FileResponse(path, media_type="application/json",
                             filename=f"paralab-{run.id}.perfetto.json")
@@ -111,7 +112,7 @@ def export_run(run: RunDep, settings: SettingsDep,
 def _gantt_trace(settings, run) -> gantt.Trace:
     rt = run_traces.get(settings.runs_dir / run.id)
     if rt is None:
-        raise HTTPException(404, f"run {run.id} has no trace files (yet)")
+        raise NotFound(f"run {run.id} has no trace files (yet)")
     return run_traces.derived(rt, "gantt", gantt.columns)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
-from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
@@ -14,6 +14,7 @@ from backend import auth, permissions
 from backend.api.deps import DbDep, SettingsDep, UserDep
 from backend.core import security
 from backend.core.db import get_sessionmaker
+from backend.errors import Forbidden, Invalid, NotFound, TooManyAttempts
 from backend.models import ApiToken, User
 
 router = APIRouter(prefix="/api/auth", tags=["accounts"])
@@ -77,14 +78,13 @@ async def login(request: Request, body: LoginIn, settings: SettingsDep) -> JSONR
                              "next": auth.safe_next(body.next)})
     if security.origin_allowed(dict(request.headers), request.url.scheme,
                                settings.trusted_origins) is False:
-        raise HTTPException(403, "cross-site login refused (Origin)")
+        raise Forbidden("cross-site login refused (Origin)")
     throttles: dict[str, security.LoginThrottle] = request.app.state.login_throttle
     client = auth.client_address(request)
     keys = {"user": body.username.strip().lower(), "addr": client}
     wait = max(t.retry_after([keys[k]]) for k, t in throttles.items())
     if wait > 0:
-        return JSONResponse({"detail": "too many failed logins; try again later"}, 429,
-                            headers={"Retry-After": str(int(wait) + 1)})
+        raise TooManyAttempts("too many failed logins; try again later", retry_after_s=wait)
     result = await run_in_threadpool(_check_login, settings, body, client)
     if result is None:
         for k, t in throttles.items():
@@ -147,13 +147,12 @@ def change_password(request: Request, db: DbDep, settings: SettingsDep, user: Us
     if settings.auth != "required" or row is None or not security.verify_password(
             settings, row.password_hash if row.password_hash.startswith("$") else None,
             body.current_password):
-        raise HTTPException(403, "current password does not match")
+        raise Forbidden("current password does not match")
     try:
         auth.set_password(db, settings, row, body.new_password, actor=user.username,
                           client=auth.client_address(request))
     except ValueError as exc:
-        raise HTTPException(422, [{"loc": ["body", "new_password"], "msg": str(exc),
-                                   "type": "value_error"}]) from exc
+        raise Invalid(str(exc), field="new_password") from exc
     return Response(status_code=204)
 
 
@@ -181,7 +180,7 @@ def revoke_token(request: Request, db: DbDep, user: UserDep, token_id: int) -> R
     row = db.get(ApiToken, token_id)
     if row is None or row.kind != "api" or (
             row.user_id != user.id and not permissions.at_least(user, "admin")):
-        raise HTTPException(404, f"no token {token_id}")
+        raise NotFound(f"no token {token_id}")
     auth.revoke_credential(db, row)
     auth.audit(db, user.username, "token.revoke", f"token {row.id}",
                {"name": row.name, "prefix": row.prefix, "user_id": row.user_id},

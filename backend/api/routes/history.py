@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
-from fastapi import APIRouter, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import select
@@ -16,6 +16,7 @@ from sqlalchemy import select
 from backend import auth, permissions
 from backend.api.deps import DbDep, RunDep, UserDep
 from backend.core.security import render_notes
+from backend.errors import Invalid, NotFound
 from backend.models import Run, SavedComparison, Star
 
 router = APIRouter(prefix="/api", tags=["history"])
@@ -74,8 +75,7 @@ def save_comparison(db: DbDep, user: UserDep, body: ComparisonIn) -> ComparisonO
     found = set(db.scalars(select(Run.id).where(Run.id.in_(body.run_ids))))
     missing = [x for x in body.run_ids if x not in found]
     if missing:
-        raise HTTPException(422, [{"loc": ["body", "run_ids"], "type": "value_error",
-                                   "msg": f"no such runs: {', '.join(missing)}"}])
+        raise Invalid(f"no such runs: {', '.join(missing)}", field="run_ids")
     c = SavedComparison(id=secrets.token_hex(8), name=body.name, owner=user.username,
                         run_ids=body.run_ids)
     db.add(c)
@@ -97,7 +97,7 @@ def list_comparisons(db: DbDep, owner: str | None = None,
 def get_comparison(db: DbDep, comparison_id: str) -> ComparisonOut:
     c = db.get(SavedComparison, comparison_id)
     if c is None:
-        raise HTTPException(404, f"no saved comparison {comparison_id!r}")
+        raise NotFound(f"no saved comparison {comparison_id!r}")
     return ComparisonOut.of(c)
 
 
@@ -105,7 +105,7 @@ def get_comparison(db: DbDep, comparison_id: str) -> ComparisonOut:
 def delete_comparison(db: DbDep, user: UserDep, comparison_id: str) -> Response:
     c = db.get(SavedComparison, comparison_id)
     if c is None:
-        raise HTTPException(404, f"no saved comparison {comparison_id!r}")
+        raise NotFound(f"no saved comparison {comparison_id!r}")
     if c.owner != user.username:
         permissions.require_admin(user, "deleting another user's comparison")
     db.delete(c)

@@ -4,7 +4,7 @@ worker may retry any of them after a timeout or a backend restart."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, BackgroundTasks, HTTPException, Request
+from fastapi import APIRouter, BackgroundTasks, Request
 from starlette.concurrency import run_in_threadpool
 
 from backend import crud, run_traces
@@ -37,10 +37,7 @@ def logs(db: DbDep, run: RunDep, body: LogBatch, _: WorkerDep) -> dict:
 @router.put("/runs/{run_id}/files/{path:path}")
 async def upload(request: Request, run: RunDep, settings: SettingsDep, path: str,
                  _: WorkerDep) -> dict:
-    try:
-        target = resolve_run_path(settings.runs_dir, run.id, path)
-    except ValueError as exc:
-        raise HTTPException(400, str(exc)) from exc
+    target = resolve_run_path(settings.runs_dir, run.id, path)  # UnsafePath: 400
     chunks = [c async for c in request.stream()]
     size, sha = await run_in_threadpool(save_stream, target, chunks)
 

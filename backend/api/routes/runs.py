@@ -7,7 +7,7 @@ import asyncio
 import shutil
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, HTTPException, Query, Request
+from fastapi import APIRouter, Body, Header, Query, Request
 from fastapi.responses import FileResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import select
@@ -19,6 +19,7 @@ from backend.api.deps import DbDep, RunDep, SettingsDep, UserDep
 from backend.api.schemas import FileOut, RunOut
 from backend.auth import Principal, audit, client_address
 from backend.core.db import get_sessionmaker
+from backend.errors import Conflict, Invalid, NotFound
 from backend.models import FINISHED, Run, RunTag, Star
 from backend.storage import resolve_run_path
 
@@ -104,8 +105,7 @@ def list_runs(
     try:
         rows, nxt = crud.list_runs(db, f, sort=sort, cursor=cursor, limit=limit)
     except ValueError as exc:
-        raise HTTPException(422, [{"loc": ["query", "cursor"], "msg": str(exc),
-                                   "type": "value_error"}]) from exc
+        raise Invalid(str(exc), field="cursor", where="query") from exc
     starred = _starred(db, user, [r.id for r in rows])
     return RunViewPage(items=[view(db, user, r, full=False, starred=starred) for r in rows],
                        next_cursor=nxt)
@@ -152,7 +152,7 @@ def delete_run(request: Request, db: DbDep, run: RunDep, user: UserDep,
     """Remove a finished run from the history, with its logs and files."""
     permissions.require_modify_run(user, run, "delete")
     if run.status not in FINISHED:
-        raise HTTPException(409, f"run {run.id} is {run.status}; cancel it first")
+        raise Conflict(f"run {run.id} is {run.status}; cancel it first")
     run_id, detail = run.id, {"owner": run.owner, "name": run.name, "status": run.status}
     audit(db, user.username, "run.delete", run_id, detail, client_address(request),
           commit=False)
@@ -185,7 +185,7 @@ def cancel_run(request: Request, db: DbDep, run: RunDep, settings: SettingsDep,
                user: UserDep) -> RunView:
     permissions.require_modify_run(user, run, "cancel")
     if run.status in FINISHED:
-        raise HTTPException(409, f"run {run.id} already {run.status}")
+        raise Conflict(f"run {run.id} already {run.status}")
     run = services.cancel(db, settings, run, actor=user.username, client=client_address(request))
     return view(db, user, run)
 
@@ -253,10 +253,7 @@ def list_files(db: DbDep, run: RunDep) -> list[FileOut]:
 
 @router.get("/{run_id}/files/{path:path}")
 def download_file(run: RunDep, settings: SettingsDep, path: str) -> FileResponse:
-    try:
-        target = resolve_run_path(settings.runs_dir, run.id, path)
-    except ValueError as exc:
-        raise HTTPException(400, str(exc)) from exc
+    target = resolve_run_path(settings.runs_dir, run.id, path)  # UnsafePath: 400
     if not target.is_file():
-        raise HTTPException(404, f"no file {path!r} in run {run.id}")
+        raise NotFound(f"no file {path!r} in run {run.id}")
     return FileResponse(target, filename=target.name)

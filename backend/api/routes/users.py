@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from backend import auth, permissions
 from backend.api.deps import DbDep, SettingsDep, UserDep
 from backend.api.routes.auth import TokenOut
+from backend.errors import Conflict, Invalid, NotFound
 from backend.models import User
 
 router = APIRouter(prefix="/api/users", tags=["accounts"])
@@ -52,7 +53,7 @@ class UserPatch(BaseModel):
 def _user_or_404(db, username: str) -> User:
     user = auth.get_user(db, username)
     if user is None or user.username == auth.LOCAL_USERNAME:
-        raise HTTPException(404, f"no user {username!r}")
+        raise NotFound(f"no user {username!r}")
     return user
 
 
@@ -72,9 +73,7 @@ def create_user(request: Request, db: DbDep, settings: SettingsDep, user: UserDe
                                max_world_size=body.max_world_size, actor=user.username,
                                client=auth.client_address(request))
     except ValueError as exc:
-        field = str(exc).split(":", 1)[0]
-        raise HTTPException(422, [{"loc": ["body", field], "msg": str(exc),
-                                   "type": "value_error"}]) from exc
+        raise Invalid(str(exc)) from exc
     return UserOut.of(new)
 
 
@@ -98,7 +97,7 @@ def update_user(request: Request, db: DbDep, settings: SettingsDep, user: UserDe
             changes.pop(k)
     if target.username == user.username and (changes.get("role", "admin") != "admin"
                                               or changes.get("is_active") is False):
-        raise HTTPException(409, "an admin cannot demote or deactivate themselves")
+        raise Conflict("an admin cannot demote or deactivate themselves")
     client = auth.client_address(request)
     try:
         if changes:
@@ -107,8 +106,7 @@ def update_user(request: Request, db: DbDep, settings: SettingsDep, user: UserDe
             auth.set_password(db, settings, target, password, actor=user.username,
                               client=client)
     except ValueError as exc:
-        raise HTTPException(422, [{"loc": ["body", str(exc).split(":", 1)[0]],
-                                   "msg": str(exc), "type": "value_error"}]) from exc
+        raise Invalid(str(exc)) from exc
     return UserOut.of(target)
 
 
