@@ -12,25 +12,25 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from backend import crud
+from backend.api.middleware import AuthMiddleware
+from backend.api.routes import auth as auth_routes
 from backend.api.routes import (
-    analysis,
     history,
     internal,
     meta,
+    pages,
     predict,
     runs,
     schedules,
+    sweeps,
     users,
-    views,
 )
-from backend.api.routes import auth as auth_routes
-from backend.auth import AuthMiddleware
 from backend.core.config import Settings, get_settings
 from backend.core.db import get_sessionmaker
 from backend.core.security import LoginThrottle, check_startup
@@ -96,7 +96,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.login_throttle = {
         "user": LoginThrottle(settings.login_max_failures, settings.login_window_s),
         "addr": LoginThrottle(settings.login_max_failures_per_client, settings.login_window_s)}
-    # Identity on every request, deny by default in team mode (backend/auth.py).
+    # Identity on every request, deny by default in team mode (backend/api/middleware.py).
     app.add_middleware(AuthMiddleware, settings=settings)
 
     @app.exception_handler(DomainError)
@@ -118,17 +118,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   for e in exc.errors()]
         return JSONResponse({"detail": errors}, status_code=422)
 
-    app.include_router(runs.router)
+    app.include_router(runs.router)  # every /api/runs/... (routes/runs/)
     app.include_router(meta.router)
     app.include_router(internal.router)
     app.include_router(predict.router)
-    app.include_router(analysis.router)
-    app.include_router(views.router)
+    app.include_router(sweeps.router)
     app.include_router(schedules.router)
     app.include_router(auth_routes.router)
-    app.include_router(auth_routes.pages)
     app.include_router(users.router)
     app.include_router(history.router)
+    app.include_router(pages.router)  # every HTML page
     app.mount("/static", StaticFiles(directory=FRONTEND / "static"), name="static")
 
     default_openapi = app.openapi
@@ -145,10 +144,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return app.openapi_schema
 
     app.openapi = openapi
-
-    @app.get("/", include_in_schema=False)
-    def index() -> FileResponse:
-        return FileResponse(FRONTEND / "templates" / "index.html")
 
     @app.get("/api/{rest:path}", include_in_schema=False)
     def api_404(rest: str):

@@ -1,8 +1,8 @@
 """Who may do what: the one place roles are interpreted.
 
-viewer: read everything (runs, logs, files, comparisons), star runs, save comparisons, manage
-        their own API tokens.
-member: also submit runs; cancel, edit and delete their own runs.
+viewer: read everything (runs, logs, files, comparisons) and manage their own API tokens and
+        password; writes nothing else (no stars, no saved comparisons, no runs).
+member: also submit runs; cancel, edit and delete their own runs; star runs; save comparisons.
 admin:  everything, including other people's runs, users and the audit log.
 
 Per-user limits (concurrent queued+running runs, maximum world size) are checked at submit.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from backend.auth import Principal
+from backend.core.identity import Principal
 from backend.errors import Forbidden
 from backend.models import Run, User
 
@@ -37,6 +37,11 @@ def can_modify_run(user: Principal, run: Run) -> bool:
 def require_role(user: Principal, role: str, what: str) -> None:
     if not at_least(user, role):
         raise Forbidden(f"{what} needs the {role} role (you are {user.role})")
+
+
+def require_member(user: Principal, what: str) -> None:
+    """Any write to the shared history (stars, saved comparisons): viewers are read-only."""
+    require_role(user, "member", what)
 
 
 def require_submit(user: Principal) -> None:

@@ -8,8 +8,8 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from backend import crud, permissions
-from backend.auth import Principal, audit
 from backend.core.config import Settings
+from backend.core.identity import Principal
 from backend.errors import Invalid, Unavailable
 from backend.models import Run
 from jobs.spec import JobSpec, SpecError, parse_spec
@@ -92,7 +92,7 @@ def submit(db: Session, settings: Settings, body: dict[str, Any], *,
         log.exception("enqueue of run %s failed", run.id)
         crud.delete_run(db, run.id)
         raise Unavailable(f"the job queue is unavailable: {exc}") from exc
-    audit(db, owner, "run.submit", run.id, {"name": run.name, "strategy": run.strategy,
+    crud.audit(db, owner, "run.submit", run.id, {"name": run.name, "strategy": run.strategy,
                                             "world_size": run.world_size, "queue": run.queue,
                                             **({"force": True} if force else {})}, client)
     return run
@@ -103,7 +103,7 @@ def cancel(db: Session, settings: Settings, run: Run, *, actor: str | None = Non
     was_queued = run.status == "queued"
     run = crud.request_cancel(db, run)
     if actor is not None:
-        audit(db, actor, "run.cancel", run.id, {"owner": run.owner, "was": "queued" if
+        crud.audit(db, actor, "run.cancel", run.id, {"owner": run.owner, "was": "queued" if
                                                 was_queued else "running"}, client)
     if was_queued:
         try:

@@ -10,9 +10,10 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 from sqlalchemy.orm import Session
 
-from backend.auth import Principal, local_user, principal_of
+from backend import crud
 from backend.core.config import Settings
 from backend.core.db import get_sessionmaker
+from backend.core.identity import Principal, principal_of
 from backend.errors import NotFound, Unauthorized
 from backend.models import Run
 
@@ -44,7 +45,7 @@ def current_user(request: Request, settings: SettingsDep) -> Principal:
     cached = getattr(request.app.state, "local_principal", None)
     if cached is None:
         with get_sessionmaker(settings.db_url)() as db:
-            cached = principal_of(local_user(db), settings, via="local")
+            cached = principal_of(crud.local_user(db), settings, via="local")
         cached = dataclasses.replace(cached, role="admin")
         request.app.state.local_principal = cached
     return cached

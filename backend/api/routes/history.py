@@ -1,5 +1,5 @@
 """The shared history around runs: stars, saved comparisons with a shareable link, the audit
-log (admins) and run notes rendered from a safe Markdown subset."""
+log (admins). A run's stars and notes are under /api/runs (routes/runs/)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,12 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
-from fastapi import APIRouter, Query, Request, Response
-from fastapi.responses import HTMLResponse
+from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import select
 
-from backend import auth, permissions
-from backend.api.deps import DbDep, RunDep, UserDep
-from backend.core.security import render_notes
+from backend import crud, permissions
+from backend.api.deps import DbDep, UserDep
 from backend.errors import Invalid, NotFound
 from backend.models import Run, SavedComparison, Star
 
@@ -71,7 +69,9 @@ def my_stars(db: DbDep, user: UserDep) -> list[str]:
 
 @router.post("/comparisons", status_code=201, response_model=ComparisonOut)
 def save_comparison(db: DbDep, user: UserDep, body: ComparisonIn) -> ComparisonOut:
-    """Save 2-4 runs side by side under a name; `url` is the link to share."""
+    """Save 2-4 runs side by side under a name; `url` is the link to share. Members and
+    admins: a saved comparison is shared, and viewers write nothing."""
+    permissions.require_member(user, "saving comparisons")
     found = set(db.scalars(select(Run.id).where(Run.id.in_(body.run_ids))))
     missing = [x for x in body.run_ids if x not in found]
     if missing:
@@ -124,15 +124,5 @@ def audit_log(db: DbDep, user: UserDep,
     permissions.require_admin(user, "reading the audit log")
     return [AuditOut(id=e.id, ts=e.ts, actor=e.actor, action=e.action, target=e.target,
                      detail=e.detail, client=e.client)
-            for e in auth.list_audit(db, action=action, actor=actor, before_id=before,
+            for e in crud.list_audit(db, action=action, actor=actor, before_id=before,
                                      limit=limit)]
-
-
-@router.get("/runs/{run_id}/notes.html", response_class=HTMLResponse)
-def notes_html(run: RunDep, request: Request) -> HTMLResponse:
-    """The run's notes as HTML from a Markdown subset (paragraphs, emphasis, code, http(s)
-    links). Everything is escaped before markup is added; served with a CSP that forbids
-    scripts, so even opened directly it cannot run anything."""
-    return HTMLResponse(render_notes(run.notes), headers={
-        "Content-Security-Policy": "default-src 'none'; sandbox",
-        "Cache-Control": "no-store"})

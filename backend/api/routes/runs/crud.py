@@ -1,27 +1,22 @@
-"""Runs: submit, list, inspect, edit, cancel, delete, star, logs (text and SSE), files.
-Who may do what is decided in backend/permissions.py."""
+"""Runs themselves: submit, list, inspect, edit, cancel, delete. Who may do what is decided in
+backend/permissions.py; the sub-resources are the sibling modules of this package."""
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, Query, Request
-from fastapi.responses import FileResponse, PlainTextResponse, StreamingResponse
+from fastapi import APIRouter, Body, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
 from backend import crud, permissions, services
 from backend.api.deps import DbDep, RunDep, SettingsDep, UserDep
-from backend.api.schemas import FileOut, RunOut
-from backend.auth import Principal, audit, client_address
-from backend.core.db import get_sessionmaker
-from backend.errors import Conflict, Invalid, NotFound
+from backend.api.schemas import RunOut
+from backend.core.identity import Principal, client_address
+from backend.errors import Conflict, Invalid
 from backend.models import FINISHED, Run, RunTag, Star
-from backend.storage import resolve_run_path
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 
@@ -134,7 +129,7 @@ def edit_run(request: Request, db: DbDep, run: RunDep, user: UserDep, body: RunP
                 run.tags.remove(t)
         have = {t.tag for t in run.tags}
         run.tags.extend(RunTag(tag=t) for t in want if t not in have)
-    audit(db, user.username, "run.edit", run.id,
+    crud.audit(db, user.username, "run.edit", run.id,
           {"owner": run.owner, "fields": sorted(changes),
            **({"tags": {"before": before["tags"], "after": changes["tags"]}}
               if "tags" in changes else {}),
@@ -154,30 +149,13 @@ def delete_run(request: Request, db: DbDep, run: RunDep, user: UserDep,
     if run.status not in FINISHED:
         raise Conflict(f"run {run.id} is {run.status}; cancel it first")
     run_id, detail = run.id, {"owner": run.owner, "name": run.name, "status": run.status}
-    audit(db, user.username, "run.delete", run_id, detail, client_address(request),
+    crud.audit(db, user.username, "run.delete", run_id, detail, client_address(request),
           commit=False)
     db.commit()
     crud.delete_run(db, run_id)
     folder = (settings.runs_dir / run_id).resolve()
     if folder.parent == settings.runs_dir and folder.is_dir():
         shutil.rmtree(folder, ignore_errors=True)
-
-
-@router.put("/{run_id}/star")
-def star_run(db: DbDep, run: RunDep, user: UserDep) -> dict:
-    if db.get(Star, (user.id, run.id)) is None:
-        db.add(Star(user_id=user.id, run_id=run.id))
-        db.commit()
-    return {"run_id": run.id, "starred": True}
-
-
-@router.delete("/{run_id}/star")
-def unstar_run(db: DbDep, run: RunDep, user: UserDep) -> dict:
-    star = db.get(Star, (user.id, run.id))
-    if star is not None:
-        db.delete(star)
-        db.commit()
-    return {"run_id": run.id, "starred": False}
 
 
 @router.post("/{run_id}/cancel", response_model=RunView)
@@ -188,72 +166,3 @@ def cancel_run(request: Request, db: DbDep, run: RunDep, settings: SettingsDep,
         raise Conflict(f"run {run.id} already {run.status}")
     run = services.cancel(db, settings, run, actor=user.username, client=client_address(request))
     return view(db, user, run)
-
-
-@router.get("/{run_id}/logs", response_class=PlainTextResponse)
-def get_logs(db: DbDep, run: RunDep, rank: int | None = Query(None, ge=0),
-             after: int = Query(-1, ge=-1)) -> str:
-    lines: list[str] = []
-    while True:
-        batch = crud.logs_after(db, run.id, after, rank=rank, limit=5000)
-        lines += [x.line for x in batch]
-        if len(batch) < 5000:
-            break
-        after = batch[-1].seq
-    return "\n".join(lines) + ("\n" if lines else "")
-
-
-@router.get("/{run_id}/logs/stream")
-async def stream_logs(
-    request: Request, run: RunDep, settings: SettingsDep,
-    rank: int | None = Query(None, ge=0),
-    last_event_id: Annotated[str | None, Header()] = None,
-    after: int = Query(-1, ge=-1, description="resume after this seq (or Last-Event-ID)"),
-) -> StreamingResponse:
-    """Server-sent events: `id` is the line's sequence number, so a reconnecting EventSource
-    resumes exactly where it stopped; `event: status` on changes, `event: end` when done."""
-    if last_event_id and last_event_id.strip().isdigit():
-        after = int(last_event_id)
-    maker = get_sessionmaker(settings.db_url)
-    run_id = run.id
-
-    def poll(cursor: int):
-        with maker() as db:
-            r = crud.get_run(db, run_id)
-            return crud.logs_after(db, run_id, cursor, rank=rank, limit=1000), r.status
-
-    async def events():
-        cursor, last_status = after, None
-        while True:
-            batch, status = await run_in_threadpool(poll, cursor)
-            for x in batch:
-                cursor = x.seq
-                data = "\n".join(f"data: {part}" for part in x.line.split("\n"))
-                yield f"id: {x.seq}\n{data}\n\n"
-            if status != last_status:
-                last_status = status
-                yield f"event: status\ndata: {status}\n\n"
-            if status in FINISHED and not batch:
-                yield f"event: end\ndata: {status}\n\n"
-                return
-            if await request.is_disconnected():
-                return
-            if not batch:
-                await asyncio.sleep(0.5)
-
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-@router.get("/{run_id}/files", response_model=list[FileOut])
-def list_files(db: DbDep, run: RunDep) -> list[FileOut]:
-    return [FileOut(path=f.path, size=f.size, sha256=f.sha256, created_at=f.created_at)
-            for f in crud.list_files(db, run.id)]
-
-
-@router.get("/{run_id}/files/{path:path}")
-def download_file(run: RunDep, settings: SettingsDep, path: str) -> FileResponse:
-    target = resolve_run_path(settings.runs_dir, run.id, path)  # UnsafePath: 400
-    if not target.is_file():
-        raise NotFound(f"no file {path!r} in run {run.id}")
-    return FileResponse(target, filename=target.name)

@@ -253,7 +253,7 @@ def cmd_worker(a) -> int:
 
 
 def cmd_users(a) -> int:
-    from backend.auth import cli_users
+    from backend.cli.users import cli_users
     try:
         return cli_users(a)
     except ValueError as exc:
@@ -262,7 +262,7 @@ def cmd_users(a) -> int:
 
 def cmd_token(a) -> int:
     """Personal API tokens over HTTP, as the PARALAB_TOKEN user or after a password login."""
-    from backend.auth import cli_token
+    from backend.cli.users import cli_token
     return cli_token(a, _url(), _auth_headers(), CliError)
 
 

@@ -14,14 +14,15 @@ from typing import Literal
 from fastapi import APIRouter, Query
 from fastapi.responses import FileResponse, Response
 
-from backend import crud, gantt, run_traces
+from backend import gantt, run_traces
 from backend.api.deps import DbDep, RunDep, SettingsDep
+from backend.crud.sweeps import latest_sweep
 from backend.errors import Invalid, NotFound
 from backend.storage import resolve_run_path
 from jobs.analysis import PERFETTO_FILE, TABLES, tables_to_csv
 from jobs.analysis.history import bandwidth_vs_sweep
 
-router = APIRouter(prefix="/api", tags=["analysis"])
+router = APIRouter(prefix="/api/runs", tags=["analysis"])
 
 _TABLE_DOC = f"one table: {', '.join(TABLES)}"
 
@@ -44,7 +45,7 @@ def load_analysis(settings, run) -> dict:
 
 
 def sweep_join(db, run, analysis: dict) -> dict | None:
-    sweep = crud.latest_sweep(db, run.queue, exclude=run.id)
+    sweep = latest_sweep(db, run.queue, exclude=run.id)
     if sweep is None:
         return None
     rows = bandwidth_vs_sweep((analysis.get("tables") or {}).get("bandwidth") or [],
@@ -54,7 +55,7 @@ def sweep_join(db, run, analysis: dict) -> dict | None:
             "rows": rows}
 
 
-@router.get("/runs/{run_id}/metrics")
+@router.get("/{run_id}/metrics")
 def get_metrics(run: RunDep, settings: SettingsDep, db: DbDep,
                 table: str | None = Query(None, description=_TABLE_DOC),
                 offset: int = Query(0, ge=0, le=2**31, description="with table: first row"),
@@ -75,7 +76,7 @@ def get_metrics(run: RunDep, settings: SettingsDep, db: DbDep,
             "rows": rows[offset:end]}
 
 
-@router.get("/runs/{run_id}/export")
+@router.get("/{run_id}/export")
 def export_run(run: RunDep, settings: SettingsDep,
                format: Literal["perfetto", "json", "csv"] = Query(
                    "perfetto", description="perfetto: Chrome-trace JSON of the whole run; json: "
@@ -116,7 +117,7 @@ def _gantt_trace(settings, run) -> gantt.Trace:
     return run_traces.derived(rt, "gantt", gantt.columns)
 
 
-@router.get("/runs/{run_id}/gantt")
+@router.get("/{run_id}/gantt")
 def get_gantt(run: RunDep, settings: SettingsDep,
               step: int | None = Query(None, ge=-1, le=2**31, description="one optimizer step"),
               t0_ms: float | None = Query(None, allow_inf_nan=False,
@@ -134,7 +135,7 @@ def get_gantt(run: RunDep, settings: SettingsDep,
                        max_spans=max_spans, px=px)
 
 
-@router.get("/runs/{run_id}/gantt/steps")
+@router.get("/{run_id}/gantt/steps")
 def gantt_steps(run: RunDep, settings: SettingsDep) -> dict:
     """The trace's optimizer steps and their windows (ms from the trace start), for the step
     selector, without any span."""
