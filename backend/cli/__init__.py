@@ -254,9 +254,10 @@ def cmd_worker(a) -> int:
 
 def cmd_users(a) -> int:
     from backend.cli.users import cli_users
+    from backend.errors import DomainError
     try:
         return cli_users(a)
-    except ValueError as exc:
+    except (ValueError, DomainError) as exc:  # the same messages the API answers with
         raise CliError(str(exc)) from exc
 
 

@@ -12,6 +12,7 @@ import httpx
 from backend import crud
 from backend.core.config import get_settings
 from backend.core.db import get_sessionmaker
+from backend.errors import NotFound
 
 
 def _out(text: str, err: bool = False) -> None:
@@ -45,7 +46,7 @@ def cli_users(a) -> int:
             return 0
         user = crud.get_user(db, a.name)
         if user is None or user.username == crud.LOCAL_USERNAME:
-            raise ValueError(f"no user {a.name!r}")
+            raise NotFound(f"no user {a.name!r}")
         changes: dict = {}
         if a.role:
             changes["role"] = a.role
