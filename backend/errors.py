@@ -67,7 +67,9 @@ class Unauthorized(DomainError):
 
     def __init__(self, detail: str = "authentication required", *,
                  headers: dict[str, str] | None = None):
-        super().__init__(detail, headers=headers or {"WWW-Authenticate": "Bearer"})
+        # Bearer by default: API clients learn how to authenticate (headers={} for none).
+        super().__init__(detail, headers={"WWW-Authenticate": "Bearer"} if headers is None
+                         else headers)
 
 
 class Forbidden(DomainError):

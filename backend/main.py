@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import html
 import logging
 import time
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -68,15 +67,6 @@ def _is_api(path: str) -> bool:
     return path == "/api" or path.startswith("/api/")
 
 
-def _html_404(message: str) -> HTMLResponse:
-    """Pages answer a person: a small HTML page with a way back, not JSON."""
-    return HTMLResponse(
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Not found - "
-        "paralab</title><link rel=\"stylesheet\" href=\"/static/css/app.css\"></head><body>"
-        f"<main id=\"content\"><h1>Not found</h1><p>{html.escape(message)}</p>"
-        "<p><a href=\"/\">Back to the runs</a></p></main></body></html>", status_code=404)
-
-
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     # Team mode refuses to start without a real secret key (ConfigError); the bind address is
@@ -103,13 +93,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _domain(request: Request, exc: DomainError):
         # The one place domain errors become HTTP: status from the class, {"detail": ...}.
         if exc.status == 404 and not _is_api(request.url.path):
-            return _html_404(str(exc))
+            return pages.not_found_page(str(exc))
         return JSONResponse({"detail": exc.detail}, exc.status, headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
         if exc.status_code == 404 and not _is_api(request.url.path):
-            return _html_404("no page here")
+            return pages.not_found_page(f"There is no page at {request.url.path}.")
         return await http_exception_handler(request, exc)
 
     @app.exception_handler(RequestValidationError)

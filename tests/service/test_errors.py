@@ -117,7 +117,7 @@ def test_conflict_409_delete_of_an_active_run(client, settings):
 def test_unavailable_503_when_the_queue_refuses_and_nothing_is_stored(client, monkeypatch):
     def down(*_a, **_k):
         raise ConnectionError("broker down")
-    monkeypatch.setattr(services, "enqueue_run", down)
+    monkeypatch.setattr(services.runs, "enqueue_run", down)
     r = client.post("/api/runs", json={"preset": "ddp"})
     assert r.status_code == 503
     assert r.json() == {"detail": "the job queue is unavailable: broker down"}

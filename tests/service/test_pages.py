@@ -63,7 +63,7 @@ def test_every_page_keeps_its_ids_and_shares_the_base(client, path):
 
 def test_the_nav_bar_is_written_once_in_the_templates():
     pages = sorted(p for p in TEMPLATES.glob("*.html") if p.name != "base.html")
-    assert len(pages) == 7
+    assert len(pages) == 8  # the seven pages and the 404 page
     for page in pages:
         text = page.read_text()
         assert text.startswith('{% extends "base.html" %}'), page.name

@@ -10,15 +10,14 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from backend import crud, permissions
+from backend import crud, permissions, services
 from backend.api.deps import DbDep, SettingsDep, UserDep
 from backend.core import identity, security
 from backend.core.db import get_sessionmaker
-from backend.errors import Forbidden, Invalid, NotFound, TooManyAttempts
+from backend.errors import Forbidden, NotFound, TooManyAttempts, Unauthorized
 from backend.models import ApiToken, User
 
 router = APIRouter(prefix="/api/auth", tags=["accounts"])
-_FAILED = "invalid username or password"
 
 
 class LoginIn(BaseModel):
@@ -83,13 +82,13 @@ async def login(request: Request, body: LoginIn, settings: SettingsDep) -> JSONR
     wait = max(t.retry_after([keys[k]]) for k, t in throttles.items())
     if wait > 0:
         raise TooManyAttempts("too many failed logins; try again later", retry_after_s=wait)
-    result = await run_in_threadpool(_check_login, settings, body, client)
-    if result is None:
+    try:
+        raw, user = await run_in_threadpool(_check_login, settings, body, client)
+    except Unauthorized:
         for k, t in throttles.items():
             t.failed([keys[k]])
-        return JSONResponse({"detail": _FAILED}, 401)
+        raise
     throttles["user"].succeeded([keys["user"]])
-    raw, user = result
     resp = JSONResponse({"username": user.username, "role": user.role, "mode": "team",
                          "next": identity.safe_next(body.next)})
     resp.set_cookie(security.SESSION_COOKIE, security.sign_cookie(settings.secret_key, raw),
@@ -98,23 +97,9 @@ async def login(request: Request, body: LoginIn, settings: SettingsDep) -> JSONR
     return resp
 
 
-def _check_login(settings, body: LoginIn, client: str) -> tuple[str, User] | None:
+def _check_login(settings, body: LoginIn, client: str) -> tuple[str, User]:
     with get_sessionmaker(settings.db_url)() as db:
-        name = body.username.strip().lower()
-        user = crud.get_user(db, name)
-        usable = user is not None and user.is_active and user.password_hash.startswith("$")
-        ok = security.verify_password(settings, user.password_hash if usable else None,
-                                      body.password)
-        if not ok:
-            # The entry names what was typed, never whether such a user exists.
-            crud.audit(db, "anonymous", "auth.login_failed", None,
-                       {"username": body.username[:100]}, client)
-            return None
-        if security.needs_rehash(settings, user.password_hash):
-            user.password_hash = security.hash_password(settings, body.password)
-        raw, _ = crud.create_credential(db, user, kind="session", name=f"session {client}",
-                                        ttl_s=settings.session_ttl_s)
-        return raw, user
+        return services.check_login(db, settings, body.username, body.password, client=client)
 
 
 @router.post("/logout", status_code=204)
@@ -141,16 +126,10 @@ def me(user: UserDep, settings: SettingsDep) -> dict:
 @router.post("/password", status_code=204)
 def change_password(request: Request, db: DbDep, settings: SettingsDep, user: UserDep,
                     body: PasswordIn) -> Response:
-    row = db.get(User, user.id)
-    if settings.auth != "required" or row is None or not security.verify_password(
-            settings, row.password_hash if row.password_hash.startswith("$") else None,
-            body.current_password):
-        raise Forbidden("current password does not match")
-    try:
-        crud.set_password(db, settings, row, body.new_password, actor=user.username,
-                          client=identity.client_address(request))
-    except ValueError as exc:
-        raise Invalid(str(exc), field="new_password") from exc
+    """Change your own password: the current one is required; every session of yours ends
+    (this one too), your API tokens stay (docs/security.md)."""
+    services.change_password(db, settings, user.id, body.current_password, body.new_password,
+                             actor=user.username, client=identity.client_address(request))
     return Response(status_code=204)
 
 

@@ -26,9 +26,15 @@ _templates = jinja2.Environment(loader=jinja2.FileSystemLoader(FRONTEND / "templ
                                 autoescape=True)
 
 
-def render_page(name: str) -> bytes:
-    """A page's HTML. Pages take no per-request data, so the same bytes go to everyone."""
-    return _templates.get_template(name).render().encode()
+def render_page(name: str, **values: str) -> bytes:
+    """A page's HTML. Pages take no per-request data (only the 404 page names what was
+    missing, autoescaped), so the same bytes go to everyone."""
+    return _templates.get_template(name).render(**values).encode()
+
+
+def not_found_page(message: str) -> HTMLResponse:
+    return HTMLResponse(render_page("404.html", message=message), status_code=404,
+                        headers={"Cache-Control": "no-store"})
 
 
 def _page(request: Request, name: str, headers: dict[str, str] | None = None) -> Response:

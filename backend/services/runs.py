@@ -1,4 +1,4 @@
-"""Work behind the routes that spans several steps (validate, store, enqueue)."""
+"""Runs: validate, gate on predicted memory, store, enqueue; cancel."""
 
 from __future__ import annotations
 
