@@ -2,6 +2,15 @@
 function here and return; `from backend import crud; crud.get_run(...)` reaches them all."""
 
 from backend.crud.audit import audit, list_audit
+from backend.crud.history import (
+    create_comparison,
+    delete_comparison,
+    get_comparison,
+    list_comparisons,
+    set_star,
+    starred_ids,
+    stars_of,
+)
 from backend.crud.runs import (
     SORT_KEYS,
     RunFilter,
@@ -41,6 +50,8 @@ from backend.crud.workers import list_workers, upsert_worker
 
 __all__ = [
     "LOCAL_USERNAME", "SORT_KEYS", "RunFilter", "append_logs", "audit", "claim",
+    "create_comparison", "delete_comparison", "get_comparison", "list_comparisons", "set_star",
+    "starred_ids", "stars_of",
     "create_credential", "create_run", "create_user", "decode_cursor", "delete_run", "finish",
     "get_run", "get_user", "heartbeat", "latest_sweep", "list_audit", "list_files", "list_runs",
     "list_tokens", "list_users", "list_workers", "local_user", "logs_after",

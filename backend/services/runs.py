@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -10,8 +11,8 @@ from sqlalchemy.orm import Session
 from backend import crud, permissions
 from backend.core.config import Settings
 from backend.core.identity import Principal
-from backend.errors import Invalid, Unavailable
-from backend.models import Run
+from backend.errors import Conflict, Invalid, Unavailable
+from backend.models import FINISHED, Run, RunTag
 from jobs.spec import JobSpec, SpecError, parse_spec
 from jobs.theory import predict
 from worker.app import enqueue_run, revoke_run
@@ -98,8 +99,52 @@ def submit(db: Session, settings: Settings, body: dict[str, Any], *,
     return run
 
 
+def edit(db: Session, run: Run, changes: dict, *, actor: str,
+         client: str | None = None) -> Run:
+    """Name, tags and notes, stored literally; the audit entry keeps name and tags before and
+    after (notes can be long: only that they changed)."""
+    before = {k: ([t.tag for t in run.tags] if k == "tags" else getattr(run, k))
+              for k in changes}
+    if "name" in changes:
+        run.name = changes["name"]
+    if "notes" in changes:
+        run.notes = changes["notes"]
+    if "tags" in changes:
+        want = changes["tags"]
+        for t in list(run.tags):
+            if t.tag not in want:
+                run.tags.remove(t)
+        have = {t.tag for t in run.tags}
+        run.tags.extend(RunTag(tag=t) for t in want if t not in have)
+    detail = {"owner": run.owner, "fields": sorted(changes)}
+    for k in ("tags", "name"):
+        if k in changes:
+            detail[k] = {"before": before[k], "after": changes[k]}
+    crud.audit(db, actor, "run.edit", run.id, detail, client, commit=False)
+    db.commit()
+    db.refresh(run)
+    return run
+
+
+def delete(db: Session, settings: Settings, run: Run, *, actor: str,
+           client: str | None = None) -> None:
+    """Remove a finished run from the history, with its logs and files (Conflict while it is
+    queued or running: its worker would write into a folder that no longer exists)."""
+    if run.status not in FINISHED:
+        raise Conflict(f"run {run.id} is {run.status}; cancel it first")
+    run_id, detail = run.id, {"owner": run.owner, "name": run.name, "status": run.status}
+    crud.audit(db, actor, "run.delete", run_id, detail, client)
+    crud.delete_run(db, run_id)
+    folder = (settings.runs_dir / run_id).resolve()
+    if folder.parent == settings.runs_dir.resolve() and folder.is_dir():
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def cancel(db: Session, settings: Settings, run: Run, *, actor: str | None = None,
            client: str | None = None) -> Run:
+    """Conflict when the run has already finished."""
+    if run.status in FINISHED:
+        raise Conflict(f"run {run.id} already {run.status}")
     was_queued = run.status == "queued"
     run = crud.request_cancel(db, run)
     if actor is not None:

@@ -1,4 +1,4 @@
-"""The pure pieces of backend/core/security.py and backend/auth.py."""
+"""The pure pieces of backend/core/security.py and backend/core/identity.py."""
 
 from __future__ import annotations
 

@@ -3,20 +3,18 @@ backend/permissions.py; the sub-resources are the sibling modules of this packag
 
 from __future__ import annotations
 
-import shutil
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend import crud, permissions, services
 from backend.api.deps import DbDep, RunDep, SettingsDep, UserDep
 from backend.api.schemas import RunOut
 from backend.core.identity import Principal, client_address
-from backend.errors import Conflict, Invalid
-from backend.models import FINISHED, Run, RunTag, Star
+from backend.errors import Invalid
+from backend.models import Run
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 
@@ -52,10 +50,7 @@ class RunPatch(BaseModel):
 
 
 def _starred(db: Session, user: Principal, run_ids: list[str]) -> set[str]:
-    if not run_ids:
-        return set()
-    return set(db.scalars(select(Star.run_id).where(Star.user_id == user.id,
-                                                    Star.run_id.in_(run_ids))))
+    return crud.starred_ids(db, user.id, run_ids)
 
 
 def view(db: Session, user: Principal, run: Run, *, full: bool = True,
@@ -64,6 +59,7 @@ def view(db: Session, user: Principal, run: Run, *, full: bool = True,
         starred = _starred(db, user, [run.id])
     return RunView(**RunOut.of(run, full=full).model_dump(),
                    can_modify=permissions.can_modify_run(user, run), starred=run.id in starred)
+
 
 _SPEC_EXAMPLE = {"preset": "ddp", "name": "my first run", "train": {"steps": 5},
                  "tags": ["demo"], "notes": ""}
@@ -115,29 +111,8 @@ def get_run(db: DbDep, run: RunDep, user: UserDep) -> RunView:
 def edit_run(request: Request, db: DbDep, run: RunDep, user: UserDep, body: RunPatch) -> RunView:
     """Change a run's name, tags or notes (stored and returned literally)."""
     permissions.require_modify_run(user, run, "edit")
-    changes = body.model_dump(exclude_unset=True, exclude_none=True)
-    before = {k: ([t.tag for t in run.tags] if k == "tags" else getattr(run, k))
-              for k in changes}
-    if "name" in changes:
-        run.name = changes["name"]
-    if "notes" in changes:
-        run.notes = changes["notes"]
-    if "tags" in changes:
-        want = changes["tags"]
-        for t in list(run.tags):
-            if t.tag not in want:
-                run.tags.remove(t)
-        have = {t.tag for t in run.tags}
-        run.tags.extend(RunTag(tag=t) for t in want if t not in have)
-    crud.audit(db, user.username, "run.edit", run.id,
-          {"owner": run.owner, "fields": sorted(changes),
-           **({"tags": {"before": before["tags"], "after": changes["tags"]}}
-              if "tags" in changes else {}),
-           **({"name": {"before": before["name"], "after": changes["name"]}}
-              if "name" in changes else {})},
-          client_address(request), commit=False)
-    db.commit()
-    db.refresh(run)
+    run = services.edit(db, run, body.model_dump(exclude_unset=True, exclude_none=True),
+                        actor=user.username, client=client_address(request))
     return view(db, user, run)
 
 
@@ -146,23 +121,12 @@ def delete_run(request: Request, db: DbDep, run: RunDep, user: UserDep,
                settings: SettingsDep) -> None:
     """Remove a finished run from the history, with its logs and files."""
     permissions.require_modify_run(user, run, "delete")
-    if run.status not in FINISHED:
-        raise Conflict(f"run {run.id} is {run.status}; cancel it first")
-    run_id, detail = run.id, {"owner": run.owner, "name": run.name, "status": run.status}
-    crud.audit(db, user.username, "run.delete", run_id, detail, client_address(request),
-          commit=False)
-    db.commit()
-    crud.delete_run(db, run_id)
-    folder = (settings.runs_dir / run_id).resolve()
-    if folder.parent == settings.runs_dir and folder.is_dir():
-        shutil.rmtree(folder, ignore_errors=True)
+    services.delete(db, settings, run, actor=user.username, client=client_address(request))
 
 
 @router.post("/{run_id}/cancel", response_model=RunView)
 def cancel_run(request: Request, db: DbDep, run: RunDep, settings: SettingsDep,
                user: UserDep) -> RunView:
     permissions.require_modify_run(user, run, "cancel")
-    if run.status in FINISHED:
-        raise Conflict(f"run {run.id} already {run.status}")
     run = services.cancel(db, settings, run, actor=user.username, client=client_address(request))
     return view(db, user, run)

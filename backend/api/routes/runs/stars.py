@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from backend import permissions
+from backend import crud, permissions
 from backend.api.deps import DbDep, RunDep, UserDep
-from backend.models import Star
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 
@@ -15,17 +14,12 @@ router = APIRouter(prefix="/api/runs", tags=["runs"])
 @router.put("/{run_id}/star")
 def star_run(db: DbDep, run: RunDep, user: UserDep) -> dict:
     permissions.require_member(user, "starring runs")
-    if db.get(Star, (user.id, run.id)) is None:
-        db.add(Star(user_id=user.id, run_id=run.id))
-        db.commit()
+    crud.set_star(db, user.id, run.id, True)
     return {"run_id": run.id, "starred": True}
 
 
 @router.delete("/{run_id}/star")
 def unstar_run(db: DbDep, run: RunDep, user: UserDep) -> dict:
     permissions.require_member(user, "starring runs")
-    star = db.get(Star, (user.id, run.id))
-    if star is not None:
-        db.delete(star)
-        db.commit()
+    crud.set_star(db, user.id, run.id, False)
     return {"run_id": run.id, "starred": False}
