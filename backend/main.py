@@ -8,30 +8,32 @@ import logging
 import time
 from pathlib import Path
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from backend import crud
+from backend.api.middleware import AuthMiddleware
+from backend.api.routes import auth as auth_routes
 from backend.api.routes import (
-    analysis,
     history,
     internal,
     meta,
+    pages,
     predict,
     runs,
     schedules,
-    streams,
+    sweeps,
     users,
-    views,
 )
-from backend.api.routes import auth as auth_routes
-from backend.auth import AuthMiddleware
 from backend.core.config import Settings, get_settings
 from backend.core.db import get_sessionmaker
 from backend.core.security import LoginThrottle, check_startup
+from backend.errors import DomainError, NotFound
 from backend.streams import hub
 from jobs.spec import json_schema
 
@@ -64,6 +66,10 @@ async def _reaper(app: FastAPI) -> None:
             log.exception("reaper round failed")
 
 
+def _is_api(path: str) -> bool:
+    return path == "/api" or path.startswith("/api/")
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     # Team mode refuses to start without a real secret key (ConfigError); the bind address is
@@ -86,8 +92,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.login_throttle = {
         "user": LoginThrottle(settings.login_max_failures, settings.login_window_s),
         "addr": LoginThrottle(settings.login_max_failures_per_client, settings.login_window_s)}
-    # Identity on every request, deny by default in team mode (backend/auth.py).
+    # Identity on every request, deny by default in team mode (backend/api/middleware.py).
     app.add_middleware(AuthMiddleware, settings=settings)
+
+    @app.exception_handler(DomainError)
+    async def _domain(request: Request, exc: DomainError):
+        # The one place domain errors become HTTP: status from the class, {"detail": ...}.
+        if exc.status == 404 and not _is_api(request.url.path):
+            return pages.not_found_page(str(exc))
+        return JSONResponse({"detail": exc.detail}, exc.status, headers=exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 404 and not _is_api(request.url.path):
+            return pages.not_found_page(f"There is no page at {request.url.path}.")
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_request, exc: RequestValidationError):
@@ -95,18 +114,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   for e in exc.errors()]
         return JSONResponse({"detail": errors}, status_code=422)
 
-    app.include_router(streams.router)
-    app.include_router(runs.router)
+    app.include_router(runs.router)  # every /api/runs/... (routes/runs/)
     app.include_router(meta.router)
     app.include_router(internal.router)
     app.include_router(predict.router)
-    app.include_router(analysis.router)
-    app.include_router(views.router)
+    app.include_router(sweeps.router)
     app.include_router(schedules.router)
     app.include_router(auth_routes.router)
-    app.include_router(auth_routes.pages)
     app.include_router(users.router)
     app.include_router(history.router)
+    app.include_router(pages.router)  # every HTML page
     app.mount("/static", StaticFiles(directory=FRONTEND / "static"), name="static")
 
     default_openapi = app.openapi
@@ -124,12 +141,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.openapi = openapi
 
-    @app.get("/", include_in_schema=False)
-    def index() -> FileResponse:
-        return FileResponse(FRONTEND / "templates" / "index.html")
-
     @app.get("/api/{rest:path}", include_in_schema=False)
     def api_404(rest: str):
-        raise HTTPException(404, f"no API route /api/{rest}")
+        raise NotFound(f"no API route /api/{rest}")
 
     return app

@@ -1,8 +1,8 @@
 """Who may do what: the one place roles are interpreted.
 
-viewer: read everything (runs, logs, files, comparisons), star runs, save comparisons, manage
-        their own API tokens.
-member: also submit runs; cancel, edit and delete their own runs.
+viewer: read everything (runs, logs, files, comparisons) and manage their own API tokens and
+        password; writes nothing else (no stars, no saved comparisons, no runs).
+member: also submit runs; cancel, edit and delete their own runs; star runs; save comparisons.
 admin:  everything, including other people's runs, users and the audit log.
 
 Per-user limits (concurrent queued+running runs, maximum world size) are checked at submit.
@@ -10,11 +10,11 @@ Per-user limits (concurrent queued+running runs, maximum world size) are checked
 
 from __future__ import annotations
 
-from fastapi import HTTPException
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from backend.auth import Principal
+from backend.core.identity import Principal
+from backend.errors import Forbidden
 from backend.models import Run, User
 
 RANK = {"viewer": 0, "member": 1, "admin": 2}
@@ -36,7 +36,12 @@ def can_modify_run(user: Principal, run: Run) -> bool:
 
 def require_role(user: Principal, role: str, what: str) -> None:
     if not at_least(user, role):
-        raise HTTPException(403, f"{what} needs the {role} role (you are {user.role})")
+        raise Forbidden(f"{what} needs the {role} role (you are {user.role})")
+
+
+def require_member(user: Principal, what: str) -> None:
+    """Any write to the shared history (stars, saved comparisons): viewers are read-only."""
+    require_role(user, "member", what)
 
 
 def require_submit(user: Principal) -> None:
@@ -46,8 +51,8 @@ def require_submit(user: Principal) -> None:
 def require_modify_run(user: Principal, run: Run, action: str) -> None:
     if not can_modify_run(user, run):
         if not at_least(user, "member"):
-            raise HTTPException(403, f"{action} needs the member role (you are {user.role})")
-        raise HTTPException(403, f"only the run's owner ({run.owner}) or an admin may {action} "
+            raise Forbidden(f"{action} needs the member role (you are {user.role})")
+        raise Forbidden(f"only the run's owner ({run.owner}) or an admin may {action} "
                                  f"run {run.id}")
 
 
@@ -56,9 +61,9 @@ def require_admin(user: Principal, what: str) -> None:
 
 
 def check_submit_limits(db: Session, user: Principal, world_size: int) -> None:
-    """403 naming the limit when this submission would exceed the user's own limits."""
+    """Forbidden (403) naming the limit when this submission would exceed the user's own limits."""
     if user.max_world_size is not None and world_size > user.max_world_size:
-        raise HTTPException(403, f"per-user limit max_world_size={user.max_world_size}: this "
+        raise Forbidden(f"per-user limit max_world_size={user.max_world_size}: this "
                                  f"run needs world size {world_size} (ask an admin to raise it)")
     if user.max_concurrent_runs is not None:
         if db.bind is not None and db.bind.dialect.name == "postgresql":
@@ -67,7 +72,7 @@ def check_submit_limits(db: Session, user: Principal, world_size: int) -> None:
         active = db.scalar(select(func.count()).select_from(Run).where(
             Run.owner == user.username, Run.status.in_(ACTIVE)))
         if active >= user.max_concurrent_runs:
-            raise HTTPException(403, f"per-user limit max_concurrent_runs="
+            raise Forbidden(f"per-user limit max_concurrent_runs="
                                      f"{user.max_concurrent_runs}: you already have {active} "
                                      "queued or running runs; wait for one to finish or "
                                      "cancel one")

@@ -7,12 +7,14 @@ import hmac
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import Depends, Header, HTTPException, Request
+from fastapi import Depends, Header, Request
 from sqlalchemy.orm import Session
 
-from backend.auth import Principal, local_user, principal_of
+from backend import crud
 from backend.core.config import Settings
 from backend.core.db import get_sessionmaker
+from backend.core.identity import Principal, principal_of
+from backend.errors import NotFound, Unauthorized
 from backend.models import Run
 
 
@@ -39,11 +41,11 @@ def current_user(request: Request, settings: SettingsDep) -> Principal:
     if principal is not None:
         return principal
     if settings.auth == "required":  # unreachable behind AuthMiddleware; fail closed anyway
-        raise HTTPException(401, "authentication required")
+        raise Unauthorized("authentication required")
     cached = getattr(request.app.state, "local_principal", None)
     if cached is None:
         with get_sessionmaker(settings.db_url)() as db:
-            cached = principal_of(local_user(db), settings, via="local")
+            cached = principal_of(crud.local_user(db), settings, via="local")
         cached = dataclasses.replace(cached, role="admin")
         request.app.state.local_principal = cached
     return cached
@@ -58,7 +60,7 @@ def require_worker(request: Request,
     expected = request.app.state.worker_token
     token = (authorization or "").removeprefix("Bearer ").strip()
     if not token or not hmac.compare_digest(token.encode(), expected.encode()):
-        raise HTTPException(401, "worker credential required")
+        raise Unauthorized("worker credential required")
     return "worker"
 
 
@@ -68,7 +70,7 @@ WorkerDep = Annotated[str, Depends(require_worker)]
 def get_run_or_404(run_id: str, db: DbDep) -> Run:
     run = db.get(Run, run_id)
     if run is None:
-        raise HTTPException(404, f"run {run_id!r} not found")
+        raise NotFound(f"run {run_id!r} not found")
     return run
 
 

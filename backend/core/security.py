@@ -1,7 +1,7 @@
 """Security primitives: password hashing, tokens, signed cookies, origin checks, start-up
-checks, login throttling and the escape-first Markdown subset for run notes.
+checks, login throttling and the rendering of run notes (markdown-it-py + nh3).
 
-No database access here (backend/auth.py does that); everything is a pure function or a small
+No database access here (backend/crud does that); everything is a pure function or a small
 in-memory structure, so it can be tested on its own.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import html
 import ipaddress
 import re
 import secrets
@@ -19,8 +18,10 @@ from collections import deque
 from functools import lru_cache
 from urllib.parse import urlsplit
 
+import nh3
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
+from markdown_it import MarkdownIt
 
 from backend.core.config import Settings
 
@@ -272,48 +273,35 @@ class LoginThrottle:
                 self._fails.pop(k, None)
 
 
-# -- notes: an escape-first Markdown subset -------------------------------------------------------
+# -- notes: Markdown (markdown-it-py) through an allow-list sanitiser (nh3) ---------------------
 
-_CODE = re.compile(r"`([^`\n]+)`")
-_LINK = re.compile(r"\[([^\]\n]+)\]\((https?://[^\s()<>]+)\)")
-_STRONG = re.compile(r"\*\*(?=\S)(.+?)(?<=\S)\*\*")
-_EM = re.compile(r"(?<![\w*])\*(?=\S)([^*\n]+?)(?<=\S)\*(?![\w*])")
-_PLACEHOLDER = "\x00{}\x00"
+NOTE_TAGS = frozenset({"p", "br", "em", "strong", "code", "pre", "a", "ul", "ol", "li",
+                       "blockquote", "h1", "h2", "h3", "h4", "h5", "h6", "hr"})
+LINK_REL = "nofollow noopener noreferrer"
+_SAFE_SCHEMES = ("http://", "https://")
+_TAG = re.compile(r"(<[^>]*>)")
+
+
+@lru_cache(maxsize=1)
+def _markdown() -> MarkdownIt:
+    # CommonMark without raw HTML (typed tags stay text), newlines kept as <br>, no images
+    # (an image would load a third-party URL in the reader's browser).
+    md = MarkdownIt("commonmark", {"html": False, "breaks": True}).disable("image")
+    # Links only to http(s): anything else (javascript:, data:, mailto:, relative) stays text.
+    md.validateLink = lambda url: url.strip().lower().startswith(_SAFE_SCHEMES)
+    return md
 
 
 def render_notes(text: str) -> str:
-    """Markdown subset for run notes: paragraphs, line breaks, fenced code blocks, `code`,
-    **strong**, *emphasis* and [links](https://...) with http/https targets only.
-
-    The whole text is HTML-escaped first (quotes included); markup is only ever added around
-    already-escaped text, so no input can produce a tag, an attribute or a javascript: URL."""
-    text = (text or "").replace("\r\n", "\n").replace("\r", "\n").replace("\x00", "")
-    out: list[str] = []
-    blocks = re.split(r"(?m)^```[^\n]*\n(.*?)(?:^```\s*$|\Z)", text, flags=re.S)
-    for i, block in enumerate(blocks):
-        if i % 2 == 1:  # fenced code
-            out.append(f"<pre><code>{html.escape(block.rstrip(chr(10)), quote=True)}</code></pre>")
-            continue
-        for para in re.split(r"\n\s*\n", block):
-            if para.strip():
-                out.append(f"<p>{_inline(para.strip())}</p>")
-    return "\n".join(out)
-
-
-def _inline(raw: str) -> str:
-    s = html.escape(raw, quote=True)
-    held: list[str] = []
-
-    def hold(fragment: str) -> str:
-        held.append(fragment)
-        return _PLACEHOLDER.format(len(held) - 1)
-
-    s = _CODE.sub(lambda m: hold(f"<code>{m.group(1)}</code>"), s)
-    s = _LINK.sub(lambda m: hold(
-        f'<a href="{m.group(2)}" rel="nofollow noopener noreferrer">{m.group(1)}</a>'), s)
-    s = _STRONG.sub(r"<strong>\1</strong>", s)
-    s = _EM.sub(r"<em>\1</em>", s)
-    s = s.replace("\n", "<br>\n")
-    for _ in range(2):  # links may hold code spans
-        s = re.sub("\x00(\\d+)\x00", lambda m: held[int(m.group(1))], s)
-    return s
+    """Run notes as HTML: Markdown rendered by markdown-it-py with raw HTML off, then cleaned by
+    nh3 (ammonia) to an allow-list of tags, `href` on links only, http/https only, and
+    rel="nofollow noopener noreferrer" on every link. Quotes in text are escaped as well, so
+    no input can produce a tag, an attribute or a javascript:/data: URL."""
+    text = (text or "").replace("\x00", "")
+    cleaned = nh3.clean(_markdown().render(text), tags=set(NOTE_TAGS),
+                        attributes={"a": {"href"}}, url_schemes={"http", "https"},
+                        link_rel=LINK_REL, strip_comments=True)
+    # nh3 writes text quotes literally; escape them so the output is inert in any context.
+    return "".join(part if part.startswith("<") else
+                   part.replace('"', "&quot;").replace("'", "&#x27;")
+                   for part in _TAG.split(cleaned)).strip("\n")

@@ -8,7 +8,7 @@ import secrets
 import pytest
 from fastapi.testclient import TestClient
 
-from backend import auth
+from backend import crud
 from backend.core.config import Settings
 from backend.core.db import get_sessionmaker
 from backend.main import create_app
@@ -43,8 +43,8 @@ class Users:
 
     def create(self, name: str, role: str = "member", **limits) -> dict:
         with get_sessionmaker(self.settings.db_url)() as db:
-            user = auth.create_user(db, self.settings, name, PASSWORD, role=role, **limits)
-            raw, _ = auth.create_credential(db, user, kind="api", name="test", ttl_s=None)
+            user = crud.create_user(db, self.settings, name, PASSWORD, role=role, **limits)
+            raw, _ = crud.create_credential(db, user, kind="api", name="test", ttl_s=None)
         return {"Authorization": f"Bearer {raw}"}
 
 

@@ -42,13 +42,25 @@ NOTES_CASES = [
      []),
     ("**bold** and *em* and `<b>code</b>`",
      ["<strong>bold</strong>", "<em>em</em>", "<code>&lt;b&gt;code&lt;/b&gt;</code>"], ["<b>"]),
-    ("```\n<script>x</script>\n```", ["<pre><code>&lt;script&gt;x&lt;/script&gt;</code></pre>"],
+    # CommonMark keeps a code block's last newline inside <code>.
+    ("```\n<script>x</script>\n```", ["<pre><code>&lt;script&gt;x&lt;/script&gt;\n</code></pre>"],
      ["<script"]),
     ("[a](data:text/html,<script>)", [], ["<a", "<script"]),
     ("*<svg onload=alert(1)>*", ["<em>&lt;svg onload=alert(1)&gt;</em>"], ["<svg"]),
     ("[`x`](https://a.b) [y](http://c.d \"t\")", ['<a href="https://a.b"'], ["javascript"]),
     ("[x](JaVaScRiPt:alert(1)) [y](https://ok.org\" onmouseover=\"alert(1))",
      [], ["<a href=\"javascript", "onmouseover=\""]),
+]
+
+
+NOTES_CASES += [
+    ("[m](mailto:a@b.c) [r](/runs/x) [v](vbscript:x)", ["[m](mailto:a@b.c)", "[r](/runs/x)"],
+     ["<a", "href"]),
+    ("![pixel](https://tracker.example/p.png)", [], ["<img", "src="]),
+    ("<a href=\"https://x.org\" onclick=\"alert(1)\">x</a>", ["&lt;a href="],
+     ["<a ", "onclick=\""]),
+    ("line one\nline two", ["line one<br>", "line two"], []),
+    ("<!-- c --><style>p{}</style><iframe src=x>", [], ["<!--", "<style", "<iframe"]),
 ]
 
 
@@ -153,3 +165,25 @@ def test_stars_and_saved_comparisons(team, users):
     assert team.delete(f"/api/comparisons/{c['id']}", headers=alice).status_code == 403
     assert team.delete(f"/api/comparisons/{c['id']}", headers=bob).status_code == 204
     assert team.get(f"/api/comparisons/{c['id']}", headers=bob).status_code == 404
+
+
+def test_viewers_write_nothing_no_star_no_saved_comparison(team, users):
+    """Policy (docs/security.md): a viewer only reads; stars and saved comparisons are writes."""
+    alice, vera = users.create("alice"), users.create("vera", "viewer")
+    ids = [team.post("/api/runs", json={"preset": "ddp"}, headers=alice).json()["id"]
+           for _ in range(2)]
+    r = team.put(f"/api/runs/{ids[0]}/star", headers=vera)
+    assert r.status_code == 403
+    assert r.json() == {"detail": "starring runs needs the member role (you are viewer)"}
+    assert team.delete(f"/api/runs/{ids[0]}/star", headers=vera).status_code == 403
+    assert team.get("/api/stars", headers=vera).json() == []
+    r = team.post("/api/comparisons", json={"name": "mine", "run_ids": ids}, headers=vera)
+    assert r.status_code == 403
+    assert r.json() == {"detail": "saving comparisons needs the member role (you are viewer)"}
+    assert team.get("/api/comparisons", headers=vera).json() == []
+    # A viewer still reads what others saved.
+    saved = team.post("/api/comparisons", json={"name": "a", "run_ids": ids}, headers=alice)
+    assert saved.status_code == 201
+    got = team.get(f"/api/comparisons/{saved.json()['id']}", headers=vera)
+    assert got.status_code == 200 and got.json()["run_ids"] == ids
+    assert team.get(f"/api/runs/{ids[0]}", headers=vera).json()["starred"] is False

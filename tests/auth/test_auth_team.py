@@ -5,13 +5,14 @@ per-user limits, tokens, sessions, CSRF (Origin) and login throttling."""
 from __future__ import annotations
 
 import re
+from datetime import datetime
 
 import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from starlette.routing import Route
 
-from backend.auth import PUBLIC_API
+from backend.api.middleware import PUBLIC_API
 from backend.core.db import get_sessionmaker
 from backend.models import ApiToken
 from tests.auth.conftest import PASSWORD
@@ -46,11 +47,21 @@ def test_every_api_route_without_credentials_is_401_except_the_public_list(team_
         assert team.request(method, path).status_code == 401, (method, path)
 
 
+def _routes(routes, prefix: str = ""):
+    """Every route, through included routers (FastAPI keeps those as nested objects)."""
+    for r in routes:
+        inner = getattr(r, "original_router", None)
+        if inner is not None:
+            yield from _routes(inner.routes, prefix + r.include_context.prefix)
+        elif isinstance(r, (APIRoute, Route)):
+            yield prefix + r.path, r
+
+
 def test_every_page_redirects_to_login(team_app, team):
-    pages = {r.path for r in team_app.routes
-             if isinstance(r, (APIRoute, Route)) and "GET" in (r.methods or ())
-             and not r.path.startswith(("/api", "/static")) and r.path != "/login"}
-    assert {"/", "/docs", "/openapi.json"} <= pages
+    pages = {path for path, r in _routes(team_app.routes) if "GET" in (r.methods or ())
+             and not path.startswith(("/api", "/static")) and path != "/login"}
+    assert {"/", "/new", "/runs/{run_id}", "/compare", "/collectives", "/schedules", "/docs",
+            "/openapi.json"} <= pages
     for page in sorted(pages) + ["/no-such-page", "/runs/abc?tab=log"]:
         r = team.get(_fill(page), follow_redirects=False)
         assert r.status_code == 303, (page, r.status_code)
@@ -137,8 +148,13 @@ def test_tokens_shown_once_hashed_last_used_and_revoked_at_once(team, users, tea
         assert token not in (row.token_hash, row.prefix) and len(row.token_hash) == 64
         assert row.last_used_at is None
     assert team.get("/api/auth/me", headers=bearer).json()["username"] == "alice"
+    with get_sessionmaker(team_settings.db_url)() as db:
+        used = db.get(ApiToken, tid).last_used_at
     listed = {t["id"]: t for t in team.get("/api/auth/tokens", headers=alice).json()}
-    assert listed[tid]["last_used_at"] is not None and "token" not in listed[tid]
+    # The first use is recorded (its time, as stored); the listing shows exactly that.
+    assert used >= row.created_at and "token" not in listed[tid]
+    assert datetime.fromisoformat(listed[tid]["last_used_at"]).replace(tzinfo=None) == \
+        used.replace(tzinfo=None)
     assert token not in team.get("/api/auth/tokens", headers=alice).text
     assert team.delete(f"/api/auth/tokens/{tid}", headers=alice).status_code == 204
     assert team.get("/api/auth/me", headers=bearer).status_code == 401

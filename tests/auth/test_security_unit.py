@@ -1,12 +1,12 @@
-"""The pure pieces of backend/core/security.py and backend/auth.py."""
+"""The pure pieces of backend/core/security.py and backend/core/identity.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from backend.auth import safe_next
 from backend.core import security
 from backend.core.config import Settings
+from backend.core.identity import safe_next
 
 
 @pytest.mark.parametrize("target,want", [
@@ -68,14 +68,18 @@ def test_passwords_are_argon2id_and_verify():
     assert not security.verify_password(s, h, "a long passworD")
     assert not security.verify_password(s, None, "a long password")
     assert not security.verify_password(s, "!", "anything")
-    assert security.check_password_policy(s, "short") is not None
+    assert security.check_password_policy(s, "short") == \
+        f"password: at least {s.password_min_length} characters"
     assert security.check_password_policy(s, "long enough!") is None
 
 
 def test_usernames_and_cookies():
     assert security.check_username("alice.b-c_1") is None
-    for bad in ("Alice", "a b", "", "-x", "local", "x" * 65, "a/b", "<s>"):
-        assert security.check_username(bad) is not None, bad
+    rule = ("username: 1-64 characters, lower-case letters, digits, '_', '-', '.', "
+            "starting with a letter or digit")
+    for bad in ("Alice", "a b", "", "-x", "x" * 65, "a/b", "<s>"):
+        assert security.check_username(bad) == rule, bad
+    assert security.check_username("local") == "username: 'local' is reserved"
     signed = security.sign_cookie("k" * 32, "pls_abc")
     assert security.unsign_cookie("k" * 32, signed) == "pls_abc"
     assert security.unsign_cookie("j" * 32, signed) is None

@@ -224,6 +224,6 @@ def test_collectives_page_overlays_sweeps(svc, idle_queue, page):
 def test_pages_and_vendored_plotly_are_served(svc):
     for path in ("/", "/new", "/compare", "/collectives", "/schedules", "/runs/abc"):
         r = httpx.get(svc.url + path)
-        assert r.status_code == 200 and "<main>" in r.text, path
+        assert r.status_code == 200 and '<main id="content"' in r.text, path
     r = httpx.get(svc.url + "/static/vendor/plotly.min.js")
     assert r.status_code == 200 and "plotly.js" in r.text[:300]

@@ -36,6 +36,35 @@ def assert_no_process_left(run_id, within=5.0):
     assert left == [], f"processes of run {run_id} still alive after {within:g} s: {left}"
 
 
+def republish(svc, run_id: str) -> None:
+    """Publish the run's task again through the service's own broker settings: the same task id
+    (`run-<id>`) the backend used, i.e. what a broker redelivery looks like to a worker."""
+    code = ("import sys; from backend.core.config import get_settings; "
+            "from worker.app import enqueue_run; "
+            "enqueue_run(get_settings(), sys.argv[1], sys.argv[2])")
+    subprocess.run([sys.executable, "-c", code, run_id, svc.queue], env=svc.env, check=True,
+                   cwd=svc.tmp, timeout=60)
+
+
+def test_a_task_delivered_twice_launches_its_run_once(redis_service):
+    """The same message delivered twice while the run is queued (a redelivery racing the first
+    delivery): exactly one launch; the second delivery is refused at claim."""
+    svc = redis_service
+    svc.stop(svc.worker)  # both deliveries wait in the queue
+    run = svc.submit({"preset": "ddp", "train": {"steps": 2}})
+    republish(svc, run["id"])
+    svc.start_worker()
+    done = svc.wait_status(run["id"], ("succeeded", "failed"), 120)
+    assert done["status"] == "succeeded", done["error"]
+    wait_for(lambda: f"run {run['id']} not launched: run is succeeded, not queued" in
+             (svc.tmp / "worker.log").read_text(errors="replace")
+             or f"run {run['id']} not launched: run is running, not queued" in
+             (svc.tmp / "worker.log").read_text(errors="replace"), 60,
+             "the worker to refuse the second delivery")
+    log = svc.http.get(f"/api/runs/{run['id']}/logs").text
+    assert log.count("[paralab] launching") == 1, log
+
+
 def test_ddp_run_succeeds_with_logs_traces_and_provenance(redis_service):
     svc = redis_service
     run = svc.submit({"preset": "ddp", "name": "e2e", "train": {"steps": 3},
@@ -113,10 +142,17 @@ def test_worker_killed_outright(redis_service):
     assert_no_process_left(run["id"], within=40)
     done = svc.wait_status(run["id"], ("failed", "succeeded", "cancelled"), 60)
     assert done["status"] == "failed" and "worker lost" in done["error"], done
-    # A restarted worker that receives a redelivered message does not launch it again.
+    # The broker redelivers the unacknowledged message only after its visibility timeout
+    # (hours), so deliver it again now: the same Celery task id and run id, as a redelivery
+    # carries. The restarted worker takes it, is refused at claim, and launches nothing.
     svc.start_worker()
-    time.sleep(3)
-    assert svc.run(run["id"])["status"] == "failed" and pids_with_run_id(run["id"]) == []
+    republish(svc, run["id"])
+    wait_for(lambda: f"run {run['id']} not launched: run is failed, not queued" in
+             (svc.tmp / "worker.log").read_text(errors="replace"), 60,
+             "the worker to refuse the redelivered task")
+    after = svc.run(run["id"])
+    assert after["status"] == "failed" and after["started_at"] == done["started_at"]
+    assert after["error"] == done["error"] and pids_with_run_id(run["id"]) == []
 
 
 def test_backend_restarted_while_a_run_is_going(redis_service):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from backend.errors import Conflict
 from backend.storage import append_at
 from worker.client import BackendClient
 from worker.live import OutputFilter, TraceShipper
@@ -30,7 +31,7 @@ def test_append_at_is_idempotent_and_refuses_gaps(tmp_path):
     assert append_at(f, 2, b"b\n") == 4  # the same chunk again
     assert append_at(f, 4, b"c\n") == 6
     assert f.read_bytes() == b"a\nb\nc\n"
-    with pytest.raises(ValueError, match="offset"):
+    with pytest.raises(Conflict, match="offset"):
         append_at(f, 10, b"x\n")
     assert f.read_bytes() == b"a\nb\nc\n"
 

@@ -1,25 +1,23 @@
-"""Login, logout, who am I, personal API tokens, own password; and the /login page."""
+"""Login, logout, who am I, personal API tokens, own password. The /login page is in
+routes/pages.py."""
 
 from __future__ import annotations
 
 from datetime import datetime
-from pathlib import Path
 
-from fastapi import APIRouter, HTTPException, Request, Response
-from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from backend import auth, permissions
+from backend import crud, permissions, services
 from backend.api.deps import DbDep, SettingsDep, UserDep
-from backend.core import security
+from backend.core import identity, security
 from backend.core.db import get_sessionmaker
+from backend.errors import Forbidden, NotFound, TooManyAttempts, Unauthorized
 from backend.models import ApiToken, User
 
 router = APIRouter(prefix="/api/auth", tags=["accounts"])
-pages = APIRouter(include_in_schema=False)
-LOGIN_PAGE = Path(__file__).resolve().parents[3] / "frontend" / "templates" / "login.html"
-_FAILED = "invalid username or password"
 
 
 class LoginIn(BaseModel):
@@ -73,50 +71,35 @@ async def login(request: Request, body: LoginIn, settings: SettingsDep) -> JSONR
     """Start a browser session (HttpOnly, SameSite=Strict cookie). Failures say the same thing
     whether or not the user exists; repeated failures per username or address are throttled."""
     if settings.auth != "required":
-        return JSONResponse({"username": auth.LOCAL_USERNAME, "role": "admin", "mode": "local",
-                             "next": auth.safe_next(body.next)})
+        return JSONResponse({"username": crud.LOCAL_USERNAME, "role": "admin", "mode": "local",
+                             "next": identity.safe_next(body.next)})
     if security.origin_allowed(dict(request.headers), request.url.scheme,
                                settings.trusted_origins) is False:
-        raise HTTPException(403, "cross-site login refused (Origin)")
+        raise Forbidden("cross-site login refused (Origin)")
     throttles: dict[str, security.LoginThrottle] = request.app.state.login_throttle
-    client = auth.client_address(request)
+    client = identity.client_address(request)
     keys = {"user": body.username.strip().lower(), "addr": client}
     wait = max(t.retry_after([keys[k]]) for k, t in throttles.items())
     if wait > 0:
-        return JSONResponse({"detail": "too many failed logins; try again later"}, 429,
-                            headers={"Retry-After": str(int(wait) + 1)})
-    result = await run_in_threadpool(_check_login, settings, body, client)
-    if result is None:
+        raise TooManyAttempts("too many failed logins; try again later", retry_after_s=wait)
+    try:
+        raw, user = await run_in_threadpool(_check_login, settings, body, client)
+    except Unauthorized:
         for k, t in throttles.items():
             t.failed([keys[k]])
-        return JSONResponse({"detail": _FAILED}, 401)
+        raise
     throttles["user"].succeeded([keys["user"]])
-    raw, user = result
     resp = JSONResponse({"username": user.username, "role": user.role, "mode": "team",
-                         "next": auth.safe_next(body.next)})
+                         "next": identity.safe_next(body.next)})
     resp.set_cookie(security.SESSION_COOKIE, security.sign_cookie(settings.secret_key, raw),
                     max_age=int(settings.session_ttl_s), path="/", httponly=True,
                     samesite="strict", secure=_cookie_secure(request, settings))
     return resp
 
 
-def _check_login(settings, body: LoginIn, client: str) -> tuple[str, User] | None:
+def _check_login(settings, body: LoginIn, client: str) -> tuple[str, User]:
     with get_sessionmaker(settings.db_url)() as db:
-        name = body.username.strip().lower()
-        user = auth.get_user(db, name)
-        usable = user is not None and user.is_active and user.password_hash.startswith("$")
-        ok = security.verify_password(settings, user.password_hash if usable else None,
-                                      body.password)
-        if not ok:
-            # The entry names what was typed, never whether such a user exists.
-            auth.audit(db, "anonymous", "auth.login_failed", None,
-                       {"username": body.username[:100]}, client)
-            return None
-        if security.needs_rehash(settings, user.password_hash):
-            user.password_hash = security.hash_password(settings, body.password)
-        raw, _ = auth.create_credential(db, user, kind="session", name=f"session {client}",
-                                        ttl_s=settings.session_ttl_s)
-        return raw, user
+        return services.check_login(db, settings, body.username, body.password, client=client)
 
 
 @router.post("/logout", status_code=204)
@@ -125,7 +108,7 @@ def logout(request: Request, db: DbDep, settings: SettingsDep, user: UserDep) ->
     if user.via == "session" and user.credential_id is not None:
         row = db.get(ApiToken, user.credential_id)
         if row is not None:
-            auth.revoke_credential(db, row)
+            crud.revoke_credential(db, row)
     resp = Response(status_code=204)
     resp.delete_cookie(security.SESSION_COOKIE, path="/", httponly=True, samesite="strict",
                        secure=_cookie_secure(request, settings))
@@ -143,24 +126,17 @@ def me(user: UserDep, settings: SettingsDep) -> dict:
 @router.post("/password", status_code=204)
 def change_password(request: Request, db: DbDep, settings: SettingsDep, user: UserDep,
                     body: PasswordIn) -> Response:
-    row = db.get(User, user.id)
-    if settings.auth != "required" or row is None or not security.verify_password(
-            settings, row.password_hash if row.password_hash.startswith("$") else None,
-            body.current_password):
-        raise HTTPException(403, "current password does not match")
-    try:
-        auth.set_password(db, settings, row, body.new_password, actor=user.username,
-                          client=auth.client_address(request))
-    except ValueError as exc:
-        raise HTTPException(422, [{"loc": ["body", "new_password"], "msg": str(exc),
-                                   "type": "value_error"}]) from exc
+    """Change your own password: the current one is required; every session of yours ends
+    (this one too), your API tokens stay (docs/security.md)."""
+    services.change_password(db, settings, user.id, body.current_password, body.new_password,
+                             actor=user.username, client=identity.client_address(request))
     return Response(status_code=204)
 
 
 @router.get("/tokens", response_model=list[TokenOut])
 def list_tokens(db: DbDep, user: UserDep) -> list[TokenOut]:
     """Your personal API tokens (never the tokens themselves: only their prefix)."""
-    return [TokenOut.of(t) for t in auth.list_tokens(db, user.id)]
+    return [TokenOut.of(t) for t in crud.list_tokens(db, user.id)]
 
 
 @router.post("/tokens", status_code=201, response_model=NewTokenOut)
@@ -169,9 +145,9 @@ def create_token(request: Request, db: DbDep, user: UserDep, body: TokenIn) -> N
     your role. It is shown in this response only."""
     row_user = db.get(User, user.id)
     ttl = body.expires_days * 86400 if body.expires_days else None
-    raw, row = auth.create_credential(db, row_user, kind="api", name=body.name, ttl_s=ttl)
-    auth.audit(db, user.username, "token.create", f"token {row.id}",
-               {"name": row.name, "prefix": row.prefix}, auth.client_address(request))
+    raw, row = crud.create_credential(db, row_user, kind="api", name=body.name, ttl_s=ttl)
+    crud.audit(db, user.username, "token.create", f"token {row.id}",
+               {"name": row.name, "prefix": row.prefix}, identity.client_address(request))
     return NewTokenOut(**TokenOut.of(row).model_dump(), token=raw)
 
 
@@ -181,20 +157,9 @@ def revoke_token(request: Request, db: DbDep, user: UserDep, token_id: int) -> R
     row = db.get(ApiToken, token_id)
     if row is None or row.kind != "api" or (
             row.user_id != user.id and not permissions.at_least(user, "admin")):
-        raise HTTPException(404, f"no token {token_id}")
-    auth.revoke_credential(db, row)
-    auth.audit(db, user.username, "token.revoke", f"token {row.id}",
+        raise NotFound(f"no token {token_id}")
+    crud.revoke_credential(db, row)
+    crud.audit(db, user.username, "token.revoke", f"token {row.id}",
                {"name": row.name, "prefix": row.prefix, "user_id": row.user_id},
-               auth.client_address(request))
+               identity.client_address(request))
     return Response(status_code=204)
-
-
-@pages.get("/login")
-def login_page(settings: SettingsDep):
-    if settings.auth != "required":
-        return RedirectResponse("/", 303)
-    return FileResponse(LOGIN_PAGE, headers={
-        "Cache-Control": "no-store",
-        "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
-                                   "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; "
-                                   "form-action 'self'"})

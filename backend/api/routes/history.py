@@ -1,22 +1,18 @@
 """The shared history around runs: stars, saved comparisons with a shareable link, the audit
-log (admins) and run notes rendered from a safe Markdown subset."""
+log (admins). A run's stars and notes are under /api/runs (routes/runs/)."""
 
 from __future__ import annotations
 
-import secrets
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
-from fastapi import APIRouter, HTTPException, Query, Request, Response
-from fastapi.responses import HTMLResponse
+from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from sqlalchemy import select
 
-from backend import auth, permissions
-from backend.api.deps import DbDep, RunDep, UserDep
-from backend.core.security import render_notes
-from backend.models import Run, SavedComparison, Star
+from backend import crud, permissions
+from backend.api.deps import DbDep, UserDep
+from backend.models import SavedComparison
 
 router = APIRouter(prefix="/api", tags=["history"])
 
@@ -64,52 +60,35 @@ class AuditOut(BaseModel):
 @router.get("/stars", response_model=list[str])
 def my_stars(db: DbDep, user: UserDep) -> list[str]:
     """IDs of the runs you starred, newest star first (PUT/DELETE /api/runs/{id}/star)."""
-    return list(db.scalars(select(Star.run_id).where(Star.user_id == user.id)
-                           .order_by(Star.created_at.desc())))
+    return crud.stars_of(db, user.id)
 
 
 @router.post("/comparisons", status_code=201, response_model=ComparisonOut)
 def save_comparison(db: DbDep, user: UserDep, body: ComparisonIn) -> ComparisonOut:
-    """Save 2-4 runs side by side under a name; `url` is the link to share."""
-    found = set(db.scalars(select(Run.id).where(Run.id.in_(body.run_ids))))
-    missing = [x for x in body.run_ids if x not in found]
-    if missing:
-        raise HTTPException(422, [{"loc": ["body", "run_ids"], "type": "value_error",
-                                   "msg": f"no such runs: {', '.join(missing)}"}])
-    c = SavedComparison(id=secrets.token_hex(8), name=body.name, owner=user.username,
-                        run_ids=body.run_ids)
-    db.add(c)
-    db.commit()
-    return ComparisonOut.of(c)
+    """Save 2-4 runs side by side under a name; `url` is the link to share. Members and
+    admins: a saved comparison is shared, and viewers write nothing."""
+    permissions.require_member(user, "saving comparisons")
+    return ComparisonOut.of(crud.create_comparison(db, name=body.name, owner=user.username,
+                                                   run_ids=body.run_ids))
 
 
 @router.get("/comparisons", response_model=list[ComparisonOut])
 def list_comparisons(db: DbDep, owner: str | None = None,
                      limit: int = Query(100, ge=1, le=500)) -> list[ComparisonOut]:
-    stmt = select(SavedComparison)
-    if owner:
-        stmt = stmt.where(SavedComparison.owner == owner)
-    rows = db.scalars(stmt.order_by(SavedComparison.created_at.desc()).limit(limit))
-    return [ComparisonOut.of(c) for c in rows]
+    return [ComparisonOut.of(c) for c in crud.list_comparisons(db, owner=owner, limit=limit)]
 
 
 @router.get("/comparisons/{comparison_id}", response_model=ComparisonOut)
 def get_comparison(db: DbDep, comparison_id: str) -> ComparisonOut:
-    c = db.get(SavedComparison, comparison_id)
-    if c is None:
-        raise HTTPException(404, f"no saved comparison {comparison_id!r}")
-    return ComparisonOut.of(c)
+    return ComparisonOut.of(crud.get_comparison(db, comparison_id))
 
 
 @router.delete("/comparisons/{comparison_id}", status_code=204)
 def delete_comparison(db: DbDep, user: UserDep, comparison_id: str) -> Response:
-    c = db.get(SavedComparison, comparison_id)
-    if c is None:
-        raise HTTPException(404, f"no saved comparison {comparison_id!r}")
+    c = crud.get_comparison(db, comparison_id)
     if c.owner != user.username:
         permissions.require_admin(user, "deleting another user's comparison")
-    db.delete(c)
-    db.commit()
+    crud.delete_comparison(db, c)
     return Response(status_code=204)
 
 
@@ -124,15 +103,5 @@ def audit_log(db: DbDep, user: UserDep,
     permissions.require_admin(user, "reading the audit log")
     return [AuditOut(id=e.id, ts=e.ts, actor=e.actor, action=e.action, target=e.target,
                      detail=e.detail, client=e.client)
-            for e in auth.list_audit(db, action=action, actor=actor, before_id=before,
+            for e in crud.list_audit(db, action=action, actor=actor, before_id=before,
                                      limit=limit)]
-
-
-@router.get("/runs/{run_id}/notes.html", response_class=HTMLResponse)
-def notes_html(run: RunDep, request: Request) -> HTMLResponse:
-    """The run's notes as HTML from a Markdown subset (paragraphs, emphasis, code, http(s)
-    links). Everything is escaped before markup is added; served with a CSP that forbids
-    scripts, so even opened directly it cannot run anything."""
-    return HTMLResponse(render_notes(run.notes), headers={
-        "Content-Security-Policy": "default-src 'none'; sandbox",
-        "Cache-Control": "no-store"})

@@ -4,7 +4,7 @@ worker may retry any of them after a timeout or a backend restart."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, BackgroundTasks, HTTPException, Query, Request
+from fastapi import APIRouter, BackgroundTasks, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from backend import crud, run_traces
@@ -44,16 +44,10 @@ async def upload(request: Request, run: RunDep, settings: SettingsDep, path: str
                  _: WorkerDep, offset: int | None = Query(None, ge=0)) -> dict:
     """The whole file (after the run), or with `offset` a live chunk of a growing trace:
     written in place, not recorded as a run file, and announced to the run's open streams."""
-    try:
-        target = resolve_run_path(settings.runs_dir, run.id, path)
-    except ValueError as exc:
-        raise HTTPException(400, str(exc)) from exc
+    target = resolve_run_path(settings.runs_dir, run.id, path)  # UnsafePath: 400
     chunks = [c async for c in request.stream()]
     if offset is not None:
-        try:
-            size = await run_in_threadpool(append_at, target, offset, b"".join(chunks))
-        except ValueError as exc:
-            raise HTTPException(409, str(exc)) from exc
+        size = await run_in_threadpool(append_at, target, offset, b"".join(chunks))  # Conflict
         hub.publish_event(run.id)
         return {"path": path, "size": size}
     size, sha = await run_in_threadpool(save_stream, target, chunks)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, HTTPException
+from fastapi import APIRouter, Body
 
+from backend.errors import Invalid
 from jobs.spec import SpecError
 from jobs.theory import predict as theory_predict
 
@@ -37,12 +38,11 @@ def run_predict(body: dict[str, Any]) -> dict:
         return theory_predict(body)
     except SpecError as exc:
         assumed = set(body.get("assumptions") or {}) if prefix[-1] == "spec" else set()
-        raise HTTPException(422, [
+        raise Invalid(errors=[
             {**e, "loc": (["body", "assumptions"] if e["loc"] and e["loc"][0] in assumed
                           else prefix) + list(e["loc"])} for e in exc.errors]) from exc
     except TypeError as exc:  # an unknown assumption keyword
-        raise HTTPException(422, [{"loc": ["body", "assumptions"], "msg": str(exc),
-                                   "type": "value_error"}]) from exc
+        raise Invalid(str(exc), field="assumptions") from exc
 
 
 @router.post("/predict")

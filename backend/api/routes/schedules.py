@@ -6,8 +6,9 @@ GET /api/presets."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Query
 
+from backend.errors import Invalid
 from jobs import schedules as sched
 
 router = APIRouter(prefix="/api/schedules", tags=["schedules"])
@@ -21,8 +22,8 @@ DEFAULTS = {"schedule": "1f1b", "p": 4, "m": 8, "v": 1, "t_f": 1.0, "t_b_input":
             "t_b_weight": 1.0, "t_comm": 0.0}
 
 
-def _error(field: str, msg: str) -> HTTPException:
-    return HTTPException(422, [{"loc": ["query", field], "msg": msg, "type": "value_error"}])
+def _error(field: str, msg: str) -> Invalid:
+    return Invalid(msg, field=field, where="query")
 
 
 def _time(default: float, doc: str):

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from backend import auth, permissions
+from backend import crud, permissions
 from backend.api.deps import DbDep, SettingsDep, UserDep
 from backend.api.routes.auth import TokenOut
+from backend.core import identity
+from backend.errors import Conflict, Invalid, NotFound
 from backend.models import User
 
 router = APIRouter(prefix="/api/users", tags=["accounts"])
@@ -50,16 +52,16 @@ class UserPatch(BaseModel):
 
 
 def _user_or_404(db, username: str) -> User:
-    user = auth.get_user(db, username)
-    if user is None or user.username == auth.LOCAL_USERNAME:
-        raise HTTPException(404, f"no user {username!r}")
+    user = crud.get_user(db, username)
+    if user is None or user.username == crud.LOCAL_USERNAME:
+        raise NotFound(f"no user {username!r}")
     return user
 
 
 @router.get("", response_model=list[UserOut])
 def list_users(db: DbDep, user: UserDep) -> list[UserOut]:
     permissions.require_admin(user, "listing users")
-    return [UserOut.of(u) for u in auth.list_users(db)]
+    return [UserOut.of(u) for u in crud.list_users(db)]
 
 
 @router.post("", status_code=201, response_model=UserOut)
@@ -67,14 +69,12 @@ def create_user(request: Request, db: DbDep, settings: SettingsDep, user: UserDe
                 body: UserIn) -> UserOut:
     permissions.require_admin(user, "creating users")
     try:
-        new = auth.create_user(db, settings, body.username, body.password, role=body.role,
+        new = crud.create_user(db, settings, body.username, body.password, role=body.role,
                                max_concurrent_runs=body.max_concurrent_runs,
                                max_world_size=body.max_world_size, actor=user.username,
-                               client=auth.client_address(request))
+                               client=identity.client_address(request))
     except ValueError as exc:
-        field = str(exc).split(":", 1)[0]
-        raise HTTPException(422, [{"loc": ["body", field], "msg": str(exc),
-                                   "type": "value_error"}]) from exc
+        raise Invalid(str(exc)) from exc
     return UserOut.of(new)
 
 
@@ -98,17 +98,16 @@ def update_user(request: Request, db: DbDep, settings: SettingsDep, user: UserDe
             changes.pop(k)
     if target.username == user.username and (changes.get("role", "admin") != "admin"
                                               or changes.get("is_active") is False):
-        raise HTTPException(409, "an admin cannot demote or deactivate themselves")
-    client = auth.client_address(request)
+        raise Conflict("an admin cannot demote or deactivate themselves")
+    client = identity.client_address(request)
     try:
         if changes:
-            auth.update_user(db, target, changes, actor=user.username, client=client)
+            crud.update_user(db, target, changes, actor=user.username, client=client)
         if password is not None:
-            auth.set_password(db, settings, target, password, actor=user.username,
+            crud.set_password(db, settings, target, password, actor=user.username,
                               client=client)
     except ValueError as exc:
-        raise HTTPException(422, [{"loc": ["body", str(exc).split(":", 1)[0]],
-                                   "msg": str(exc), "type": "value_error"}]) from exc
+        raise Invalid(str(exc)) from exc
     return UserOut.of(target)
 
 
@@ -116,4 +115,4 @@ def update_user(request: Request, db: DbDep, settings: SettingsDep, user: UserDe
 def user_tokens(db: DbDep, user: UserDep, username: str) -> list[TokenOut]:
     permissions.require_admin(user, "listing other users' tokens")
     target = _user_or_404(db, username)
-    return [TokenOut.of(t, target.username) for t in auth.list_tokens(db, target.id)]
+    return [TokenOut.of(t, target.username) for t in crud.list_tokens(db, target.id)]

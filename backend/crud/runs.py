@@ -1,4 +1,5 @@
-"""Every read and write of the run history. Routes call one function here and return."""
+"""Runs: create, list (filter, sort, cursor), cancel, claim, heartbeat, logs, files, finish,
+reap. Routes and services call one function here and return."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.orm import Session, defer
 
-from backend.models import FINISHED, Run, RunFile, RunLog, RunTag, Worker, utcnow
+from backend.models import FINISHED, Run, RunFile, RunLog, RunTag, utcnow
 from jobs.spec import JobSpec
 
 SORT_KEYS = {"created_at": Run.created_at, "name": Run.name, "status": Run.status,
@@ -211,23 +212,6 @@ def list_files(db: Session, run_id: str) -> list[RunFile]:
                            .order_by(RunFile.path)))
 
 
-def upsert_worker(db: Session, *, name: str, host: str, queue: str, slots: int, busy: int,
-                  devices: list, info: dict) -> None:
-    w = db.get(Worker, name)
-    if w is None:
-        w = Worker(name=name)
-        db.add(w)
-    w.host, w.queue, w.slots, w.busy, w.devices, w.info = host, queue, slots, busy, devices, info
-    w.last_seen = utcnow()
-    db.commit()
-
-
-def list_workers(db: Session, *, seen_within_s: float) -> list[Worker]:
-    since = utcnow() - timedelta(seconds=seen_within_s)
-    return list(db.scalars(select(Worker).where(Worker.last_seen >= since)
-                           .order_by(Worker.name)))
-
-
 def reap_lost_runs(db: Session, *, timeout_s: float) -> list[str]:
     """Fail running runs whose worker stopped reporting (killed, host down, partitioned)."""
     cutoff = utcnow() - timedelta(seconds=timeout_s)
@@ -241,15 +225,3 @@ def reap_lost_runs(db: Session, *, timeout_s: float) -> list[str]:
                   f"last heartbeat {run.heartbeat_at.isoformat()}"))
     db.commit()
     return [r.id for r in lost]
-
-
-def latest_sweep(db: Session, queue: str, *, exclude: str | None = None) -> Run | None:
-    """The one "latest sweep" rule: the newest succeeded collective bandwidth sweep with results
-    on the same worker queue (one queue per host pool), so a run is compared with a sweep of
-    its own hosts, never with another pool's."""
-    q = (select(Run).where(Run.kind == "collective_bench", Run.status == "succeeded",
-                           Run.queue == queue)
-         .order_by(Run.created_at.desc()).limit(20))
-    if exclude is not None:
-        q = q.where(Run.id != exclude)
-    return next((r for r in db.scalars(q) if (r.summary or {}).get("results")), None)

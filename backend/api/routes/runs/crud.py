@@ -1,23 +1,20 @@
-"""Runs: submit, list, inspect, edit, cancel, delete, star, logs (text and SSE), files.
-Who may do what is decided in backend/permissions.py."""
+"""Runs themselves: submit, list, inspect, edit, cancel, delete. Who may do what is decided in
+backend/permissions.py; the sub-resources are the sibling modules of this package."""
 
 from __future__ import annotations
 
-import shutil
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, HTTPException, Query, Request
-from fastapi.responses import FileResponse, PlainTextResponse
+from fastapi import APIRouter, Body, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend import crud, permissions, services
 from backend.api.deps import DbDep, RunDep, SettingsDep, UserDep
-from backend.api.schemas import FileOut, RunOut
-from backend.auth import Principal, audit, client_address
-from backend.models import FINISHED, Run, RunTag, Star
-from backend.storage import resolve_run_path
+from backend.api.schemas import RunOut
+from backend.core.identity import Principal, client_address
+from backend.errors import Invalid
+from backend.models import Run
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 
@@ -53,10 +50,7 @@ class RunPatch(BaseModel):
 
 
 def _starred(db: Session, user: Principal, run_ids: list[str]) -> set[str]:
-    if not run_ids:
-        return set()
-    return set(db.scalars(select(Star.run_id).where(Star.user_id == user.id,
-                                                    Star.run_id.in_(run_ids))))
+    return crud.starred_ids(db, user.id, run_ids)
 
 
 def view(db: Session, user: Principal, run: Run, *, full: bool = True,
@@ -65,6 +59,7 @@ def view(db: Session, user: Principal, run: Run, *, full: bool = True,
         starred = _starred(db, user, [run.id])
     return RunView(**RunOut.of(run, full=full).model_dump(),
                    can_modify=permissions.can_modify_run(user, run), starred=run.id in starred)
+
 
 _SPEC_EXAMPLE = {"preset": "ddp", "name": "my first run", "train": {"steps": 5},
                  "tags": ["demo"], "notes": ""}
@@ -101,8 +96,7 @@ def list_runs(
     try:
         rows, nxt = crud.list_runs(db, f, sort=sort, cursor=cursor, limit=limit)
     except ValueError as exc:
-        raise HTTPException(422, [{"loc": ["query", "cursor"], "msg": str(exc),
-                                   "type": "value_error"}]) from exc
+        raise Invalid(str(exc), field="cursor", where="query") from exc
     starred = _starred(db, user, [r.id for r in rows])
     return RunViewPage(items=[view(db, user, r, full=False, starred=starred) for r in rows],
                        next_cursor=nxt)
@@ -117,29 +111,8 @@ def get_run(db: DbDep, run: RunDep, user: UserDep) -> RunView:
 def edit_run(request: Request, db: DbDep, run: RunDep, user: UserDep, body: RunPatch) -> RunView:
     """Change a run's name, tags or notes (stored and returned literally)."""
     permissions.require_modify_run(user, run, "edit")
-    changes = body.model_dump(exclude_unset=True, exclude_none=True)
-    before = {k: ([t.tag for t in run.tags] if k == "tags" else getattr(run, k))
-              for k in changes}
-    if "name" in changes:
-        run.name = changes["name"]
-    if "notes" in changes:
-        run.notes = changes["notes"]
-    if "tags" in changes:
-        want = changes["tags"]
-        for t in list(run.tags):
-            if t.tag not in want:
-                run.tags.remove(t)
-        have = {t.tag for t in run.tags}
-        run.tags.extend(RunTag(tag=t) for t in want if t not in have)
-    audit(db, user.username, "run.edit", run.id,
-          {"owner": run.owner, "fields": sorted(changes),
-           **({"tags": {"before": before["tags"], "after": changes["tags"]}}
-              if "tags" in changes else {}),
-           **({"name": {"before": before["name"], "after": changes["name"]}}
-              if "name" in changes else {})},
-          client_address(request), commit=False)
-    db.commit()
-    db.refresh(run)
+    run = services.edit(db, run, body.model_dump(exclude_unset=True, exclude_none=True),
+                        actor=user.username, client=client_address(request))
     return view(db, user, run)
 
 
@@ -148,70 +121,12 @@ def delete_run(request: Request, db: DbDep, run: RunDep, user: UserDep,
                settings: SettingsDep) -> None:
     """Remove a finished run from the history, with its logs and files."""
     permissions.require_modify_run(user, run, "delete")
-    if run.status not in FINISHED:
-        raise HTTPException(409, f"run {run.id} is {run.status}; cancel it first")
-    run_id, detail = run.id, {"owner": run.owner, "name": run.name, "status": run.status}
-    audit(db, user.username, "run.delete", run_id, detail, client_address(request),
-          commit=False)
-    db.commit()
-    crud.delete_run(db, run_id)
-    folder = (settings.runs_dir / run_id).resolve()
-    if folder.parent == settings.runs_dir and folder.is_dir():
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-@router.put("/{run_id}/star")
-def star_run(db: DbDep, run: RunDep, user: UserDep) -> dict:
-    if db.get(Star, (user.id, run.id)) is None:
-        db.add(Star(user_id=user.id, run_id=run.id))
-        db.commit()
-    return {"run_id": run.id, "starred": True}
-
-
-@router.delete("/{run_id}/star")
-def unstar_run(db: DbDep, run: RunDep, user: UserDep) -> dict:
-    star = db.get(Star, (user.id, run.id))
-    if star is not None:
-        db.delete(star)
-        db.commit()
-    return {"run_id": run.id, "starred": False}
+    services.delete(db, settings, run, actor=user.username, client=client_address(request))
 
 
 @router.post("/{run_id}/cancel", response_model=RunView)
 def cancel_run(request: Request, db: DbDep, run: RunDep, settings: SettingsDep,
                user: UserDep) -> RunView:
     permissions.require_modify_run(user, run, "cancel")
-    if run.status in FINISHED:
-        raise HTTPException(409, f"run {run.id} already {run.status}")
     run = services.cancel(db, settings, run, actor=user.username, client=client_address(request))
     return view(db, user, run)
-
-
-@router.get("/{run_id}/logs", response_class=PlainTextResponse)
-def get_logs(db: DbDep, run: RunDep, rank: int | None = Query(None, ge=0),
-             after: int = Query(-1, ge=-1)) -> str:
-    lines: list[str] = []
-    while True:
-        batch = crud.logs_after(db, run.id, after, rank=rank, limit=5000)
-        lines += [x.line for x in batch]
-        if len(batch) < 5000:
-            break
-        after = batch[-1].seq
-    return "\n".join(lines) + ("\n" if lines else "")
-
-
-@router.get("/{run_id}/files", response_model=list[FileOut])
-def list_files(db: DbDep, run: RunDep) -> list[FileOut]:
-    return [FileOut(path=f.path, size=f.size, sha256=f.sha256, created_at=f.created_at)
-            for f in crud.list_files(db, run.id)]
-
-
-@router.get("/{run_id}/files/{path:path}")
-def download_file(run: RunDep, settings: SettingsDep, path: str) -> FileResponse:
-    try:
-        target = resolve_run_path(settings.runs_dir, run.id, path)
-    except ValueError as exc:
-        raise HTTPException(400, str(exc)) from exc
-    if not target.is_file():
-        raise HTTPException(404, f"no file {path!r} in run {run.id}")
-    return FileResponse(target, filename=target.name)

@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated
 
-from fastapi import APIRouter, Header, HTTPException, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from backend import crud
 from backend.api.deps import SettingsDep
 from backend.core.db import get_sessionmaker
+from backend.errors import NotFound
 from backend.models import FINISHED
 from backend.streams import hub
 
@@ -32,7 +33,7 @@ def _status_of(settings, run_id: str) -> str:
     with get_sessionmaker(settings.db_url)() as db:
         run = crud.get_run(db, run_id)
         if run is None:
-            raise HTTPException(404, f"run {run_id!r} not found")
+            raise NotFound(f"run {run_id!r} not found")
         return run.status
 
 

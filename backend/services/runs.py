@@ -1,17 +1,18 @@
-"""Work behind the routes that spans several steps (validate, store, enqueue)."""
+"""Runs: validate, gate on predicted memory, store, enqueue; cancel."""
 
 from __future__ import annotations
 
 import logging
+import shutil
 from typing import Any
 
-from fastapi import HTTPException
 from sqlalchemy.orm import Session
 
 from backend import crud, permissions
-from backend.auth import Principal, audit
 from backend.core.config import Settings
-from backend.models import Run
+from backend.core.identity import Principal
+from backend.errors import Conflict, Invalid, Unavailable
+from backend.models import FINISHED, Run, RunTag
 from backend.streams import hub
 from jobs.spec import JobSpec, SpecError, parse_spec
 from jobs.theory import predict
@@ -66,7 +67,8 @@ def memory_gate(db: Session, settings: Settings, spec: JobSpec) -> dict | None:
 def submit(db: Session, settings: Settings, body: dict[str, Any], *,
            owner: str | Principal, force: bool = False, client: str | None = None) -> Run:
     """Validate, gate on predicted memory, store, then enqueue the run's ID. Nothing is stored
-    when validation fails; when the broker refuses the message, the run is removed (503).
+    when validation fails (Invalid); when the broker refuses the message, the run is removed
+    (Unavailable).
     `owner` is the submitting Principal (its role and per-user limits are checked and the
     submission is audited) or, for callers without accounts, a bare username."""
     user = owner if isinstance(owner, Principal) else None
@@ -80,31 +82,75 @@ def submit(db: Session, settings: Settings, body: dict[str, Any], *,
     except SpecError as exc:
         errors += [{**e, "loc": ["body", *e["loc"]]} for e in exc.errors]
     if errors:
-        raise HTTPException(422, errors)
+        raise Invalid(errors=errors)
     if user is not None:
         permissions.check_submit_limits(db, user, spec.world_size)
     if not force and (refusal := memory_gate(db, settings, spec)):
-        raise HTTPException(422, [refusal])
+        raise Invalid(errors=[refusal])
     run = crud.create_run(db, spec, owner=owner, tags=tags, notes=notes)
     try:
         enqueue_run(settings, run.id, run.queue)
     except Exception as exc:
         log.exception("enqueue of run %s failed", run.id)
         crud.delete_run(db, run.id)
-        raise HTTPException(503, f"the job queue is unavailable: {exc}") from exc
-    audit(db, owner, "run.submit", run.id, {"name": run.name, "strategy": run.strategy,
+        raise Unavailable(f"the job queue is unavailable: {exc}") from exc
+    crud.audit(db, owner, "run.submit", run.id, {"name": run.name, "strategy": run.strategy,
                                             "world_size": run.world_size, "queue": run.queue,
                                             **({"force": True} if force else {})}, client)
     return run
 
 
+def edit(db: Session, run: Run, changes: dict, *, actor: str,
+         client: str | None = None) -> Run:
+    """Name, tags and notes, stored literally; the audit entry keeps name and tags before and
+    after (notes can be long: only that they changed)."""
+    before = {k: ([t.tag for t in run.tags] if k == "tags" else getattr(run, k))
+              for k in changes}
+    if "name" in changes:
+        run.name = changes["name"]
+    if "notes" in changes:
+        run.notes = changes["notes"]
+    if "tags" in changes:
+        want = changes["tags"]
+        for t in list(run.tags):
+            if t.tag not in want:
+                run.tags.remove(t)
+        have = {t.tag for t in run.tags}
+        run.tags.extend(RunTag(tag=t) for t in want if t not in have)
+    detail = {"owner": run.owner, "fields": sorted(changes)}
+    for k in ("tags", "name"):
+        if k in changes:
+            detail[k] = {"before": before[k], "after": changes[k]}
+    crud.audit(db, actor, "run.edit", run.id, detail, client, commit=False)
+    db.commit()
+    db.refresh(run)
+    return run
+
+
+def delete(db: Session, settings: Settings, run: Run, *, actor: str,
+           client: str | None = None) -> None:
+    """Remove a finished run from the history, with its logs and files (Conflict while it is
+    queued or running: its worker would write into a folder that no longer exists)."""
+    if run.status not in FINISHED:
+        raise Conflict(f"run {run.id} is {run.status}; cancel it first")
+    run_id, detail = run.id, {"owner": run.owner, "name": run.name, "status": run.status}
+    crud.audit(db, actor, "run.delete", run_id, detail, client)
+    crud.delete_run(db, run_id)
+    folder = (settings.runs_dir / run_id).resolve()
+    if folder.parent == settings.runs_dir.resolve() and folder.is_dir():
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def cancel(db: Session, settings: Settings, run: Run, *, actor: str | None = None,
            client: str | None = None) -> Run:
+    """Conflict when the run has already finished."""
+    if run.status in FINISHED:
+        raise Conflict(f"run {run.id} already {run.status}")
     was_queued = run.status == "queued"
     run = crud.request_cancel(db, run)
     hub.publish_status(run.id, run.status)  # a queued run is cancelled at once
     if actor is not None:
-        audit(db, actor, "run.cancel", run.id, {"owner": run.owner, "was": "queued" if
+        crud.audit(db, actor, "run.cancel", run.id, {"owner": run.owner, "was": "queued" if
                                                 was_queued else "running"}, client)
     if was_queued:
         try:

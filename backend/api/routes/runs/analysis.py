@@ -11,22 +11,24 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Query
 from fastapi.responses import FileResponse, Response
 
-from backend import crud, gantt, run_traces
+from backend import gantt, run_traces
 from backend.api.deps import DbDep, RunDep, SettingsDep
+from backend.crud.sweeps import latest_sweep
+from backend.errors import Invalid, NotFound
 from backend.storage import resolve_run_path
 from jobs.analysis import PERFETTO_FILE, TABLES, tables_to_csv
 from jobs.analysis.history import bandwidth_vs_sweep
 
-router = APIRouter(prefix="/api", tags=["analysis"])
+router = APIRouter(prefix="/api/runs", tags=["analysis"])
 
 _TABLE_DOC = f"one table: {', '.join(TABLES)}"
 
 
-def _bad_query(field: str, msg: str) -> HTTPException:
-    return HTTPException(422, [{"loc": ["query", field], "msg": msg, "type": "value_error"}])
+def _bad_query(field: str, msg: str) -> Invalid:
+    return Invalid(msg, field=field, where="query")
 
 
 def _check_table(table: str | None) -> None:
@@ -37,13 +39,13 @@ def _check_table(table: str | None) -> None:
 def load_analysis(settings, run) -> dict:
     a = run_traces.analysis(settings.runs_dir / run.id, run.spec)
     if a is None:
-        raise HTTPException(404, f"run {run.id} has no analysis yet (status {run.status}): no "
+        raise NotFound(f"run {run.id} has no analysis yet (status {run.status}): no "
                                  "trace has been written")
     return a
 
 
 def sweep_join(db, run, analysis: dict) -> dict | None:
-    sweep = crud.latest_sweep(db, run.queue, exclude=run.id)
+    sweep = latest_sweep(db, run.queue, exclude=run.id)
     if sweep is None:
         return None
     rows = bandwidth_vs_sweep((analysis.get("tables") or {}).get("bandwidth") or [],
@@ -53,7 +55,7 @@ def sweep_join(db, run, analysis: dict) -> dict | None:
             "rows": rows}
 
 
-@router.get("/runs/{run_id}/metrics")
+@router.get("/{run_id}/metrics")
 def get_metrics(run: RunDep, settings: SettingsDep, db: DbDep,
                 table: str | None = Query(None, description=_TABLE_DOC),
                 offset: int = Query(0, ge=0, le=2**31, description="with table: first row"),
@@ -74,7 +76,7 @@ def get_metrics(run: RunDep, settings: SettingsDep, db: DbDep,
             "rows": rows[offset:end]}
 
 
-@router.get("/runs/{run_id}/export")
+@router.get("/{run_id}/export")
 def export_run(run: RunDep, settings: SettingsDep,
                format: Literal["perfetto", "json", "csv"] = Query(
                    "perfetto", description="perfetto: Chrome-trace JSON of the whole run; json: "
@@ -87,7 +89,7 @@ def export_run(run: RunDep, settings: SettingsDep,
     if format == "perfetto":
         path = resolve_run_path(settings.runs_dir, run.id, PERFETTO_FILE)
         if not path.is_file():
-            raise HTTPException(404, f"run {run.id} has no Perfetto trace yet (status "
+            raise NotFound(f"run {run.id} has no Perfetto trace yet (status "
                                      f"{run.status}): the worker writes it when the job ends")
         return FileResponse(path, media_type="application/json",
                             filename=f"paralab-{run.id}.perfetto.json")
@@ -111,11 +113,11 @@ def export_run(run: RunDep, settings: SettingsDep,
 def _gantt_trace(settings, run) -> gantt.Trace:
     rt = run_traces.get(settings.runs_dir / run.id)
     if rt is None:
-        raise HTTPException(404, f"run {run.id} has no trace files (yet)")
+        raise NotFound(f"run {run.id} has no trace files (yet)")
     return run_traces.derived(rt, "gantt", gantt.columns)
 
 
-@router.get("/runs/{run_id}/gantt")
+@router.get("/{run_id}/gantt")
 def get_gantt(run: RunDep, settings: SettingsDep,
               step: int | None = Query(None, ge=-1, le=2**31, description="one optimizer step"),
               t0_ms: float | None = Query(None, allow_inf_nan=False,
@@ -133,7 +135,7 @@ def get_gantt(run: RunDep, settings: SettingsDep,
                        max_spans=max_spans, px=px)
 
 
-@router.get("/runs/{run_id}/gantt/steps")
+@router.get("/{run_id}/gantt/steps")
 def gantt_steps(run: RunDep, settings: SettingsDep) -> dict:
     """The trace's optimizer steps and their windows (ms from the trace start), for the step
     selector, without any span."""

@@ -1,0 +1,60 @@
+"""Every read and write of the database, one module per resource. Routes and services call one
+function here and return; `from backend import crud; crud.get_run(...)` reaches them all."""
+
+from backend.crud.audit import audit, list_audit
+from backend.crud.history import (
+    create_comparison,
+    delete_comparison,
+    get_comparison,
+    list_comparisons,
+    set_star,
+    starred_ids,
+    stars_of,
+)
+from backend.crud.runs import (
+    SORT_KEYS,
+    RunFilter,
+    append_logs,
+    claim,
+    create_run,
+    decode_cursor,
+    delete_run,
+    finish,
+    get_run,
+    heartbeat,
+    list_files,
+    list_runs,
+    logs_after,
+    new_run_id,
+    reap_lost_runs,
+    record_file,
+    request_cancel,
+)
+from backend.crud.sweeps import latest_sweep, sweeps
+from backend.crud.tokens import (
+    create_credential,
+    list_tokens,
+    lookup_credential,
+    revoke_credential,
+)
+from backend.crud.users import (
+    LOCAL_USERNAME,
+    create_user,
+    get_user,
+    list_users,
+    local_user,
+    set_password,
+    update_user,
+)
+from backend.crud.workers import list_workers, upsert_worker
+
+__all__ = [
+    "LOCAL_USERNAME", "SORT_KEYS", "RunFilter", "append_logs", "audit", "claim",
+    "create_comparison", "delete_comparison", "get_comparison", "list_comparisons", "set_star",
+    "starred_ids", "stars_of",
+    "create_credential", "create_run", "create_user", "decode_cursor", "delete_run", "finish",
+    "get_run", "get_user", "heartbeat", "latest_sweep", "list_audit", "list_files", "list_runs",
+    "list_tokens", "list_users", "list_workers", "local_user", "logs_after",
+    "lookup_credential", "new_run_id", "reap_lost_runs", "record_file", "request_cancel",
+    "revoke_credential", "set_password", "sweeps", "update_user", "upsert_worker",
+]

@@ -1,0 +1,93 @@
+"""The pages: one base template (nav bar once, skip link, <main id="content">), every element id
+the scripts and browser tests use still there (a snapshot of the pages before the base
+template), ETag / 304, and a missing page is an HTML 404."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from backend.main import create_app
+
+TEMPLATES = Path(__file__).resolve().parents[2] / "frontend" / "templates"
+# Element ids of each page as served before the pages shared base.html (the JS and the browser
+# tests look these up); the base template adds only "content".
+IDS = {
+    "/collectives": ["coll-chart", "coll-error", "coll-time", "sweeps"],
+    "/compare": ["cmp-axis", "cmp-base", "cmp-loss", "cmp-memory", "cmp-steps", "cmp-table",
+                 "cmp-timelines", "compare-error", "compare-form", "compare-ids", "config-diff",
+                 "show-all"],
+    "/": ["compare-btn", "f-owner", "f-status", "f-strategy", "f-tag", "filters", "first",
+          "limit", "list-error", "next", "page-info", "prev", "q", "runs"],
+    "/new": ["device-gb", "fields", "form-error", "form-title", "name", "new-run", "notes",
+             "pred-cards", "pred-comm", "pred-formulas", "pred-memory", "pred-status",
+             "prediction", "preset", "preset-title", "submit", "tags"],
+    "/runs/abc": ["cancel-btn", "cards", "clone-link", "comm-axis", "comm-busbw",
+                  "comm-overlap", "comm-section", "curves-section", "downloads", "gantt",
+                  "gantt-detail", "gantt-info", "gantt-reset", "gantt-search", "gantt-section",
+                  "gantt-step", "log", "log-info", "log-rank", "log-section", "loss-chart",
+                  "memory-chart", "memory-section", "memory-table", "run-error", "run-head",
+                  "run-meta", "run-status", "run-title", "throughput-chart"],
+    "/schedules": ["s-m", "s-p", "s-schedule", "s-t_b_input", "s-t_b_weight", "s-t_comm", "s-t_f",
+                   "s-v", "sched-actions", "sched-cards", "sched-convention", "sched-error",
+                   "sched-form", "sched-gantt", "sched-results", "sched-status"],
+}
+SCRIPTS = {"/collectives": "collectives.js", "/compare": "compare.js", "/": "runs.js",
+           "/new": "new.js", "/runs/abc": "run.js", "/schedules": "schedules.js"}
+
+
+@pytest.fixture
+def client(settings):
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+@pytest.mark.parametrize("path", list(IDS))
+def test_every_page_keeps_its_ids_and_shares_the_base(client, path):
+    r = client.get(path)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    ids = re.findall(r'\bid="([^"]+)"', r.text)
+    assert len(ids) == len(set(ids)), "duplicate ids"
+    assert sorted(set(ids) - {"content"}) == IDS[path]
+    assert r.text.count("<nav") == 1 and r.text.count('data-nav="') == 5
+    assert '<a class="skip-link" href="#content">Skip to content</a>' in r.text
+    assert r.text.count('<main id="content"') == 1
+    assert f'<script type="module" src="/static/js/{SCRIPTS[path]}"></script>' in r.text
+    assert ("/static/vendor/plotly.min.js" in r.text) == (path != "/")
+    assert "{%" not in r.text and "{{" not in r.text
+
+
+def test_the_nav_bar_is_written_once_in_the_templates():
+    pages = sorted(p for p in TEMPLATES.glob("*.html") if p.name != "base.html")
+    assert len(pages) == 8  # the seven pages and the 404 page
+    for page in pages:
+        text = page.read_text()
+        assert text.startswith('{% extends "base.html" %}'), page.name
+        assert "<nav" not in text and "<html" not in text, page.name
+    assert (TEMPLATES / "base.html").read_text().count("<nav") == 1
+
+
+def test_etag_revalidation_answers_304(client):
+    first = client.get("/compare")
+    etag = first.headers["etag"]
+    assert first.headers["cache-control"] == "no-cache"
+    again = client.get("/compare", headers={"If-None-Match": etag})
+    assert again.status_code == 304 and again.content == b"" and again.headers["etag"] == etag
+    assert client.get("/compare", headers={"If-None-Match": '"other"'}).status_code == 200
+
+
+def test_login_page_in_team_mode_has_no_nav_and_its_csp(tmp_path, db_url):
+    from backend.core.config import Settings
+    s = Settings(data_dir=tmp_path / "v", database_url=db_url, worker_token="w" * 40,
+                 auth="required", secret_key=secrets.token_hex(32))
+    with TestClient(create_app(s)) as team:
+        r = team.get("/login")
+    assert r.status_code == 200 and 'id="login-form"' in r.text and "<nav" not in r.text
+    assert sorted(set(re.findall(r'\bid="([^"]+)"', r.text)) - {"content"}) == [
+        "login", "login-error", "login-form", "login-submit", "password", "username"]
+    assert "frame-ancestors 'none'" in r.headers["content-security-policy"]
+    assert r.headers["cache-control"] == "no-store"
