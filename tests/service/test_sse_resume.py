@@ -61,15 +61,18 @@ def test_sse_resumes_after_last_event_id_on_a_live_run(settings, server):
         assert crud.claim(db, rid, worker="w@h", task_id=None) == (True, "claimed")
     first_batch = threading.Event()
 
-    def keep_logging():  # the worker side: a line every 50 ms, then the run ends
-        with maker() as db:
+    def keep_logging():  # the worker side, through the worker channel: a line every 50 ms
+        h = {"Authorization": f"Bearer {settings.worker_token}"}
+        with httpx.Client(base_url=server, timeout=30, headers=h) as w:
             for seq in range(LINES):
-                crud.append_logs(db, rid, [{"seq": seq, "line": f"[rank0]: line {seq}"}])
+                w.post(f"/api/internal/runs/{rid}/logs",
+                       json={"lines": [{"seq": seq, "line": f"[rank0]: line {seq}"}]}
+                       ).raise_for_status()
                 if seq == 9:
                     first_batch.set()
                 time.sleep(0.05)
-            crud.finish(db, rid, status="succeeded", exit_code=0, error=None, summary=None,
-                        provenance=None)
+            w.post(f"/api/internal/runs/{rid}/finish",
+                   json={"status": "succeeded", "exit_code": 0}).raise_for_status()
 
     writer = threading.Thread(target=keep_logging, daemon=True)
     writer.start()
