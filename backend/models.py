@@ -9,6 +9,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -24,6 +25,22 @@ BigIntId = BigInteger().with_variant(Integer(), "sqlite")
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "timed_out")
 FINISHED = ("succeeded", "failed", "cancelled", "timed_out")
+# The run's key figures kept as columns (sortable, filterable): the analysis headline's keys,
+# plus the wall-clock duration from start to finish.
+METRIC_COLUMNS = ("step_time_s", "tokens_per_s", "peak_memory_bytes", "exposed_comm_s",
+                  "bubble_fraction", "overlap_pct", "final_loss", "duration_s")
+
+
+def metric_values(headline: dict | None, started: datetime | None,
+                  finished: datetime | None) -> dict:
+    """The METRIC_COLUMNS values of a run: one place maps the headline onto the columns."""
+    h = headline or {}
+    out = {c: h.get(c) for c in METRIC_COLUMNS if c != "duration_s"}
+    if out["peak_memory_bytes"] is not None:
+        out["peak_memory_bytes"] = int(out["peak_memory_bytes"])
+    out["duration_s"] = ((finished - started).total_seconds()
+                         if started is not None and finished is not None else None)
+    return out
 
 
 def utcnow() -> datetime:
@@ -83,6 +100,16 @@ class Run(Base):
     # Headline figures (step time, peak memory, bubble, overlap, ...) copied from the summary's
     # `headline` so the runs table never loads whole summaries.
     metrics: Mapped[dict | None] = mapped_column(JSON(none_as_null=True))
+    # The key figures as columns, so the history sorts and filters by them with an index each
+    # (migration 0005): set from the headline when the run reports its analysis.
+    step_time_s: Mapped[float | None] = mapped_column(Float)
+    tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    exposed_comm_s: Mapped[float | None] = mapped_column(Float)
+    bubble_fraction: Mapped[float | None] = mapped_column(Float)
+    overlap_pct: Mapped[float | None] = mapped_column(Float)
+    final_loss: Mapped[float | None] = mapped_column(Float)
+    duration_s: Mapped[float | None] = mapped_column(Float)
     notes: Mapped[str] = mapped_column(Text, default="")
     provenance: Mapped[dict | None] = mapped_column(JSON(none_as_null=True))
 
@@ -95,6 +122,7 @@ class Run(Base):
         Index("ix_runs_status_created", "status", "created_at", "id"),
         Index("ix_runs_strategy_created", "strategy", "created_at", "id"),
         Index("ix_runs_owner_created", "owner", "created_at", "id"),
+        *(Index(f"ix_runs_{c}", c, "id") for c in METRIC_COLUMNS),
     )
 
 

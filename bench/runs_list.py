@@ -31,7 +31,7 @@ from backend.core.config import Settings  # noqa: E402
 from backend.core.db import get_engine, get_sessionmaker  # noqa: E402
 from backend.main import create_app  # noqa: E402
 from backend.migrate import upgrade  # noqa: E402
-from backend.models import Run, RunTag, utcnow  # noqa: E402
+from backend.models import Run, RunTag, metric_values, utcnow  # noqa: E402
 from jobs.spec import parse_spec  # noqa: E402
 
 PG_URL = os.environ.get("PARALAB_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -46,6 +46,9 @@ QUERIES = {
     "text search q=sweep-b": {"q": "sweep-b", "limit": 50},
     "tag=baseline": {"tag": "baseline", "limit": 50},
     "owner + sort=name": {"owner": "alice", "sort": "name", "limit": 50},
+    "sort=step_time_s (fastest first)": {"sort": "step_time_s", "limit": 50},
+    "sort=-peak_memory_bytes + max_peak": {"sort": "-peak_memory_bytes",
+                                           "max_peak_memory_bytes": 2e9, "limit": 50},
 }
 
 
@@ -63,7 +66,9 @@ def fill(url: str, n: int) -> None:
                 par = spec["parallel"]
                 status = rng.choice(STATUSES)
                 rid = secrets.token_hex(6)
-                summary = ({"headline": {"step_time_s": rng.random()}, "loss": [1.0] * 20}
+                head = {"step_time_s": rng.random(), "peak_memory_bytes": rng.randint(1, 8) * 10**9,
+                        "tokens_per_s": rng.random() * 1e5, "final_loss": rng.random()}
+                summary = ({"headline": head, "loss": [1.0] * 20}
                            if status == "succeeded" else None)
                 runs.append(dict(
                     id=rid, name=f"{p} sweep-{'abcdefgh'[i % 8]} #{i}", owner=rng.choice(
@@ -73,7 +78,8 @@ def fill(url: str, n: int) -> None:
                     pp=par["pp"], queue="default", status=status,
                     created_at=t0 + timedelta(seconds=500 * i), cancel_requested=False,
                     notes="" if i % 3 else "baseline comparison", summary=summary,
-                    metrics=(summary or {}).get("headline")))
+                    metrics=(summary or {}).get("headline"),
+                    **metric_values((summary or {}).get("headline"), None, None)))
                 for t in rng.sample(["baseline", "ablation", "gpu", "nightly"], rng.randint(0, 2)):
                     tags.append({"run_id": rid, "tag": t})
             db.execute(Run.__table__.insert(), runs)

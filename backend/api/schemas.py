@@ -33,6 +33,15 @@ class RunOut(BaseModel):
     tags: list[str]
     notes: str
     metrics: dict[str, Any] | None = None
+    # the sortable key figures (models.METRIC_COLUMNS), null until the run reports its analysis
+    step_time_s: float | None = None
+    tokens_per_s: float | None = None
+    peak_memory_bytes: int | None = None
+    exposed_comm_s: float | None = None
+    bubble_fraction: float | None = None
+    overlap_pct: float | None = None
+    final_loss: float | None = None
+    duration_s: float | None = None
     spec: dict[str, Any] | None = None
     summary: dict[str, Any] | None = None
     provenance: dict[str, Any] | None = None

@@ -7,17 +7,27 @@ import base64
 import json
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.orm import Session, defer
 
-from backend.models import FINISHED, Run, RunFile, RunLog, RunTag, utcnow
+from backend.models import (
+    FINISHED,
+    METRIC_COLUMNS,
+    Run,
+    RunFile,
+    RunLog,
+    RunTag,
+    metric_values,
+    utcnow,
+)
 from jobs.spec import JobSpec
 
 SORT_KEYS = {"created_at": Run.created_at, "name": Run.name, "status": Run.status,
-             "strategy": Run.strategy, "world_size": Run.world_size}
+             "strategy": Run.strategy, "world_size": Run.world_size,
+             **{c: getattr(Run, c) for c in METRIC_COLUMNS}}
 _RANK_PREFIX = re.compile(r"^\[(?:default|rank)(\d+)\]:")
 
 
@@ -53,6 +63,8 @@ class RunFilter:
     owner: str | None = None
     tag: str | None = None
     q: str | None = None
+    # {metric column: (min, max)}, either end None: runs without the figure never match
+    ranges: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
 
 
 def _encode_cursor(value, run_id: str) -> str:
@@ -95,19 +107,39 @@ def list_runs(db: Session, f: RunFilter, *, sort: str = "-created_at", cursor: s
         like = f"%{f.q.lower().replace('%', '').replace('_', '')}%"
         stmt = stmt.where(or_(func.lower(Run.name).like(like), func.lower(Run.notes).like(like),
                               func.lower(Run.strategy).like(like), Run.id == f.q))
-    if cursor:
-        value, last_id = decode_cursor(cursor)
-        if desc:
-            stmt = stmt.where(or_(col < value, and_(col == value, Run.id < last_id)))
-        else:
-            stmt = stmt.where(or_(col > value, and_(col == value, Run.id > last_id)))
-    order = (col.desc(), Run.id.desc()) if desc else (col.asc(), Run.id.asc())
-    rows = list(db.scalars(stmt.order_by(*order).limit(limit + 1)))
+    for c, (lo, hi) in f.ranges.items():
+        assert c in METRIC_COLUMNS, c
+        col_f = getattr(Run, c)
+        if lo is not None:
+            stmt = stmt.where(col_f >= lo)
+        if hi is not None:
+            stmt = stmt.where(col_f <= hi)
+    nullable = key in METRIC_COLUMNS  # runs without the figure come last, whatever the order
+    value, last_id = decode_cursor(cursor) if cursor else (_START, None)
+    rows: list[Run] = []
+    if value is not None:  # the runs that have the figure (or every run: non-null keys)
+        q = stmt.where(col.is_not(None)) if nullable else stmt
+        if value is not _START:
+            if desc:
+                q = q.where(or_(col < value, and_(col == value, Run.id < last_id)))
+            else:
+                q = q.where(or_(col > value, and_(col == value, Run.id > last_id)))
+        order = (col.desc(), Run.id.desc()) if desc else (col.asc(), Run.id.asc())
+        rows = list(db.scalars(q.order_by(*order).limit(limit + 1)))
+    if nullable and len(rows) <= limit:  # then those without it, by id
+        q = stmt.where(col.is_(None))
+        if value is None:
+            q = q.where(Run.id < last_id if desc else Run.id > last_id)
+        rows += list(db.scalars(q.order_by(Run.id.desc() if desc else Run.id.asc())
+                                .limit(limit + 1 - len(rows))))
     next_cursor = None
     if len(rows) > limit:
         rows = rows[:limit]
         next_cursor = _encode_cursor(getattr(rows[-1], key), rows[-1].id)
     return rows, next_cursor
+
+
+_START = object()  # "no cursor": the first page
 
 
 def request_cancel(db: Session, run: Run) -> Run:
@@ -195,7 +227,13 @@ def finish(db: Session, run_id: str, *, status: str, exit_code: int | None, erro
                                      Run.summary.is_(None))
                    .values(summary=summary, metrics=values["metrics"], provenance=provenance))
     db.commit()
-    return db.get(Run, run_id)
+    run = db.get(Run, run_id)
+    if run is not None and run.status in FINISHED:  # the key figures as sortable columns
+        db.execute(update(Run).where(Run.id == run_id).values(
+            **metric_values(run.metrics, run.started_at, run.finished_at)))
+        db.commit()
+        db.refresh(run)
+    return run
 
 
 def record_file(db: Session, run_id: str, path: str, size: int, sha256: str) -> None:

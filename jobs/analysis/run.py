@@ -92,6 +92,8 @@ def _headline(tables: dict, pred: dict | None, pp: int, peak: int | None) -> dic
         "predicted_comm_bytes_per_rank": ((pred or {}).get("comm") or {}).get("bytes_per_rank"),
         "predicted_bubble_fraction": (((pred or {}).get("pipeline") or {}).get("bubble_fraction")
                                       if pp > 1 else None),
+        "final_loss": next((r["loss"] for r in reversed(thr) if r.get("loss") is not None),
+                           None),
         "steps": len(thr), "ranks": len({r["rank"] for r in sr}),
     }
 

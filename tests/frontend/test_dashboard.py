@@ -187,12 +187,53 @@ def test_runs_list_filters_pages_and_cancels(svc, idle_queue, page):
     page.locator(f"tr[data-run-id='{ids[1]}'] input.pick").check()
     expect(page.locator("#compare-btn")).to_be_enabled()
     shot(page, "runs")
-    # cancel from the list
+    # cancel from the list (asked to confirm)
+    page.allowed_dialogs.append("Cancel run")
     page.locator(f"tr[data-run-id='{ids[2]}'] button.cancel").click()
     expect(page.locator(f"tr[data-run-id='{ids[2]}']")).to_have_attribute(
         "data-status", "cancelled")
     page.click("#compare-btn")
     page.wait_for_url(f"**/compare?ids={ids[0]},{ids[1]}")
+
+
+def finished_with(svc, run_id: str, headline: dict) -> None:
+    """Report a run through the worker channel, as a worker with this analysis would."""
+    auth = {"Authorization": f"Bearer {svc.env['PARALAB_WORKER_TOKEN']}"}
+    svc.http.post(f"/api/internal/runs/{run_id}/claim", headers=auth,
+                  json={"worker": "test", "task_id": None}).raise_for_status()
+    svc.http.post(f"/api/internal/runs/{run_id}/finish", headers=auth,
+                  json={"status": "succeeded", "exit_code": 0,
+                        "summary": {"headline": headline}}).raise_for_status()
+
+
+def test_runs_list_sorts_and_filters_by_key_figures(svc, idle_queue, page):
+    tag = f"m{secrets.token_hex(3)}"
+    figures = [(0.030, 3e6), (0.010, 1e6), (0.020, 5e6)]
+    ids = []
+    for i, (t, mem) in enumerate(figures):
+        rid = queued(svc, idle_queue, {"preset": "ddp", "name": f"fig {i}", "tags": [tag]})["id"]
+        finished_with(svc, rid, {"step_time_s": t, "peak_memory_bytes": mem,
+                                 "tokens_per_s": 1 / t, "final_loss": 1.5})
+        ids.append(rid)
+    page.goto(f"{svc.url}/?tag={tag}")
+    rows = page.locator("#runs tbody tr .run-name")
+    expect(rows).to_have_count(3)
+    page.click("th[data-sort='step_time_s']")  # first click: descending
+    expect(rows).to_have_text(["fig 0", "fig 2", "fig 1"])
+    page.click("th[data-sort='step_time_s']")
+    expect(rows).to_have_text(["fig 1", "fig 2", "fig 0"])
+    assert "sort=step_time_s" in page.url
+    expect(page.locator(f"tr[data-run-id='{ids[1]}'] td.num").first).to_have_text("10.0 ms")
+    page.fill("#f-mem-max", "lots")
+    page.click("#filters button[type='submit']")
+    expect(page.locator("#f-mem-max")).to_have_attribute("aria-invalid", "true")
+    expect(page.locator("#list-error")).to_contain_text("peak mem")
+    page.fill("#f-mem-max", "3 MB")
+    page.click("#filters button[type='submit']")
+    expect(rows).to_have_text(["fig 1", "fig 0"])
+    expect(page.locator("#f-mem-max")).to_have_attribute("aria-invalid", "false")
+    assert "max_peak_memory_bytes=3000000" in page.url
+    shot(page, "runs-by-figures")
 
 
 def test_collectives_page_overlays_sweeps(svc, idle_queue, page):

@@ -46,16 +46,3 @@ export function degrees(r) {
 export function showError(target, e) {
   target.replaceChildren(el("p", { class: "error", role: "alert", text: e?.message || String(e) }));
 }
-
-// A run's headline figures in the history: the analysis headline the worker stored with the run
-// (`metrics`); "–" until the run has been analysed.
-export function headline(run) {
-  const m = run.metrics || {};
-  return {
-    step_time_s: m.step_time_s ?? null,
-    tokens_per_s: m.tokens_per_s ?? null,
-    peak_memory_bytes: m.peak_memory_bytes ?? null,
-    bubble_fraction: m.bubble_fraction ?? null,
-    overlap_pct: m.overlap_pct ?? null,
-  };
-}

@@ -1,8 +1,8 @@
 // The runs page: the shared history with filters, text search, sort, cursor paging, selection
 // for compare and cancel. Filters and sort live in the URL, so a filtered view can be shared.
 import { api } from "./api.js";
-import { $, degrees, el, fmtBytes, fmtDate, fmtPct, fmtSeconds, headline, statusBadge }
-  from "./dom.js";
+import { $, degrees, el, fmtBytes, fmtDate, fmtPct, fmtSeconds, statusBadge } from "./dom.js";
+import { fmt, parseQuantity } from "./units.js";
 
 const tbody = $("#runs tbody");
 const selected = new Map(); // id -> name
@@ -11,6 +11,7 @@ const state = {
   q: params.get("q") || "", status: params.get("status") || "",
   strategy: params.get("strategy") || "", owner: params.get("owner") || "",
   tag: params.get("tag") || "", sort: params.get("sort") || "-created_at",
+  max_peak_memory_bytes: params.get("max_peak_memory_bytes") || "",
   limit: Number(params.get("limit")) || 50,
 };
 let cursors = [null]; // cursor of each page visited; the last one is the current page
@@ -31,7 +32,6 @@ function cell(content, cls) {
 }
 
 function row(r) {
-  const h = headline(r);
   const check = el("input", { type: "checkbox", "aria-label": `select run ${r.id}`,
     class: "pick", dataset: { runId: r.id } });
   check.checked = selected.has(r.id);
@@ -47,6 +47,9 @@ function row(r) {
   if ((r.status === "queued" || r.status === "running") && r.can_modify !== false) {
     actions.append(el("button", { type: "button", class: "small cancel", text: "cancel",
       onclick: async (ev) => {
+        if (!window.confirm(`Cancel run ${r.name}? It stops now; the steps it completed stay.`)) {
+          return;
+        }
         ev.target.disabled = true;
         try { await api.cancel(r.id); } catch (e) { $("#list-error").textContent = e.message; }
         load();
@@ -55,9 +58,11 @@ function row(r) {
   const tr = el("tr", { dataset: { runId: r.id, status: r.status } },
     cell(check), cell(el("span", {}, name, el("span", { class: "muted id", text: ` ${r.id}` }))),
     cell(statusBadge(r.status)), cell(r.strategy), cell(`${degrees(r)} (${r.world_size})`),
-    cell(r.owner), cell(tags), cell(fmtSeconds(h.step_time_s), "num"),
-    cell(fmtBytes(h.peak_memory_bytes), "num"), cell(fmtPct(h.bubble_fraction, true), "num"),
-    cell(fmtPct(h.overlap_pct), "num"), cell(fmtDate(r.created_at)), actions);
+    cell(r.owner), cell(tags), cell(fmtSeconds(r.step_time_s), "num"),
+    cell(fmt(r.tokens_per_s, "tok/s"), "num"), cell(fmtBytes(r.peak_memory_bytes), "num"),
+    cell(fmtSeconds(r.exposed_comm_s), "num"), cell(fmtPct(r.bubble_fraction, true), "num"),
+    cell(fmtPct(r.overlap_pct), "num"), cell(fmt(r.final_loss, "", { sig: 4 }), "num"),
+    cell(fmtSeconds(r.duration_s), "num"), cell(fmtDate(r.created_at)), actions);
   return tr;
 }
 
@@ -111,9 +116,19 @@ async function init() {
   sel.value = state.strategy;
   $("#f-owner").value = state.owner;
   $("#f-tag").value = state.tag;
+  $("#f-mem-max").value = state.max_peak_memory_bytes ? fmtBytes(Number(state.max_peak_memory_bytes)) : "";
   $("#limit").value = String(state.limit);
   $("#filters").addEventListener("submit", (ev) => {
     ev.preventDefault();
+    const memInput = $("#f-mem-max");
+    const mem = memInput.value.trim() ? parseQuantity(memInput.value, "B") : "";
+    memInput.setAttribute("aria-invalid", String(Number.isNaN(mem)));
+    if (Number.isNaN(mem)) {
+      $("#list-error").textContent = "peak mem: a size such as 512 MB or 2 GB";
+      return;
+    }
+    $("#list-error").textContent = "";
+    state.max_peak_memory_bytes = mem === "" ? "" : String(Math.round(mem));
     Object.assign(state, { q: $("#q").value.trim(), status: $("#f-status").value,
       strategy: sel.value, owner: $("#f-owner").value.trim(), tag: $("#f-tag").value.trim() });
     restart();

@@ -89,3 +89,12 @@ export function logAxis(lo, hi, unit) {
   return { type: "log", tickmode: "array", tickvals,
     ticktext: tickvals.map((v) => fmt(v, unit, { trim: true })), minor: { showgrid: false } };
 }
+
+// "512MB", "1.5 GB", "2e9" -> a number in `unit` (SI prefixes, as fmt writes them); NaN when the
+// text is not a quantity of that unit.
+export function parseQuantity(text, unit = "B") {
+  const m = String(text).trim().match(/^([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kMGTP]?)\s*(\S*)$/i);
+  if (!m || (m[3] && m[3] !== unit)) return NaN;
+  const prefix = m[2].toLowerCase() === "k" ? "k" : m[2].toUpperCase(); // "mb" means MB here
+  return Number(m[1]) * 1000 ** (prefix ? "kMGTP".indexOf(prefix) + 1 : 0);
+}

@@ -14,7 +14,7 @@ from backend.api.deps import DbDep, RunDep, SettingsDep, UserDep
 from backend.api.schemas import RunOut
 from backend.core.identity import Principal, client_address
 from backend.errors import Invalid
-from backend.models import Run
+from backend.models import METRIC_COLUMNS, Run
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 
@@ -80,19 +80,43 @@ def submit_run(
     return view(db, user, run, starred=set())
 
 
+def metric_ranges(request: Request) -> dict:
+    """`min_<figure>` / `max_<figure>` query parameters (figures: models.METRIC_COLUMNS)."""
+    out: dict = {}
+    for c in METRIC_COLUMNS:
+        for end, i in (("min", 0), ("max", 1)):
+            raw = request.query_params.get(f"{end}_{c}")
+            if raw is None or raw == "":
+                continue
+            try:
+                v = float(raw)
+            except ValueError:
+                raise Invalid(f"{end}_{c}: must be a number, got {raw!r}", where="query") \
+                    from None
+            out.setdefault(c, [None, None])[i] = v
+    return {c: tuple(v) for c, v in out.items()}
+
+
+_SORT = "^-?(" + "|".join(crud.SORT_KEYS) + ")$"
+
+
 @router.get("", response_model=RunViewPage)
 def list_runs(
-    db: DbDep, user: UserDep,
+    request: Request, db: DbDep, user: UserDep,
     status: str | None = Query(None, description="comma-separated statuses"),
     strategy: str | None = Query(None, description="comma-separated strategy labels"),
     owner: str | None = None,
     tag: str | None = None,
     q: str | None = Query(None, max_length=200, description="text search in name/notes"),
-    sort: str = Query("-created_at", pattern=r"^-?(created_at|name|status|strategy|world_size)$"),
+    sort: str = Query("-created_at", pattern=_SORT,
+                      description="a column, `-` first for descending; runs without the "
+                                  "figure come last. Filters: min_<figure>, max_<figure> for "
+                                  "each figure column (step_time_s, peak_memory_bytes, ...)"),
     cursor: str | None = None,
     limit: int = Query(50, ge=1, le=500),
 ) -> RunViewPage:
-    f = crud.RunFilter(status=status, strategy=strategy, owner=owner, tag=tag, q=q)
+    f = crud.RunFilter(status=status, strategy=strategy, owner=owner, tag=tag, q=q,
+                       ranges=metric_ranges(request))
     try:
         rows, nxt = crud.list_runs(db, f, sort=sort, cursor=cursor, limit=limit)
     except ValueError as exc:
