@@ -70,6 +70,15 @@ def _is_api(path: str) -> bool:
     return path == "/api" or path.startswith("/api/")
 
 
+def _quiet_worker_channel(record: logging.LogRecord) -> bool:
+    """Access-log filter: the worker channel's routine calls (heartbeats every few seconds, log
+    batches, trace chunks) answered 2xx are not worth a terminal line each; its errors are."""
+    args = record.args if isinstance(record.args, tuple) else ()
+    if len(args) >= 5 and str(args[2]).startswith("/api/internal/"):
+        return not (isinstance(args[4], int) and args[4] < 400)
+    return True
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     # Team mode refuses to start without a real secret key (ConfigError); the bind address is
@@ -78,6 +87,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        access = logging.getLogger("uvicorn.access")
+        if _quiet_worker_channel not in access.filters:
+            access.addFilter(_quiet_worker_channel)
         task = asyncio.create_task(_reaper(app))
         if settings.redis_url:  # several backend processes: share stream events
             hub.connect_redis(settings.redis_url)

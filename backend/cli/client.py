@@ -12,6 +12,8 @@ from pathlib import Path
 
 import httpx
 
+from jobs.units import fmt
+
 FINISHED = ("succeeded", "failed", "cancelled", "timed_out")
 
 
@@ -124,10 +126,22 @@ def cmd_show(a) -> int:
     print(f"{'tags':>12}: {', '.join(run['tags'])}")
     if run.get("error"):
         print(f"{'error':>12}: {run['error']}")
+    for key, unit, label in SHOW_FIGURES:  # the history's figure columns (models.METRIC_COLUMNS)
+        if run.get(key) is not None:
+            v = run[key] * (100 if key == "bubble_fraction" else 1)
+            print(f"{label:>12}: {fmt(v, unit)}")
     summary = run.get("summary") or {}
     if summary.get("loss"):
         print(f"{'loss':>12}: {' '.join(f'{x:.4f}' for x in summary['loss'])}")
+    print(f"{'page':>12}: {_url()}/runs/{run['id']}")
     return 0
+
+
+SHOW_FIGURES = (("step_time_s", "s", "step time"), ("tokens_per_s", "tok/s", "throughput"),
+                ("peak_memory_bytes", "B", "peak memory"),
+                ("exposed_comm_s", "s", "exposed comm"), ("bubble_fraction", "%", "bubble"),
+                ("overlap_pct", "%", "overlap"), ("final_loss", "", "final loss"),
+                ("duration_s", "s", "duration"))
 
 
 def cmd_logs(a) -> int:
@@ -176,15 +190,17 @@ def cmd_predict(a) -> int:
         print(json.dumps(out, indent=1))
         return 0
     mem, comm, pipe = out.get("memory") or {}, out.get("comm") or {}, out.get("pipeline") or {}
-    gb = 1e9
     print(f"memory model : {mem.get('memory_model')}")
-    print(f"per rank     : {mem.get('per_rank_bytes', 0) / gb:.3f} GB  "
-          + "  ".join(f"{k} {v / gb:.3f}" for k, v in (mem.get("components") or {}).items()))
+    print(f"per rank     : {fmt(mem.get('per_rank_bytes'), 'B')}  ("
+          + ", ".join(f"{k} {fmt(v, 'B')}" for k, v in (mem.get("components") or {}).items())
+          + ")")
     if comm:
-        print(f"comm / rank  : {comm.get('bytes_per_rank', 0) / gb:.3f} GB per step "
+        print(f"comm / rank  : {fmt(comm.get('bytes_per_rank'), 'B')} per step "
               f"({comm.get('convention')})")
     if pipe:
-        print(f"bubble       : {pipe.get('bubble_fraction')} ({pipe.get('convention')})")
+        bubble = pipe.get("bubble_fraction")
+        print(f"bubble       : {fmt(None if bubble is None else 100 * bubble, '%')} "
+              f"({pipe.get('convention')})")
     return 0
 
 

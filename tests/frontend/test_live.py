@@ -56,4 +56,15 @@ def test_the_page_is_live_and_a_cancelled_run_keeps_its_steps(svc, page):
     losses = [r for r in m["tables"]["throughput"] if r["loss"] is not None]
     assert len(losses) >= 90
     assert steps_on_page(page, "loss-chart") == len(losses)
+    # one download menu, nothing offered twice
+    expect(page.locator("#downloads")).to_contain_text("trace-rank0.jsonl", timeout=90_000)
+    page.click("#downloads summary")
+    texts = page.eval_on_selector_all("#downloads a", "as => as.map(a => a.textContent)")
+    hrefs = page.eval_on_selector_all("#downloads a", "as => as.map(a => a.href)")
+    assert len(set(hrefs)) == len(hrefs) and len(set(texts)) == len(texts)
+    assert "trace-rank0.jsonl" in texts and "analysis.json" not in texts
     shot(page, "run-cancelled")
+    # a quiet terminal: the worker channel's routine calls leave no access-log line each
+    served = (svc.tmp / "backend.log").read_text()
+    assert f"GET /api/runs/{rid}" in served
+    assert "/api/internal/" not in served

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from jobs.units import fmt
 from tests.conftest import children_of, pids_with_run_id, wait_for
 
 pytestmark = pytest.mark.slow
@@ -189,7 +190,12 @@ def test_cli_submit_wait_runs_show_logs_cancel(redis_service, tmp_path):
     table = cli("runs").stdout.splitlines()
     assert table[0].split()[:3] == ["ID", "NAME", "STRATEGY"] and any(
         run["id"] in line for line in table[1:])
-    assert "succeeded" in cli("show", run["id"]).stdout
+    shown = cli("show", run["id"]).stdout
+    assert "succeeded" in shown and f"{svc.url}/runs/{run['id']}" in shown
+    full = svc.run(run["id"])
+    # the run's figures, in the one formatter's words (jobs.units)
+    assert f"step time: {fmt(full['step_time_s'], 's')}" in shown
+    assert f"peak memory: {fmt(full['peak_memory_bytes'], 'B')}" in shown
     assert "[paralab] launching" in cli("logs", run["id"]).stdout
     assert "finished: succeeded" in cli("logs", run["id"], "-f").stdout  # ends with the run
     bad = cli("submit", "-", stdin=json.dumps({"preset": "ddp", "parallel": {"dp": 3}}))
@@ -199,3 +205,5 @@ def test_cli_submit_wait_runs_show_logs_cancel(redis_service, tmp_path):
     assert again.returncode == 2 and "already succeeded" in again.stderr
     out = cli("predict", "--preset", "zero3")
     assert out.returncode == 0 and "per rank" in out.stdout
+    assert "0.000 GB" not in out.stdout  # a KB-sized model reads in kB, not as zero GB
+    assert " kB" in out.stdout

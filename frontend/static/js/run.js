@@ -83,19 +83,27 @@ function renderCards() {
   $("#cards").title = a ? rule(a, "steady_steps") : "";
 }
 
+// One download menu: the analysis (Perfetto trace, analysis JSON, each table as CSV, all from
+// GET /export) first, then the run's own files that are not those same documents again.
 async function renderDownloads() {
   const box = $("#downloads");
   const names = Object.keys(analysis?.tables || {});
-  const links = [
-    ["Perfetto trace", api.exportUrl(run.id, "perfetto")],
-    ["analysis JSON", api.exportUrl(run.id, "json")],
+  const derived = [
+    ["Perfetto trace (open in ui.perfetto.dev)", api.exportUrl(run.id, "perfetto")],
+    ["analysis JSON (every table)", api.exportUrl(run.id, "json")],
     ...names.map((t) => [`${t}.csv`, api.exportUrl(run.id, "csv", t)]),
   ];
+  const OFFERED = new Set(["analysis.json", "trace.perfetto.json"]); // the first two above
   let files = [];
-  try { files = await api.files(run.id); } catch { files = []; }
-  box.replaceChildren(el("strong", { text: "Downloads: " }),
-    ...links.map(([t, href]) => el("a", { href, text: t, download: "" })),
-    ...files.map((f) => el("a", { href: api.fileUrl(run.id, f.path), text: f.path, download: "" })));
+  try { files = (await api.files(run.id)).filter((f) => !OFFERED.has(f.path)); } catch { files = []; }
+  const group = (title, links) => el("div", { class: "dl-group" }, el("h3", { text: title }),
+    el("ul", {}, ...links.map(([t, href, sub]) => el("li", {}, el("a", { href, text: t,
+      download: "" }), sub ? el("span", { class: "muted", text: ` ${sub}` }) : null))));
+  box.replaceChildren(el("details", { class: "menu" },
+    el("summary", { text: `Downloads (${derived.length + files.length})` }),
+    group("Analysis", derived),
+    files.length ? group("Run files", files.map((f) => [f.path, api.fileUrl(run.id, f.path),
+      fmtBytes(f.size)])) : null));
 }
 
 function appendLog(line) {
@@ -155,6 +163,22 @@ async function loadCharts() {
       mountCurves(analysis, $("#loss-chart"), $("#throughput-chart"))]);
   }
   document.body.dataset.chartsReady = "1";
+  if (run.kind === "train" && !run.summary) awaitReport();
+}
+
+// A stopped run reports its outcome at once, then analyses and uploads what it has: once that
+// report is in (the summary), draw the page again from the stored analysis and files.
+async function awaitReport(tries = 45) {
+  for (let i = 0; i < tries; i++) {
+    await new Promise((r) => setTimeout(r, 2000));
+    try { run = await api.run(run.id); } catch { continue; }
+    if (run.summary) {
+      chartsLoaded = false;
+      renderHead();
+      await loadCharts();
+      return;
+    }
+  }
 }
 
 // While the run goes: every "traces" event of GET /live (the worker shipped more trace lines)
