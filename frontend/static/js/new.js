@@ -48,9 +48,13 @@ function input(path, doc) {
   } else {
     control = el("input", { id, value: value ?? "", maxlength: 200, dataset: { path } });
   }
+  if (control.setAttribute) { // the field's message is its description (read with the field)
+    control.setAttribute("aria-describedby", `${id}-msg`);
+    control.setAttribute("aria-invalid", "false");
+  }
   const wrap = el("div", { class: "field", dataset: { field: path }, title: doc.doc },
     el("label", { for: id, text: path.split(".").pop() }), control,
-    el("div", { class: "msg", "aria-live": "polite" }));
+    el("div", { class: "msg", id: `${id}-msg`, "aria-live": "polite" }));
   return wrap;
 }
 
@@ -112,6 +116,7 @@ function showErrors(errors) {
   for (const f of document.querySelectorAll(".field")) {
     f.classList.remove("invalid");
     f.querySelector(".msg").textContent = "";
+    f.querySelector("[aria-invalid]")?.setAttribute("aria-invalid", "false");
   }
   for (const m of document.querySelectorAll("[data-section-msg]")) m.textContent = "";
   const general = [];
@@ -122,6 +127,7 @@ function showErrors(errors) {
     const section = document.querySelector(`[data-section-msg="${CSS.escape(path)}"]`);
     if (field) {
       field.classList.add("invalid");
+      field.querySelector("[aria-invalid]")?.setAttribute("aria-invalid", "true");
       field.querySelector(".msg").textContent = e.msg;
     } else if (section) {
       section.textContent += (section.textContent ? "\n" : "") + e.msg;
