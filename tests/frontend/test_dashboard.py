@@ -150,6 +150,10 @@ def test_compare_highlights_differing_fields(svc, idle_queue, page):
                                  "parallel": {"bucket_mb": 5}})
     page.goto(f"{svc.url}/compare?ids={a['id']},{b['id']}")
     page.wait_for_selector("#config-diff tr.diff")
+    # the key figures lead; the config diff comes last
+    order = page.evaluate("""() => [...document.querySelectorAll('main table, main .chart')]
+        .map(e => e.id)""")
+    assert order[0] == "cmp-table" and order[-1] == "config-diff", order
     differing = page.eval_on_selector_all("#config-diff tr.diff",
                                           "rs => rs.map(r => r.dataset.field)")
     assert {"parallel.zero_stage", "parallel.bucket_mb", "strategy", "name"} <= set(differing)
