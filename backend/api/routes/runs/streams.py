@@ -74,9 +74,9 @@ async def stream_logs(
                     lines, status = await run_in_threadpool(_lines_after, settings, run_id,
                                                             cursor, rank)
                     need_db = len(lines) == PAGE  # a full page: there may be more
-                for seq, _, line in lines:
-                    cursor = seq
-                    yield _event(line, id=seq)
+                if lines:  # one write per batch: hundreds of open streams, one send each
+                    cursor = lines[-1][0]
+                    yield "".join(_event(line, id=seq) for seq, _, line in lines)
                 if status and status != sent_status:
                     sent_status = status
                     yield _event(status, event="status")
