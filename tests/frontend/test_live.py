@@ -11,10 +11,11 @@ from playwright.sync_api import expect
 from tests.conftest import wait_for
 from tests.frontend.browser import shot
 
-# the timed model: ~60 ms a step whatever the machine, so 300 steps outlast the checks
+# the timed model: ~0.2 s a step whatever the machine (sleeps, not compute), so 300 steps
+# (about a minute) outlast the checks with a wide margin, and a cancel at step ~100 lands
 LONG = {"preset": "ddp", "name": "live ddp", "train": {"steps": 300},
-        "model": {"arch": "timed", "layers": 2, "hidden": 16, "t_forward": 0.01,
-                  "t_backward_input": 0.01, "t_backward_weight": 0.01}}
+        "model": {"arch": "timed", "layers": 2, "hidden": 16, "t_forward": 0.03,
+                  "t_backward_input": 0.03, "t_backward_weight": 0.03}}
 
 
 def steps_on_page(page, chart: str = "throughput-chart") -> int:
