@@ -153,4 +153,10 @@ def test_the_pages_show_the_analysis_values(svc, runs, page):
                 continue
             got = row.locator("td.num").nth(i).get_attribute("data-value")
             assert float(got) == pytest.approx(h[key] * scale, rel=1e-12), (rid, key)
+    # the timelines: a row per rank of each run (4 + 2), compute drawn on every row
+    lay = page.evaluate("() => document.getElementById('cmp-timelines').layout.yaxis")
+    assert len(lay["ticktext"]) == 6
+    rows = page.evaluate("""() => document.getElementById('cmp-timelines').data
+        .filter(t => t.name.endsWith('compute')).flatMap(t => t.y.filter(v => v !== null))""")
+    assert sorted(set(rows)) == sorted(lay["tickvals"])
     shot(page, "compare-figures")

@@ -7,7 +7,7 @@ import { headlineOf, stepsLabel, table } from "./analysis.js";
 import { api } from "./api.js";
 import { COMPONENT_COLORS, emptyChart, layout, plot } from "./charts.js";
 import { $, degrees, el, esc, statusBadge } from "./dom.js";
-import { axisUnit, fmt } from "./units.js";
+import { axisUnit, fmt, logAxis } from "./units.js";
 
 // run colours: no chart on this page uses these for anything else
 export const RUN_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
@@ -169,7 +169,13 @@ async function curves(runs, analyses, names) {
   }).filter((t) => t.x.length);
   if (loss.length) await plot($("#cmp-loss"), loss, layout("Loss", "step", "loss"));
   else emptyChart($("#cmp-loss"), "no loss curves");
-  const u = axisUnit(thr.flat().map((x) => x.step_s), "s");
+  // Linear in one unit while the runs are within 20x of each other; beyond that a log axis
+  // labelled per decade (no minor-tick digits), the values in seconds.
+  const times = thr.flat().map((x) => x.step_s).filter((v) => v > 0);
+  const lo = Math.min(...times);
+  const hi = Math.max(...times);
+  const log = times.length > 0 && hi / lo > 20;
+  const u = log ? { div: 1, title: (t) => t } : axisUnit(times, "s");
   const st = thr.map((rows, i) => {
     const pts = rows.filter((x) => x.step_s !== null);
     return { type: "scatter", mode: "lines+markers", name: names[i], x: pts.map((x) => x.step),
@@ -179,7 +185,7 @@ async function curves(runs, analyses, names) {
   }).filter((t) => t.x.length);
   if (st.length) {
     await plot($("#cmp-steps"), st, layout("Step time (slowest rank)", "step", u.title("step time"),
-      { yaxis: { type: "log" } }));
+      { yaxis: log ? logAxis(lo, hi, "s") : { rangemode: "tozero" } }));
   } else emptyChart($("#cmp-steps"), "no step times");
 }
 
@@ -202,16 +208,18 @@ async function timelines(runs, analyses, names) {
     const g = d.g;
     const t0 = g.steps.find((x) => x.step === d.step)?.t0_ms ?? g.window.t0_ms;
     longest = Math.max(longest, (g.window.t1_ms - t0) / 1e3);
-    const rowY = new Map(g.rows.map((row) => [row.rank, y + row.y]));
-    g.rows.forEach((row) => { tickvals.push(y + row.y); ticktext.push(`${esc(runs[i].name)} · ${esc(row.label)}`); });
-    for (const lane of [0, 1]) {
+    // one row per rank (mesh order): its compute lane on the row, its comm lanes just above
+    const rowY = new Map(g.rows.map((row, j) => [row.rank, y + j]));
+    g.rows.forEach((row, j) => { tickvals.push(y + j); ticktext.push(`${esc(runs[i].name)} · ${esc(row.label)}`); });
+    for (const kind of ["compute", "comm"]) {
       const xs = [];
       const ys = [];
       const text = [];
       const sg = g.segments;
       for (let k = 0; k < sg.t0.length; k++) {
-        if (sg.lane[k] !== lane) continue;
-        const yy = rowY.get(sg.rank[k]) + (lane ? -0.3 : 0);
+        const ch = g.lanes[sg.lane[k]]?.channel || "";
+        if (kind === "compute" ? ch !== "compute" : !ch.startsWith("comm ")) continue;
+        const yy = rowY.get(sg.rank[k]) + (kind === "comm" ? -0.3 : 0);
         const a = (sg.t0[k] - t0) / 1e3;
         const b = (sg.t1[k] - t0) / 1e3;
         const name = `${esc(g.keys[sg.key[k]])} · ${fmt(b - a, "s")}`;
@@ -219,9 +227,10 @@ async function timelines(runs, analyses, names) {
         ys.push(yy, yy, yy, null);
         text.push(name, name, name, null);
       }
+      const comm = kind === "comm";
       traces.push({ type: "scattergl", mode: "lines", x: xs, y: ys, text,
-        name: `${names[i]} ${lane ? "comm" : "compute"}`, showlegend: lane === 0,
-        line: { color: RUN_COLORS[i], width: lane ? 5 : 12 }, opacity: lane ? 0.55 : 1,
+        name: `${names[i]} ${kind}`, showlegend: !comm,
+        line: { color: RUN_COLORS[i], width: comm ? 5 : 12 }, opacity: comm ? 0.55 : 1,
         hovertemplate: "%{text}<extra></extra>" });
     }
     y += g.rows.length + 1;
