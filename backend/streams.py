@@ -25,19 +25,21 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "paralab:runs"
-KEEP_LINES = 4000  # per run: about 8 s of a chatty 4-rank run, minutes of a normal one
+KEEP_LINES = 4000  # per run (up to twice that between trims): seconds of a chatty 4-rank run
 KEEP_TOPICS = 512  # runs with recent news; least recently used beyond this are dropped
 
 
 @dataclass
 class _Topic:
-    lines: deque = field(default_factory=lambda: deque(maxlen=KEEP_LINES))  # (seq, rank, line)
+    # (seq, rank, line), contiguous seqs: line `seq` sits at index seq - lines[0][0], so a
+    # stream's new lines are one slice (hundreds of streams wake on every batch)
+    lines: list = field(default_factory=list)
     status: str | None = None
     version: int = 0  # bumped by every event: a waiter compares it with what it has seen
     waiters: set = field(default_factory=set)  # (loop, asyncio.Event)
@@ -86,6 +88,8 @@ class Hub:
                 if last is not None and seq != last + 1:
                     t.lines.clear()  # a gap (this process started mid-run): restart the buffer
                 t.lines.append((seq, rank, line))
+            if len(t.lines) > 2 * KEEP_LINES:  # trim in bulk: amortised O(1) per line
+                del t.lines[:len(t.lines) - KEEP_LINES]
             if msg.get("status"):
                 t.status = msg["status"]
             t.version += 1
@@ -126,7 +130,7 @@ class Hub:
                 return []
             if first > cursor + 1:
                 return None
-            out = [x for x in t.lines if x[0] > cursor]
+            out = t.lines[cursor + 1 - first:]
         return [x for x in out if rank is None or x[1] is None or x[1] == rank]
 
     def status(self, run_id: str) -> str | None:
