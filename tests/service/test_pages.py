@@ -15,15 +15,17 @@ from backend.main import create_app
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "frontend" / "templates"
 # Element ids of each page as served before the pages shared base.html (the JS and the browser
-# tests look these up); the base template adds only "content".
+# tests look these up); the base template adds only "content". Since then: the runs list's
+# peak-memory filter (f-mem-max) and the device-memory explanation (device-gb-help).
 IDS = {
     "/collectives": ["coll-chart", "coll-error", "coll-time", "sweeps"],
     "/compare": ["cmp-axis", "cmp-base", "cmp-loss", "cmp-memory", "cmp-steps", "cmp-table",
                  "cmp-timelines", "compare-error", "compare-form", "compare-ids", "config-diff",
                  "show-all"],
-    "/": ["compare-btn", "f-owner", "f-status", "f-strategy", "f-tag", "filters", "first",
-          "limit", "list-error", "next", "page-info", "prev", "q", "runs"],
-    "/new": ["device-gb", "fields", "form-error", "form-title", "name", "new-run", "notes",
+    "/": ["compare-btn", "f-mem-max", "f-owner", "f-status", "f-strategy", "f-tag", "filters",
+          "first", "limit", "list-error", "next", "page-info", "prev", "q", "runs"],
+    "/new": ["device-gb", "device-gb-help", "fields", "form-error", "form-title", "name",
+             "new-run", "notes",
              "pred-cards", "pred-comm", "pred-formulas", "pred-memory", "pred-status",
              "prediction", "preset", "preset-title", "submit", "tags"],
     "/runs/abc": ["cancel-btn", "cards", "clone-link", "comm-axis", "comm-busbw",
