@@ -273,8 +273,10 @@ def test_collectives_page_overlays_sweeps(svc, idle_queue, page):
     shot(page, "collectives")
 
 
-def test_pages_and_vendored_plotly_are_served(svc):
-    for path in ("/", "/new", "/compare", "/collectives", "/schedules", "/runs/abc"):
+def test_pages_and_vendored_plotly_are_served(svc, idle_queue):
+    rid = queued(svc, idle_queue, {"preset": "ddp", "name": "page"})["id"]
+    assert httpx.get(f"{svc.url}/runs/nosuchrun").status_code == 404
+    for path in ("/", "/new", "/compare", "/collectives", "/schedules", f"/runs/{rid}"):
         r = httpx.get(svc.url + path)
         assert r.status_code == 200 and '<main id="content"' in r.text, path
     r = httpx.get(svc.url + "/static/vendor/plotly.min.js")

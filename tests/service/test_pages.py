@@ -50,17 +50,26 @@ def client(settings):
 
 @pytest.mark.parametrize("path", list(IDS))
 def test_every_page_keeps_its_ids_and_shares_the_base(client, path):
+    if path == "/runs/abc":  # a run that exists (an unknown one is a 404 page)
+        path = f"/runs/{client.post('/api/runs', json={'preset': 'ddp'}).json()['id']}"
     r = client.get(path)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     ids = re.findall(r'\bid="([^"]+)"', r.text)
     assert len(ids) == len(set(ids)), "duplicate ids"
-    assert sorted(set(ids) - {"content"}) == IDS[path]
+    assert sorted(set(ids) - {"content"}) == IDS["/runs/abc" if path.startswith("/runs/") else path]
     assert r.text.count("<nav") == 1 and r.text.count('data-nav="') == 5
     assert '<a class="skip-link" href="#content">Skip to content</a>' in r.text
     assert r.text.count('<main id="content"') == 1
-    assert f'<script type="module" src="/static/js/{SCRIPTS[path]}"></script>' in r.text
+    script = SCRIPTS["/runs/abc" if path.startswith("/runs/") else path]
+    assert f'<script type="module" src="/static/js/{script}"></script>' in r.text
     assert ("/static/vendor/plotly.min.js" in r.text) == (path != "/")
     assert "{%" not in r.text and "{{" not in r.text
+
+
+def test_an_unknown_run_is_an_html_404(client):
+    r = client.get("/runs/nosuchrun")
+    assert r.status_code == 404 and r.headers["content-type"].startswith("text/html")
+    assert "nosuchrun" in r.text and 'id="run-title"' not in r.text
 
 
 def test_the_nav_bar_is_written_once_in_the_templates():

@@ -13,8 +13,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from starlette.background import BackgroundTask
 
-from backend import run_traces
-from backend.api.deps import SettingsDep
+from backend import crud, run_traces
+from backend.api.deps import DbDep, SettingsDep
+from backend.errors import NotFound
 
 router = APIRouter(include_in_schema=False)
 FRONTEND = Path(__file__).resolve().parents[3] / "frontend"
@@ -75,9 +76,12 @@ def page_new(request: Request) -> Response:
 
 
 @router.get("/runs/{run_id}")
-def page_run(request: Request, run_id: str, settings: SettingsDep) -> Response:
-    """The run page. After sending it, parse the run's trace in the background, so the parse
-    overlaps the browser loading plotly.js and the first chart request finds it cached."""
+def page_run(request: Request, run_id: str, settings: SettingsDep, db: DbDep) -> Response:
+    """The run page (an HTML 404 for an unknown run, not an empty skeleton). After sending it,
+    parse the run's trace in the background, so the parse overlaps the browser loading
+    plotly.js and the first chart request finds it cached."""
+    if not _RUN_ID.match(run_id) or crud.get_run(db, run_id) is None:
+        raise NotFound(f"run {run_id!r} not found")
     page = _page(request, "run.html")
     if _RUN_ID.match(run_id):
         page.background = BackgroundTask(run_traces.warm, settings.runs_dir / run_id)
