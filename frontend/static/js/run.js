@@ -21,6 +21,7 @@ let live = null; // the /live stream while the run goes
 let liveBusy = false;
 let liveAgain = false;
 let liveUpdates = 0;
+let reportAwaited = false;
 const LIVE_MIN_GAP_MS = 1000;
 
 function renderHead() {
@@ -162,17 +163,22 @@ async function loadCharts() {
       mountComm(analysis, analysis.bandwidth_vs_sweep ? await sweepOf(analysis) : null),
       mountCurves(analysis, $("#loss-chart"), $("#throughput-chart"))]);
   }
+  // which analysis the page drew: "final" (stored when the run ended) or "partial" (the
+  // traces so far); a stopped run is drawn again once its final analysis is in
+  document.body.dataset.analysis = analysis ? (analysis.partial ? "partial" : "final") : "none";
   document.body.dataset.chartsReady = "1";
-  if (run.kind === "train" && !run.summary) awaitReport();
+  if (run.kind === "train" && !reportAwaited && (!run.summary || analysis?.partial)) awaitReport();
 }
 
 // A stopped run reports its outcome at once, then analyses and uploads what it has: once that
 // report is in (the summary), draw the page again from the stored analysis and files.
 async function awaitReport(tries = 45) {
+  reportAwaited = true; // once: a run whose worker never analysed stays on its partial figures
   for (let i = 0; i < tries; i++) {
     await new Promise((r) => setTimeout(r, 2000));
     try { run = await api.run(run.id); } catch { continue; }
     if (run.summary) {
+      // the summary is reported with the stored analysis: draw the page from it
       chartsLoaded = false;
       renderHead();
       await loadCharts();
