@@ -8,20 +8,17 @@ A record here is a dict with at least `op` ('send' / 'recv'), `peer`, `payload_b
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from pathlib import Path
 
+from jobs.analysis import load_run_dir
 from tests.support.launch import ROOT, torchrun  # noqa: F401  (the one launcher)
 
 
 def load_traces(out: Path) -> dict[int, list[dict]]:
-    traces = {}
-    for p in sorted(out.glob("trace-rank*.jsonl")):
-        rank = int(p.stem.removeprefix("trace-rank"))
-        traces[rank] = [json.loads(line) for line in p.read_text().splitlines() if line]
-    return traces
+    """Records per rank, read by the one trace loader (jobs.analysis.load_run_dir)."""
+    return load_run_dir(out).ranks
 
 
 def point_steps(traces: dict[int, list[dict]], op: str, algorithm: str) -> dict[int, int]:
