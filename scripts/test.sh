@@ -7,7 +7,7 @@ export PARALAB_TEST_PG_URL="$PG_URL"
 export PARALAB_TEST_REDIS_URL="${PARALAB_TEST_REDIS_URL:-redis://127.0.0.1:6379/0}"
 export OMP_NUM_THREADS=1
 mkdir -p test-artifacts
-.venv/bin/python -m pytest -p no:cacheprovider -q -rs "$@"
+.venv/bin/python -m pytest -p no:cacheprovider -q -rs --durations=15 "$@"
 rc=$?
 if [ "$rc" = 5 ]; then
   echo "pytest collected no tests: failing (an empty selection is never green)" >&2

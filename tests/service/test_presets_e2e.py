@@ -9,7 +9,9 @@ import pytest
 from jobs.spec import AVAILABLE, PRESETS, parse_spec
 from tests.conftest import embedded_service
 
-pytestmark = pytest.mark.slow
+# every preset runs one after another on one worker slot: minutes on a quiet 2-core machine,
+# several times that on a loaded one, so the per-test default (300 s) is too tight
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 FINISHED = ("succeeded", "failed", "cancelled", "timed_out")
 SMALL = {"train": {"steps": 2}}
