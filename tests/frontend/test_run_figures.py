@@ -159,4 +159,9 @@ def test_the_pages_show_the_analysis_values(svc, runs, page):
     rows = page.evaluate("""() => document.getElementById('cmp-timelines').data
         .filter(t => t.name.endsWith('compute')).flatMap(t => t.y.filter(v => v !== null))""")
     assert sorted(set(rows)) == sorted(lay["tickvals"])
+    # a 4-step run's step axes are labelled with whole steps (no "0.5, 1.5")
+    for chart in ("cmp-steps", "cmp-loss"):
+        ticks = page.eval_on_selector_all(f"#{chart} .xtick text",
+                                          "ts => ts.map(t => t.textContent)")
+        assert ticks and all(t.isdigit() for t in ticks), (chart, ticks)
     shot(page, "compare-figures")

@@ -23,12 +23,21 @@ export function layout(title, xTitle, yTitle, extra = {}) {
 
 export const CONFIG = { responsive: true, displaylogo: false };
 
+// Steps are whole numbers: on a short run Plotly's automatic ticks would fall on halves
+// ("0.5, 1.5"), so an axis titled "step" spanning at most 10 steps gets a tick per step.
+function stepTicks(data, lay) {
+  if (lay?.xaxis?.title?.text !== "step" || lay.xaxis.dtick !== undefined) return lay;
+  const xs = data.flatMap((t) => (Array.isArray(t.x) ? t.x : [])).filter(Number.isFinite);
+  if (!xs.length || Math.max(...xs) - Math.min(...xs) > 10) return lay;
+  return { ...lay, xaxis: { ...lay.xaxis, dtick: 1, tick0: 0 } };
+}
+
 export async function plot(div, data, lay, config = {}) {
   if (div.classList.contains("empty")) { // it held a message (emptyChart): a live page redraws
     div.classList.remove("empty");
     div.replaceChildren();
   }
-  await Plotly.react(div, data, lay, { ...CONFIG, ...config });
+  await Plotly.react(div, data, stepTicks(data, lay), { ...CONFIG, ...config });
   div.dataset.ready = "1";
   return div;
 }
