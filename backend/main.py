@@ -131,8 +131,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return pages.not_found_page(f"There is no page at {request.url.path}.")
         return await http_exception_handler(request, exc)
 
-    def _out_of_space(what: str, exc: Exception):
-        err = storage.storage_failed(what, settings.data_dir, exc)
+    def _out_of_space(what: str, exc: Exception, local: bool = True):
+        err = storage.storage_failed(what, settings.data_dir if local else None, exc)
         log.error("%s", err.detail)
         return JSONResponse({"detail": err.detail}, err.status)
 
@@ -148,7 +148,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _db_error(_request, exc: DBAPIError):
         if not storage.is_disk_full(exc):
             raise exc
-        return _out_of_space(f"the database ({settings.db_url.split('@')[-1]})", exc)
+        return _out_of_space(f"the database ({settings.db_url.split('@')[-1]})", exc,
+                             local=settings.db_url.startswith("sqlite"))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_request, exc: RequestValidationError):

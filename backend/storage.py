@@ -41,14 +41,16 @@ def is_disk_full(exc: BaseException) -> bool:
     return "database or disk is full" in str(orig)
 
 
-def storage_failed(what: str, data_dir: Path, exc: BaseException) -> InsufficientStorage:
-    """The 507 for a write of `what` that ran out of space; remembered for /api/health."""
+def storage_failed(what: str, data_dir: Path | None, exc: BaseException) -> InsufficientStorage:
+    """The 507 for a write of `what` that ran out of space; remembered for /api/health.
+    `data_dir` None: the space is not ours (the database server's)."""
     global last_failure
     orig = getattr(exc, "orig", None) or exc
     why = getattr(orig, "strerror", None) or str(orig).splitlines()[0]
-    detail = (f"could not write {what}: no space left on the storage of the data directory "
-              f"{Path(data_dir).resolve()} ({why}); free some space there (or raise the "
-              "quota) and retry")
+    where = (f"the storage of the data directory {Path(data_dir).resolve()}" if data_dir
+             else "the database server's storage")
+    detail = (f"could not write {what}: no space left on {where} ({why}); free some space "
+              "there (or raise the quota) and retry")
     last_failure = (time.monotonic(), detail)
     return InsufficientStorage(detail)
 
@@ -68,8 +70,18 @@ def injected_full() -> None:
 
 
 def _before_write(conn, cursor, statement, params, context, executemany):
-    if statement.lstrip()[:6].upper() in ("INSERT", "UPDATE", "DELETE"):
+    """The error each database driver raises when its disk is full."""
+    if statement.lstrip()[:6].upper() not in ("INSERT", "UPDATE", "DELETE"):
+        return
+    try:
         injected_full()
+    except OSError:
+        if conn.dialect.name == "sqlite":
+            import sqlite3
+            raise sqlite3.OperationalError("database or disk is full") from None
+        import psycopg.errors
+        raise psycopg.errors.DiskFull("could not extend file: No space left on device") \
+            from None
 
 
 def install_test_faults(engine) -> None:

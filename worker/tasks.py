@@ -20,6 +20,7 @@ import threading
 import time
 from datetime import UTC, datetime
 
+import httpx
 from celery import shared_task
 from celery.app import trace as celery_trace
 from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
@@ -50,7 +51,8 @@ def worker_name(settings: Settings) -> str:
 
 
 def _client(settings: Settings) -> BackendClient:
-    return BackendClient(settings.url, settings.resolved_worker_token())
+    return BackendClient(settings.url, settings.resolved_worker_token(),
+                         worker=worker_name(settings), host=socket.gethostname())
 
 
 @shared_task(name=TASK_NAME, bind=True, acks_late=True)
@@ -59,7 +61,16 @@ def run(self, run_id: str) -> str:
     settings = get_settings()
     client = _client(settings)
     try:
-        claim = client.claim(run_id, worker_name(settings), self.request.id)
+        try:
+            claim = client.claim(run_id, worker_name(settings), self.request.id)
+        except httpx.HTTPStatusError as exc:
+            if exc.response.status_code != 401:
+                raise
+            # The message is consumed; the backend's reconciler publishes it again, and fails
+            # the run with this reason if no worker with the right credential takes it.
+            log.error("run %s not launched: the backend refuses this worker's credential "
+                      "(401); PARALAB_WORKER_TOKEN does not match the backend's", run_id)
+            return "refused: wrong worker credential"
         if not claim["launch"]:
             log.info("run %s not launched: %s", run_id, claim["reason"])
             return f"skipped: {claim['reason']}"
@@ -149,6 +160,21 @@ class JobSupervisor:
             rc = proc.wait()
         finally:
             traces.close()
+        wrapped = threading.Event()
+        threading.Thread(target=self._beat_until, args=(wrapped,), daemon=True,
+                         name="wrap-up-heartbeat").start()
+        try:
+            return self._wrap_up(reader, outcome, reason, rc)
+        finally:
+            wrapped.set()
+
+    def _beat_until(self, done: threading.Event) -> None:
+        """Heartbeats while the job's results are analysed and uploaded (minutes for big
+        traces): the run is still this worker's, not lost."""
+        while not done.wait(self.settings.run_heartbeat_s):
+            self.client.heartbeat(self.run_id)
+
+    def _wrap_up(self, reader, outcome: str | None, reason: str, rc: int) -> str:
         reader.join(timeout=10)
         leftovers = kill_run_processes(self.run_id)
         if leftovers:
@@ -261,10 +287,13 @@ def _worker_heartbeat_loop(settings: Settings, pool: str) -> None:
     while True:
         with _busy_lock:
             busy = _busy
-        client.worker_heartbeat(
-            name=worker_name(settings), host=socket.gethostname(), queue=settings.queue,
-            slots=settings.worker_slots, busy=busy, devices=devices(),
-            info={"pid": os.getpid(), "pool": pool, "python": sys.version.split()[0]})
+        try:  # worker_heartbeat never raises; whatever else fails must not end the thread
+            client.worker_heartbeat(
+                name=worker_name(settings), host=socket.gethostname(), queue=settings.queue,
+                slots=settings.worker_slots, busy=busy, devices=devices(),
+                info={"pid": os.getpid(), "pool": pool, "python": sys.version.split()[0]})
+        except Exception:  # noqa: BLE001
+            log.warning("worker heartbeat round failed", exc_info=True)
         if _hb_stop.wait(settings.worker_heartbeat_s):
             break
     client.close()
