@@ -131,9 +131,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return pages.not_found_page(f"There is no page at {request.url.path}.")
         return await http_exception_handler(request, exc)
 
+    said = {"what": None, "at": 0.0}
+
     def _out_of_space(what: str, exc: Exception, local: bool = True):
         err = storage.storage_failed(what, settings.data_dir if local else None, exc)
-        log.error("%s", err.detail)
+        # every worker call fails alike while the disk is full: one line per cause a minute
+        if err.detail != said["what"] or time.monotonic() - said["at"] > 60:
+            log.error("%s", err.detail)
+            said.update(what=err.detail, at=time.monotonic())
         return JSONResponse({"detail": err.detail}, err.status)
 
     @app.exception_handler(OSError)
