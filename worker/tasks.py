@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import UTC, datetime
 
 import httpx
 from celery import shared_task
@@ -28,9 +27,9 @@ from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 from backend.core.config import Settings, get_settings
 from jobs.spec import parse_spec
 from worker.app import TASK_NAME
-from worker.client import BackendClient, BackendUnavailable
+from worker.client import BackendClient
 from worker.launch import build_argv, build_env, job_timeout_s, supervised
-from worker.live import OutputFilter, TraceShipper
+from worker.live import LogShipper, OutputFilter, TraceShipper
 from worker.procs import kill_run_processes, pdeathsig_preexec
 from worker.provenance import devices, provenance
 
@@ -83,48 +82,6 @@ def run(self, run_id: str) -> str:
                 _busy -= 1
     finally:
         client.close()
-
-
-class LogShipper:
-    """Numbers every line and ships batches in the background; a failed batch stays pending
-    and is sent again (the backend ignores sequence numbers it already has)."""
-
-    def __init__(self, client: BackendClient, run_id: str, interval: float = 0.5):
-        self._client, self._run_id, self._interval = client, run_id, interval
-        self._pending: list[dict] = []
-        self._seq = 0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="log-shipper")
-        self._thread.start()
-
-    def add(self, line: str) -> None:
-        with self._lock:
-            self._pending.append({"seq": self._seq, "ts": datetime.now(UTC).isoformat(),
-                                  "line": line[:65536]})
-            self._seq += 1
-
-    def _flush(self, retry_for_s: float) -> bool:
-        while True:
-            with self._lock:
-                batch = self._pending[:1000]
-            if not batch:
-                return True
-            try:
-                self._client.logs(self._run_id, batch, retry_for_s=retry_for_s)
-            except BackendUnavailable:
-                return False
-            with self._lock:
-                del self._pending[:len(batch)]
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self._interval):
-            self._flush(retry_for_s=0)
-
-    def close(self, retry_for_s: float = 1800) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._flush(retry_for_s=retry_for_s)
 
 
 class JobSupervisor:
