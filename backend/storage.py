@@ -62,11 +62,12 @@ def recent_failure(within_s: float) -> str | None:
     return None
 
 
-def injected_full() -> None:
-    """TEST-ONLY (TEST_DISK_FULL_ENV): raise as a full disk would while the flag file exists."""
+def injected_full(path: Path | None = None) -> None:
+    """TEST-ONLY (TEST_DISK_FULL_ENV): raise as a full disk would, writing `path`, while the
+    flag file exists."""
     flag = os.environ.get(TEST_DISK_FULL_ENV)
     if flag and os.path.exists(flag):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), flag)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path or flag))
 
 
 def _before_write(conn, cursor, statement, params, context, executemany):
@@ -121,7 +122,7 @@ def resolve_run_path(runs_dir: Path, run_id: str, rel: str) -> Path:
 
 def save_stream(target: Path, chunks) -> tuple[int, str]:
     """Write chunks to target atomically; return (size, sha256)."""
-    injected_full()
+    injected_full(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".part")
     h, size = hashlib.sha256(), 0
@@ -142,7 +143,7 @@ def append_at(target: Path, offset: int, data: bytes) -> int:
     """Write `data` at byte `offset` of a growing live file (a worker's trace while the job
     runs) and cut what follows, so a retried chunk is harmless; return the new size. An offset
     past the end is a gap the sender must fill first: Conflict (409)."""
-    injected_full()
+    injected_full(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     size = target.stat().st_size if target.exists() else 0
     if offset > size:

@@ -13,6 +13,7 @@ Each check is {"ok": bool, ...}; a failed one adds a sentence to the answer's `p
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from backend import crud, storage
 from backend.core.config import Settings
 from backend.core.db import get_sessionmaker
 from backend.models import Run, utcnow
+from backend.services.reconcile import queue_full
 
 # How long a refused credential or an out-of-space write keeps health degraded.
 RECENT_S = 120.0
@@ -69,6 +71,8 @@ def worker_checks(db: Session, settings: Settings) -> tuple[dict, list[str]]:
     stuck = crud.unclaimed_runs(db, older_than_s=bound)
     # published again at least once: already not claimed within the bound once
     stuck += [r for r in db.scalars(_retried()) if r.id not in {s.id for s in stuck}]
+    full = {q: queue_full(db, settings, q) for q in {r.queue for r in stuck}}
+    stuck = [r for r in stuck if not full[r.queue]]  # waiting for a busy worker: not stuck
     now = utcnow()
     checks["queue"] = {"ok": not stuck, "claim_timeout_s": bound, "unclaimed": [
         {"id": r.id, "queue": r.queue, "attempts": r.enqueue_attempts,
@@ -100,6 +104,23 @@ WORKER_HEADER = "x-paralab-worker"
 WORKER_HOST_HEADER = "x-paralab-worker-host"
 
 
+class _Throttle:
+    """At most one record per name a second, so a flood of refused calls costs no more
+    database writes than a heartbeat does."""
+
+    def __init__(self, every_s: float = 1.0, keep: int = 1000):
+        self.every_s, self.keep, self.last = every_s, keep, {}
+
+    def allow(self, name: str) -> bool:
+        now = time.monotonic()
+        if now - self.last.get(name, -self.every_s) < self.every_s:
+            return False
+        if len(self.last) >= self.keep:
+            self.last.clear()
+        self.last[name] = now
+        return True
+
+
 class RecordRefusedWorkers:
     """ASGI wrapper around the app (outside AuthMiddleware, which answers the 401 itself):
     a 401 on /api/internal/* is recorded with the name the caller gave (the worker client sends
@@ -107,6 +128,7 @@ class RecordRefusedWorkers:
 
     def __init__(self, app, settings: Settings):
         self.app, self.settings = app, settings
+        self.throttle = _Throttle()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or not scope["path"].startswith("/api/internal/"):
@@ -125,6 +147,8 @@ class RecordRefusedWorkers:
             remote = (scope.get("client") or ("?",))[0]
             name = headers.get(WORKER_HEADER) or f"(unnamed caller at {remote})"
             host = headers.get(WORKER_HOST_HEADER) or "?"
+            if not self.throttle.allow(name):
+                return
             try:
                 await run_in_threadpool(self._record, name, host, str(remote))
             except Exception:  # noqa: BLE001 - health's record only; the 401 is already sent

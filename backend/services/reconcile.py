@@ -35,7 +35,7 @@ from worker.app import enqueue_run
 log = logging.getLogger(__name__)
 
 
-def _queue_full(db: Session, settings: Settings, queue: str) -> bool:
+def queue_full(db: Session, settings: Settings, queue: str) -> bool:
     """Every slot of the queue's live workers is busy: a queued run waits for one, legitimately.
     No live worker at all is not "full": that is exactly what the bound is for."""
     workers = [w for w in crud.list_workers(db, seen_within_s=3 * settings.worker_heartbeat_s)
@@ -63,7 +63,7 @@ def reconcile_once(db: Session, settings: Settings,
     for run in crud.unclaimed_runs(db, older_than_s=settings.queue_claim_timeout_s):
         k = run.enqueue_attempts
         if run.queue not in full:
-            full[run.queue] = _queue_full(db, settings, run.queue)
+            full[run.queue] = queue_full(db, settings, run.queue)
         if full[run.queue]:
             if crud.mark_enqueued(db, run.id, attempts=k, count=False):
                 out["waiting"].append(run.id)

@@ -19,7 +19,7 @@ from backend import crud, storage
 from backend.core.db import get_sessionmaker
 from backend.main import create_app
 from backend.models import Run, utcnow
-from backend.services.health import disk_check
+from backend.services.health import disk_check, worker_checks
 from backend.services.reconcile import reconcile_once
 from jobs.spec import parse_spec
 
@@ -83,6 +83,7 @@ def test_a_run_waiting_for_a_busy_worker_is_not_counted(db, settings):
     crud.upsert_worker(db, name="w1", host="h", queue="qx", slots=1, busy=1, devices=[],
                        info={})
     run = _queued(db)
+    assert worker_checks(db, settings)[0]["queue"]["ok"]  # waiting its turn is not trouble
     done = reconcile_once(db, settings, enqueue=lambda *a: pytest.fail("published"))
     assert done["waiting"] == [run.id]
     db.expire_all()
@@ -148,8 +149,12 @@ def test_disk_full_submit_is_a_507_with_words_and_health_degraded(settings, tmp_
     monkeypatch.setenv(storage.TEST_DISK_FULL_ENV, str(flag))
     monkeypatch.setattr(storage, "last_failure", None)
     with TestClient(create_app(settings)) as c:
-        assert c.post("/api/runs", json=SPEC).status_code == 201
+        rid = c.post("/api/runs", json=SPEC).json()["id"]
         flag.touch()
+        up = c.put(f"/api/internal/runs/{rid}/files/trace.jsonl", content=b"{}\n",
+                   headers={"Authorization": "Bearer " + "t" * 32})
+        assert up.status_code == 507 and up.json()["detail"].startswith(
+            f"could not write {settings.runs_dir / rid / 'trace.jsonl'}"), up.text
         r = c.post("/api/runs", json=SPEC)
         assert r.status_code == 507, r.text
         detail = r.json()["detail"]
