@@ -10,6 +10,7 @@ same code serves the API (main.py maps each class to one status code) and the co
     Conflict         409  the resource's state does not allow it (cancel a finished run)
     TooManyAttempts  429  throttled (failed logins)
     Unavailable      503  a dependency (the broker) is down
+    InsufficientStorage 507  a write ran out of space (disk full, quota): what, and where
 """
 
 from __future__ import annotations
@@ -93,3 +94,7 @@ class TooManyAttempts(DomainError):
 
 class Unavailable(DomainError):
     status = 503
+
+
+class InsufficientStorage(DomainError):
+    status = 507

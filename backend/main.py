@@ -13,10 +13,11 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
+from sqlalchemy.exc import DBAPIError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from backend import crud
+from backend import crud, storage
 from backend.api.middleware import AuthMiddleware
 from backend.api.routes import auth as auth_routes
 from backend.api.routes import (
@@ -31,9 +32,11 @@ from backend.api.routes import (
     users,
 )
 from backend.core.config import Settings, get_settings
-from backend.core.db import get_sessionmaker
+from backend.core.db import get_engine, get_sessionmaker
 from backend.core.security import LoginThrottle, check_startup
 from backend.errors import DomainError, NotFound
+from backend.services.health import RecordRefusedWorkers
+from backend.services.reconcile import reconciler
 from backend.streams import hub
 from jobs.spec import json_schema
 
@@ -55,6 +58,10 @@ async def _reaper(app: FastAPI) -> None:
     while True:
         await asyncio.sleep(min(5.0, settings.run_heartbeat_timeout_s / 3))
         if time.monotonic() - started < settings.run_heartbeat_timeout_s:
+            continue
+        if storage.recent_failure(settings.run_heartbeat_timeout_s):
+            # The heartbeats that are missing may be ones this backend could not write (disk
+            # full): as after a restart, give the workers one timeout once writes work again.
             continue
         try:
             lost = await run_in_threadpool(reap)
@@ -90,11 +97,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         access = logging.getLogger("uvicorn.access")
         if _quiet_worker_channel not in access.filters:
             access.addFilter(_quiet_worker_channel)
-        task = asyncio.create_task(_reaper(app))
+        tasks = [asyncio.create_task(_reaper(app)), asyncio.create_task(reconciler(settings))]
         if settings.redis_url:  # several backend processes: share stream events
             hub.connect_redis(settings.redis_url)
         yield
-        task.cancel()
+        for task in tasks:
+            task.cancel()
         hub.close()
 
     app = FastAPI(title="paralab", version="0.1.0", lifespan=lifespan,
@@ -106,6 +114,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         "addr": LoginThrottle(settings.login_max_failures_per_client, settings.login_window_s)}
     # Identity on every request, deny by default in team mode (backend/api/middleware.py).
     app.add_middleware(AuthMiddleware, settings=settings)
+    # Outside it: remembers the worker channel's 401s for /api/health (services/health.py).
+    app.add_middleware(RecordRefusedWorkers, settings=settings)
+    storage.install_test_faults(get_engine(settings.db_url))  # TEST-ONLY, off unless its env
 
     @app.exception_handler(DomainError)
     async def _domain(request: Request, exc: DomainError):
@@ -119,6 +130,31 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if exc.status_code == 404 and not _is_api(request.url.path):
             return pages.not_found_page(f"There is no page at {request.url.path}.")
         return await http_exception_handler(request, exc)
+
+    said = {"what": None, "at": 0.0}
+
+    def _out_of_space(what: str, exc: Exception, local: bool = True):
+        err = storage.storage_failed(what, settings.data_dir if local else None, exc)
+        # every worker call fails alike while the disk is full: one line per cause a minute
+        if err.detail != said["what"] or time.monotonic() - said["at"] > 60:
+            log.error("%s", err.detail)
+            said.update(what=err.detail, at=time.monotonic())
+        return JSONResponse({"detail": err.detail}, err.status)
+
+    @app.exception_handler(OSError)
+    async def _os_error(_request, exc: OSError):
+        # A full disk (or quota) is the operator's to fix and the client's to retry: 507 with
+        # what could not be written, not a bare 500. Any other OSError stays a 500.
+        if not storage.is_disk_full(exc):
+            raise exc
+        return _out_of_space(exc.filename or "a file", exc)
+
+    @app.exception_handler(DBAPIError)
+    async def _db_error(_request, exc: DBAPIError):
+        if not storage.is_disk_full(exc):
+            raise exc
+        return _out_of_space(f"the database ({settings.db_url.split('@')[-1]})", exc,
+                             local=settings.db_url.startswith("sqlite"))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_request, exc: RequestValidationError):

@@ -112,6 +112,10 @@ class Run(Base):
     duration_s: Mapped[float | None] = mapped_column(Float)
     notes: Mapped[str] = mapped_column(Text, default="")
     provenance: Mapped[dict | None] = mapped_column(JSON(none_as_null=True))
+    # How often the run's message has been published, and when last (the reconciler publishes
+    # again a queued run no worker claimed: migration 0006).
+    enqueue_attempts: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    enqueued_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=utcnow)
 
     tags: Mapped[list[RunTag]] = relationship(
         cascade="all, delete-orphan", lazy="selectin", order_by="RunTag.tag")
@@ -169,6 +173,21 @@ class Worker(Base):
     devices: Mapped[list] = mapped_column(JSON)
     info: Mapped[dict] = mapped_column(JSON)
     last_seen: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class WorkerRejection(Base):
+    """A caller of /api/internal whose worker credential the backend refused, by the name it
+    gave (X-Paralab-Worker), for health: a worker with a wrong PARALAB_WORKER_TOKEN consumes
+    messages it can never claim."""
+
+    __tablename__ = "worker_rejections"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    host: Mapped[str] = mapped_column(String(200))
+    remote: Mapped[str] = mapped_column(String(100))
+    count: Mapped[int] = mapped_column(Integer)
+    first_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    last_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 # -- accounts and the shared history (issue 8; migration 0003) -----------------------------------

@@ -1,15 +1,97 @@
-"""Run files on the backend: uploaded by workers, served to users, never outside their run."""
+"""Run files on the backend: uploaded by workers, served to users, never outside their run.
+
+Also what the backend knows of its storage failing: a write that ran out of space (ENOSPC,
+EDQUOT; on files, or the database's "disk full") becomes InsufficientStorage (507) naming what
+could not be written, and is remembered for /api/health and the reaper.
+"""
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 import re
+import time
 from pathlib import Path, PurePosixPath
 from urllib.parse import unquote
 
-from backend.errors import Conflict, UnsafePath
+from backend.errors import Conflict, InsufficientStorage, UnsafePath
 
 _SAFE_PART = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+# TEST-ONLY fault injection, like jobs/testbug.py: while the file this names exists, every
+# write of run files and of the database raises OSError(ENOSPC), as a full disk does. Read
+# here and nowhere else; never set by the service.
+TEST_DISK_FULL_ENV = "PARALAB_TEST_DISK_FULL_FLAG"
+
+# (monotonic time, what) of the last write that failed for lack of space, in this process.
+last_failure: tuple[float, str] | None = None
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """ENOSPC / EDQUOT, also as the database reports it: SQLite's SQLITE_FULL ("database or
+    disk is full"), PostgreSQL's class 53 (disk_full 53100), under SQLAlchemy's wrapper."""
+    orig = getattr(exc, "orig", None) or exc
+    if isinstance(orig, OSError) and orig.errno in FULL_ERRNOS:
+        return True
+    if getattr(orig, "sqlite_errorcode", None) == 13:  # SQLITE_FULL
+        return True
+    if getattr(orig, "sqlstate", None) == "53100":
+        return True
+    return "database or disk is full" in str(orig)
+
+
+def storage_failed(what: str, data_dir: Path | None, exc: BaseException) -> InsufficientStorage:
+    """The 507 for a write of `what` that ran out of space; remembered for /api/health.
+    `data_dir` None: the space is not ours (the database server's)."""
+    global last_failure
+    orig = getattr(exc, "orig", None) or exc
+    why = getattr(orig, "strerror", None) or str(orig).splitlines()[0]
+    where = (f"the storage of the data directory {Path(data_dir).resolve()}" if data_dir
+             else "the database server's storage")
+    detail = (f"could not write {what}: no space left on {where} ({why}); free some space "
+              "there (or raise the quota) and retry")
+    last_failure = (time.monotonic(), detail)
+    return InsufficientStorage(detail)
+
+
+def recent_failure(within_s: float) -> str | None:
+    """The last out-of-space write of this process, if it happened within the window."""
+    if last_failure is not None and time.monotonic() - last_failure[0] < within_s:
+        return last_failure[1]
+    return None
+
+
+def injected_full(path: Path | None = None) -> None:
+    """TEST-ONLY (TEST_DISK_FULL_ENV): raise as a full disk would, writing `path`, while the
+    flag file exists."""
+    flag = os.environ.get(TEST_DISK_FULL_ENV)
+    if flag and os.path.exists(flag):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path or flag))
+
+
+def _before_write(conn, cursor, statement, params, context, executemany):
+    """The error each database driver raises when its disk is full."""
+    if statement.lstrip()[:6].upper() not in ("INSERT", "UPDATE", "DELETE"):
+        return
+    try:
+        injected_full()
+    except OSError:
+        if conn.dialect.name == "sqlite":
+            import sqlite3
+            raise sqlite3.OperationalError("database or disk is full") from None
+        import psycopg.errors
+        raise psycopg.errors.DiskFull("could not extend file: No space left on device") \
+            from None
+
+
+def install_test_faults(engine) -> None:
+    """Under TEST_DISK_FULL_ENV only: the database's writes fail while the flag file exists."""
+    if not os.environ.get(TEST_DISK_FULL_ENV):
+        return
+    from sqlalchemy import event
+    if not event.contains(engine, "before_cursor_execute", _before_write):
+        event.listen(engine, "before_cursor_execute", _before_write)
 
 
 def resolve_run_path(runs_dir: Path, run_id: str, rel: str) -> Path:
@@ -40,14 +122,19 @@ def resolve_run_path(runs_dir: Path, run_id: str, rel: str) -> Path:
 
 def save_stream(target: Path, chunks) -> tuple[int, str]:
     """Write chunks to target atomically; return (size, sha256)."""
+    injected_full(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".part")
     h, size = hashlib.sha256(), 0
-    with open(tmp, "wb") as f:
-        for chunk in chunks:
-            f.write(chunk)
-            h.update(chunk)
-            size += len(chunk)
+    try:
+        with open(tmp, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+                h.update(chunk)
+                size += len(chunk)
+    except OSError:  # disk full: no half file left behind to fill it further
+        tmp.unlink(missing_ok=True)
+        raise
     tmp.replace(target)
     return size, h.hexdigest()
 
@@ -56,6 +143,7 @@ def append_at(target: Path, offset: int, data: bytes) -> int:
     """Write `data` at byte `offset` of a growing live file (a worker's trace while the job
     runs) and cut what follows, so a retried chunk is harmless; return the new size. An offset
     past the end is a gap the sender must fill first: Conflict (409)."""
+    injected_full(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     size = target.stat().st_size if target.exists() else 0
     if offset > size:

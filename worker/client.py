@@ -18,18 +18,28 @@ class BackendUnavailable(RuntimeError):
 
 
 class BackendClient:
-    def __init__(self, base_url: str, token: str, *, timeout: float = 10.0):
+    def __init__(self, base_url: str, token: str, *, timeout: float = 10.0,
+                 worker: str | None = None, host: str | None = None):
+        # The name and host travel with every call so that a backend refusing the credential
+        # can say which worker it refuses (/api/health's worker_auth check).
+        headers = {"Authorization": f"Bearer {token}",
+                   **({"X-Paralab-Worker": worker} if worker else {}),
+                   **({"X-Paralab-Worker-Host": host} if host else {})}
         self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout,
-                                  headers={"Authorization": f"Bearer {token}"})
+                                  headers=headers)
         self._reached = False  # has the backend answered a worker heartbeat yet?
+        self._hb_failing: str | None = None  # why the worker heartbeats fail, while they do
+        self._hb_warned = 0.0
 
     def close(self) -> None:
         self._http.close()
 
     def call(self, method: str, path: str, *, retry_for_s: float = 0.0, quiet: bool = False,
-             **kw) -> Any:
+             retry_full: bool = True, **kw) -> Any:
         """One request; on connection errors and 5xx retry until `retry_for_s` has passed.
-        4xx is a bug or a permanent refusal and is raised at once."""
+        4xx is a bug or a permanent refusal and is raised at once. 507 (the backend's disk is
+        full) is retried only with `retry_full`: log lines and files give way, so that the
+        run's outcome (finish, which retries) still gets through."""
         deadline, delay = time.monotonic() + retry_for_s, 0.2
         while True:
             try:
@@ -37,8 +47,10 @@ class BackendClient:
                 if r.status_code < 500:
                     r.raise_for_status()
                     return r.json() if r.content else None
-                err: Exception = httpx.HTTPStatusError(f"{r.status_code} {r.text[:200]}",
+                err: Exception = httpx.HTTPStatusError(f"{r.status_code} {r.text[:300]}",
                                                        request=r.request, response=r)
+                if r.status_code == 507 and not retry_full:
+                    raise BackendUnavailable(f"{method} {path}: {err}") from err
             except httpx.TransportError as exc:
                 err = exc
             if time.monotonic() >= deadline:
@@ -62,27 +74,53 @@ class BackendClient:
 
     def logs(self, run_id: str, lines: list[dict], retry_for_s: float) -> None:
         self.call("POST", f"/api/internal/runs/{run_id}/logs", retry_for_s=retry_for_s,
-                  json={"lines": lines})
+                  json={"lines": lines}, retry_full=False)
 
     def upload(self, run_id: str, rel: str, path: Path) -> None:
         self.call("PUT", f"/api/internal/runs/{run_id}/files/{rel}", retry_for_s=1800,
-                  content=path.read_bytes(), timeout=120)
+                  content=path.read_bytes(), timeout=120, retry_full=False)
 
     def append(self, run_id: str, rel: str, offset: int, data: bytes) -> None:
         """Bytes a job appended to one of its live files, written at `offset` (idempotent)."""
         self.call("PUT", f"/api/internal/runs/{run_id}/files/{rel}", retry_for_s=0,
-                  params={"offset": offset}, content=data, timeout=30)
+                  params={"offset": offset}, content=data, timeout=30, retry_full=False)
 
     def finish(self, run_id: str, **body) -> dict:
         return self.call("POST", f"/api/internal/runs/{run_id}/finish", retry_for_s=1800,
                          json=body)
 
     def worker_heartbeat(self, **body) -> None:
+        """Never raises: the heartbeat thread must outlive any answer (a refused credential, a
+        backend restart, a full disk), so /api/workers shows this worker again as soon as the
+        backend takes its reports. Why it fails is logged, at most once a minute."""
         try:
             self.call("POST", "/api/internal/workers/heartbeat", retry_for_s=0, json=body,
-                      timeout=3, quiet=not self._reached)
-            self._reached = True
-        except BackendUnavailable as exc:
-            # `paralab up` starts the worker beside the backend: until the backend has answered
-            # once, "not there yet" is the expected state, not a failure worth a warning.
-            (log.warning if self._reached else log.debug)("worker heartbeat failed: %s", exc)
+                      timeout=3, quiet=True)
+        except Exception as exc:  # noqa: BLE001 - see above
+            self._heartbeat_failed(exc)
+            return
+        if self._hb_failing is not None:
+            log.warning("worker heartbeat reaches the backend again (it failed: %s)",
+                        self._hb_failing)
+        self._reached, self._hb_failing = True, None
+
+    def _heartbeat_failed(self, exc: Exception) -> None:
+        cause = exc.__cause__ if isinstance(exc, BackendUnavailable) and exc.__cause__ else exc
+        status = getattr(getattr(cause, "response", None), "status_code", None)
+        if status == 401:
+            why = ("the backend refuses this worker's credential (401): PARALAB_WORKER_TOKEN "
+                   "does not match the backend's")
+        elif status is not None:
+            why = f"the backend answered {cause}"
+        else:
+            why = f"{type(cause).__name__}: {cause}"
+        # `paralab up` starts the worker beside the backend: until the backend has answered
+        # once, "connection refused" is the expected state, not a failure worth a warning.
+        if status is None and not self._reached:
+            log.debug("worker heartbeat failed: %s", why)
+            return
+        now = time.monotonic()
+        if why != self._hb_failing or now - self._hb_warned >= 60:
+            log.warning("worker heartbeat failed: %s (retrying every beat)", why)
+            self._hb_warned = now
+        self._hb_failing = why

@@ -1,5 +1,5 @@
-"""What the worker streams while a job runs, besides its log lines: the growing per-rank trace
-files, shipped as appended byte ranges so the backend holds a live copy and serves the run
+"""What the worker streams while a job runs: its log lines (LogShipper); the growing per-rank
+trace files, shipped as appended byte ranges so the backend holds a live copy and serves the run
 page's figures from the same analysis it uses after the run (`jobs.analysis` over partial
 traces); and the job's output filtered of interpreter warnings, which go to the worker's own
 log instead of the user's.
@@ -15,6 +15,7 @@ import logging
 import re
 import threading
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -25,6 +26,53 @@ log = logging.getLogger(__name__)
 
 LIVE_GLOBS = ("trace-rank*.jsonl",)
 MAX_CHUNK = 4 << 20  # bytes per request: a slow backend gets bounded requests
+
+
+class LogShipper:
+    """Numbers every line and ships batches in the background; a failed batch stays pending
+    and is sent again (the backend ignores sequence numbers it already has)."""
+
+    def __init__(self, client: BackendClient, run_id: str, interval: float = 0.5):
+        self._client, self._run_id, self._interval = client, run_id, interval
+        self._pending: list[dict] = []
+        self._seq = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="log-shipper")
+        self._thread.start()
+
+    def add(self, line: str) -> None:
+        with self._lock:
+            self._pending.append({"seq": self._seq, "ts": datetime.now(UTC).isoformat(),
+                                  "line": line[:65536]})
+            self._seq += 1
+
+    def _flush(self, retry_for_s: float) -> bool:
+        while True:
+            with self._lock:
+                batch = self._pending[:1000]
+            if not batch:
+                return True
+            try:
+                self._client.logs(self._run_id, batch, retry_for_s=retry_for_s)
+            except BackendUnavailable:
+                return False
+            except httpx.HTTPStatusError as exc:  # 4xx: refused for good; the run goes on
+                log.warning("run %s: the backend refused %d log lines: %s", self._run_id,
+                            len(batch), exc)
+            with self._lock:
+                del self._pending[:len(batch)]
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._flush(retry_for_s=0)
+
+    def close(self, retry_for_s: float = 1800) -> None:
+        self._stop.set()
+        self._thread.join()
+        if not self._flush(retry_for_s=retry_for_s):  # e.g. 507: the backend's disk is full
+            log.warning("run %s: %d log lines could not be delivered to the backend",
+                        self._run_id, len(self._pending))
 
 
 class TraceShipper:

@@ -18,8 +18,8 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import UTC, datetime
 
+import httpx
 from celery import shared_task
 from celery.app import trace as celery_trace
 from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
@@ -27,9 +27,9 @@ from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 from backend.core.config import Settings, get_settings
 from jobs.spec import parse_spec
 from worker.app import TASK_NAME
-from worker.client import BackendClient, BackendUnavailable
+from worker.client import BackendClient
 from worker.launch import build_argv, build_env, job_timeout_s, supervised
-from worker.live import OutputFilter, TraceShipper
+from worker.live import LogShipper, OutputFilter, TraceShipper
 from worker.procs import kill_run_processes, pdeathsig_preexec
 from worker.provenance import devices, provenance
 
@@ -50,7 +50,8 @@ def worker_name(settings: Settings) -> str:
 
 
 def _client(settings: Settings) -> BackendClient:
-    return BackendClient(settings.url, settings.resolved_worker_token())
+    return BackendClient(settings.url, settings.resolved_worker_token(),
+                         worker=worker_name(settings), host=socket.gethostname())
 
 
 @shared_task(name=TASK_NAME, bind=True, acks_late=True)
@@ -59,7 +60,16 @@ def run(self, run_id: str) -> str:
     settings = get_settings()
     client = _client(settings)
     try:
-        claim = client.claim(run_id, worker_name(settings), self.request.id)
+        try:
+            claim = client.claim(run_id, worker_name(settings), self.request.id)
+        except httpx.HTTPStatusError as exc:
+            if exc.response.status_code != 401:
+                raise
+            # The message is consumed; the backend's reconciler publishes it again, and fails
+            # the run with this reason if no worker with the right credential takes it.
+            log.error("run %s not launched: the backend refuses this worker's credential "
+                      "(401); PARALAB_WORKER_TOKEN does not match the backend's", run_id)
+            return "refused: wrong worker credential"
         if not claim["launch"]:
             log.info("run %s not launched: %s", run_id, claim["reason"])
             return f"skipped: {claim['reason']}"
@@ -72,48 +82,6 @@ def run(self, run_id: str) -> str:
                 _busy -= 1
     finally:
         client.close()
-
-
-class LogShipper:
-    """Numbers every line and ships batches in the background; a failed batch stays pending
-    and is sent again (the backend ignores sequence numbers it already has)."""
-
-    def __init__(self, client: BackendClient, run_id: str, interval: float = 0.5):
-        self._client, self._run_id, self._interval = client, run_id, interval
-        self._pending: list[dict] = []
-        self._seq = 0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="log-shipper")
-        self._thread.start()
-
-    def add(self, line: str) -> None:
-        with self._lock:
-            self._pending.append({"seq": self._seq, "ts": datetime.now(UTC).isoformat(),
-                                  "line": line[:65536]})
-            self._seq += 1
-
-    def _flush(self, retry_for_s: float) -> bool:
-        while True:
-            with self._lock:
-                batch = self._pending[:1000]
-            if not batch:
-                return True
-            try:
-                self._client.logs(self._run_id, batch, retry_for_s=retry_for_s)
-            except BackendUnavailable:
-                return False
-            with self._lock:
-                del self._pending[:len(batch)]
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self._interval):
-            self._flush(retry_for_s=0)
-
-    def close(self, retry_for_s: float = 1800) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._flush(retry_for_s=retry_for_s)
 
 
 class JobSupervisor:
@@ -149,6 +117,21 @@ class JobSupervisor:
             rc = proc.wait()
         finally:
             traces.close()
+        wrapped = threading.Event()
+        threading.Thread(target=self._beat_until, args=(wrapped,), daemon=True,
+                         name="wrap-up-heartbeat").start()
+        try:
+            return self._wrap_up(reader, outcome, reason, rc)
+        finally:
+            wrapped.set()
+
+    def _beat_until(self, done: threading.Event) -> None:
+        """Heartbeats while the job's results are analysed and uploaded (minutes for big
+        traces): the run is still this worker's, not lost."""
+        while not done.wait(self.settings.run_heartbeat_s):
+            self.client.heartbeat(self.run_id)
+
+    def _wrap_up(self, reader, outcome: str | None, reason: str, rc: int) -> str:
         reader.join(timeout=10)
         leftovers = kill_run_processes(self.run_id)
         if leftovers:
@@ -261,10 +244,13 @@ def _worker_heartbeat_loop(settings: Settings, pool: str) -> None:
     while True:
         with _busy_lock:
             busy = _busy
-        client.worker_heartbeat(
-            name=worker_name(settings), host=socket.gethostname(), queue=settings.queue,
-            slots=settings.worker_slots, busy=busy, devices=devices(),
-            info={"pid": os.getpid(), "pool": pool, "python": sys.version.split()[0]})
+        try:  # worker_heartbeat never raises; whatever else fails must not end the thread
+            client.worker_heartbeat(
+                name=worker_name(settings), host=socket.gethostname(), queue=settings.queue,
+                slots=settings.worker_slots, busy=busy, devices=devices(),
+                info={"pid": os.getpid(), "pool": pool, "python": sys.version.split()[0]})
+        except Exception:  # noqa: BLE001
+            log.warning("worker heartbeat round failed", exc_info=True)
         if _hb_stop.wait(settings.worker_heartbeat_s):
             break
     client.close()

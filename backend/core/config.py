@@ -48,6 +48,14 @@ class Settings(BaseSettings):
     run_heartbeat_s: float = 1.0
     # SIGTERM to torchrun, then SIGKILL to everything carrying the run's ID after this grace.
     kill_grace_s: float = 5.0
+    # The reconciler (backend/services/reconcile.py): a queued run that no worker has claimed
+    # this long while its queue has a free slot (or no worker at all) is published again; after
+    # this many publications it fails with the reason (a lost message, no worker, a worker
+    # whose PARALAB_WORKER_TOKEN the backend refuses).
+    queue_claim_timeout_s: float = Field(120.0, gt=0)
+    queue_claim_attempts: int = Field(3, ge=1)
+    # /api/health is degraded when the data directory's file system has less free space.
+    disk_min_free_bytes: int = Field(1 << 30, ge=0)
 
     # -- accounts (docs/security.md) --------------------------------------------------------
     # "none": local mode, one implicit admin user `local`, loopback only. "required": team

@@ -19,16 +19,19 @@ from backend.crud.runs import (
     create_run,
     decode_cursor,
     delete_run,
+    fail_unclaimed,
     finish,
     get_run,
     heartbeat,
     list_files,
     list_runs,
     logs_after,
+    mark_enqueued,
     new_run_id,
     reap_lost_runs,
     record_file,
     request_cancel,
+    unclaimed_runs,
 )
 from backend.crud.sweeps import latest_sweep, sweeps
 from backend.crud.tokens import (
@@ -46,7 +49,12 @@ from backend.crud.users import (
     set_password,
     update_user,
 )
-from backend.crud.workers import list_workers, upsert_worker
+from backend.crud.workers import (
+    list_rejections,
+    list_workers,
+    record_rejection,
+    upsert_worker,
+)
 
 __all__ = [
     "LOCAL_USERNAME", "SORT_KEYS", "RunFilter", "append_logs", "audit", "claim",
@@ -57,4 +65,6 @@ __all__ = [
     "list_tokens", "list_users", "list_workers", "local_user", "logs_after",
     "lookup_credential", "new_run_id", "reap_lost_runs", "record_file", "request_cancel",
     "revoke_credential", "set_password", "sweeps", "update_user", "upsert_worker",
+    # the reconciler and health (backend/services/reconcile.py, health.py)
+    "fail_unclaimed", "list_rejections", "mark_enqueued", "record_rejection", "unclaimed_runs",
 ]

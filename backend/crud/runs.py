@@ -220,7 +220,8 @@ def finish(db: Session, run_id: str, *, status: str, exit_code: int | None, erro
     assert status in FINISHED, status
     values = dict(status=status, exit_code=exit_code, error=error, summary=summary,
                   metrics=(summary or {}).get("headline"), provenance=provenance)
-    res = db.execute(update(Run).where(Run.id == run_id, Run.status == "running")
+    res = db.execute(update(Run).where(Run.id == run_id, or_(Run.status == "running",
+                                                             _reaped_as_lost()))
                      .values(**values, finished_at=utcnow()))
     if res.rowcount == 0 and summary is not None:
         db.execute(update(Run).where(Run.id == run_id, Run.status == status,
@@ -250,6 +251,17 @@ def list_files(db: Session, run_id: str) -> list[RunFile]:
                            .order_by(RunFile.path)))
 
 
+LOST_PREFIX = "worker lost: "
+
+
+def _reaped_as_lost():
+    """A run the reaper failed because its heartbeats stopped (not its worker's own report):
+    a late finish report from that worker (it was partitioned, or the backend could not write
+    its heartbeats: disk full) replaces the guess with the job's real outcome."""
+    return and_(Run.status == "failed", Run.exit_code.is_(None),
+                Run.error.like(LOST_PREFIX + "%"))
+
+
 def reap_lost_runs(db: Session, *, timeout_s: float) -> list[str]:
     """Fail running runs whose worker stopped reporting (killed, host down, partitioned)."""
     cutoff = utcnow() - timedelta(seconds=timeout_s)
@@ -258,8 +270,40 @@ def reap_lost_runs(db: Session, *, timeout_s: float) -> list[str]:
     for run in lost:
         db.execute(update(Run).where(Run.id == run.id, Run.status == "running").values(
             status="failed", finished_at=utcnow(),
-            error=f"worker lost: no heartbeat from {run.worker_host} for more than "
+            error=f"{LOST_PREFIX}no heartbeat from {run.worker_host} for more than "
                   f"{timeout_s:g} s (worker killed, host down or unreachable); "
                   f"last heartbeat {run.heartbeat_at.isoformat()}"))
     db.commit()
     return [r.id for r in lost]
+
+
+# -- the reconciler (backend/services/reconcile.py): queued runs no worker claimed -----------------
+
+def unclaimed_runs(db: Session, *, older_than_s: float) -> list[Run]:
+    """Queued runs whose message was last published more than `older_than_s` ago."""
+    cutoff = utcnow() - timedelta(seconds=older_than_s)
+    since = func.coalesce(Run.enqueued_at, Run.created_at)
+    return list(db.scalars(select(Run).options(defer(Run.spec), defer(Run.summary))
+                           .where(Run.status == "queued", Run.cancel_requested.is_(False),
+                                  since < cutoff).order_by(since)))
+
+
+def mark_enqueued(db: Session, run_id: str, *, attempts: int, count: bool = True) -> bool:
+    """Take the run for one more publication (count=False: only restart its clock). The
+    database is the lock between backend processes: only the one whose UPDATE still sees
+    `attempts` goes on; the others see no row changed."""
+    res = db.execute(update(Run).where(Run.id == run_id, Run.status == "queued",
+                                       Run.enqueue_attempts == attempts)
+                     .values(enqueue_attempts=attempts + (1 if count else 0),
+                             enqueued_at=utcnow()))
+    db.commit()
+    return res.rowcount == 1
+
+
+def fail_unclaimed(db: Session, run_id: str, *, attempts: int, error: str) -> bool:
+    """queued -> failed after its last publication went unclaimed (same lock as above)."""
+    res = db.execute(update(Run).where(Run.id == run_id, Run.status == "queued",
+                                       Run.enqueue_attempts == attempts)
+                     .values(status="failed", finished_at=utcnow(), error=error))
+    db.commit()
+    return res.rowcount == 1

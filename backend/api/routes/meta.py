@@ -9,6 +9,7 @@ from sqlalchemy import text
 from backend import crud
 from backend.api.deps import DbDep, SettingsDep
 from backend.api.schemas import WorkerOut
+from backend.services import health as health_checks
 from jobs.spec import SPEC_VERSION, field_docs, presets_table
 from worker.app import broker_ok
 
@@ -22,19 +23,31 @@ def live() -> dict:
 
 @router.get("/health")
 def health(db: DbDep, settings: SettingsDep) -> JSONResponse:
+    """200 with status "ok" or "degraded" (with `problems`, in words); 503 "down" when the
+    database or the broker does not answer."""
     checks: dict[str, dict] = {}
+    problems: list[str] = []
     try:
         db.execute(text("SELECT 1"))
         checks["database"] = {"ok": True, "url": settings.db_url.split("@")[-1]}
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         checks["database"] = {"ok": False, "error": str(exc)}
+        problems.append(f"the database does not answer: {exc}")
     ok, detail = broker_ok(settings)
     checks["broker"] = {"ok": ok, "url": settings.broker_url.split("@")[-1], "detail": detail}
-    workers = crud.list_workers(db, seen_within_s=3 * settings.worker_heartbeat_s) \
-        if checks["database"]["ok"] else []
-    checks["workers"] = {"ok": bool(workers), "count": len(workers)}
-    healthy = checks["database"]["ok"] and checks["broker"]["ok"]
-    return JSONResponse({"ok": healthy, "checks": checks}, status_code=200 if healthy else 503)
+    if not ok:
+        problems.append(f"the job queue (broker) does not answer: {detail}")
+    if checks["database"]["ok"]:
+        found, said = health_checks.worker_checks(db, settings)
+        checks.update(found)
+        problems += said
+    checks["disk"], said = health_checks.disk_check(settings.data_dir,
+                                                    settings.disk_min_free_bytes)
+    problems += said
+    up = checks["database"]["ok"] and checks["broker"]["ok"]
+    status = "down" if not up else ("degraded" if problems else "ok")
+    return JSONResponse({"ok": status == "ok", "status": status, "problems": problems,
+                         "checks": checks}, status_code=200 if up else 503)
 
 
 @router.get("/workers", response_model=list[WorkerOut])
