@@ -30,6 +30,7 @@ from backend.api.routes import (
     sweeps,
     users,
 )
+from backend.api.schemas import NESTING_RULE
 from backend.core.config import Settings, get_settings
 from backend.core.db import get_sessionmaker
 from backend.core.security import LoginThrottle, check_startup
@@ -64,6 +65,18 @@ async def _reaper(app: FastAPI) -> None:
                 hub.publish_status(run_id, "failed")
         except Exception:  # the next round tries again
             log.exception("reaper round failed")
+
+
+def _encodable(value):
+    """An error body that echoes what the client sent (an unknown key, a path) as UTF-8: a lone
+    surrogate becomes its escape text, so refusing it is not itself a 500."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, list | tuple):
+        return [_encodable(v) for v in value]
+    if isinstance(value, dict):
+        return {_encodable(k): _encodable(v) for k, v in value.items()}
+    return value
 
 
 def _is_api(path: str) -> bool:
@@ -111,11 +124,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _domain(request: Request, exc: DomainError):
         # The one place domain errors become HTTP: status from the class, {"detail": ...}.
         if exc.status == 404 and not _is_api(request.url.path):
-            return pages.not_found_page(str(exc))
-        return JSONResponse({"detail": exc.detail}, exc.status, headers=exc.headers)
+            return pages.not_found_page(_encodable(str(exc)))
+        return JSONResponse({"detail": _encodable(exc.detail)}, exc.status, headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 400 and isinstance(exc.__cause__, RecursionError):
+            # FastAPI's "error parsing the body": the JSON parser gave up on the nesting
+            return JSONResponse({"detail": [{"loc": ["body"], "msg": NESTING_RULE,
+                                             "type": "json_too_deep"}]}, status_code=422)
         if exc.status_code == 404 and not _is_api(request.url.path):
             return pages.not_found_page(f"There is no page at {request.url.path}.")
         return await http_exception_handler(request, exc)
@@ -124,7 +141,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _validation(_request, exc: RequestValidationError):
         errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
                   for e in exc.errors()]
-        return JSONResponse({"detail": errors}, status_code=422)
+        return JSONResponse({"detail": _encodable(errors)}, status_code=422)
 
     app.include_router(runs.router)  # every /api/runs/... (routes/runs/)
     app.include_router(meta.router)

@@ -8,13 +8,14 @@ from fastapi import APIRouter, BackgroundTasks, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from backend import crud, run_traces
-from backend.api.deps import DbDep, RunDep, SettingsDep, WorkerDep
+from backend.api.deps import CheckedParams, DbDep, RunDep, SettingsDep, WorkerDep
 from backend.api.schemas import ClaimIn, FinishIn, LogBatch, WorkerIn
 from backend.core.db import get_sessionmaker
 from backend.storage import append_at, resolve_run_path, save_stream
 from backend.streams import hub
 
-router = APIRouter(prefix="/api/internal", tags=["worker channel"])
+router = APIRouter(prefix="/api/internal", tags=["worker channel"],
+                   dependencies=[CheckedParams])
 
 
 @router.post("/runs/{run_id}/claim")
