@@ -211,6 +211,13 @@ def test_a_nul_in_a_path_or_query_parameter_is_422(client, path, loc):
     _refused(client.get(path), loc, "must not contain NUL")
 
 
+def test_a_file_path_keeps_its_own_rule(client, run_id):
+    r = client.get(f"/api/runs/{run_id}/files/a%00b")
+    assert r.status_code == 400 and "NUL" in r.json()["detail"]  # storage.resolve_run_path
+    r = client.put(f"/api/internal/runs/{run_id}/files/a%00b", content=b"x", headers=WORKER)
+    assert r.status_code == 400 and "NUL" in r.json()["detail"]
+
+
 def test_a_nul_in_a_log_line_is_stored_the_same_on_both_databases(client, settings, run_id):
     """A job's output is never refused (it would be lost): what no database holds alike is
     replaced, and the rest of the line is kept."""
