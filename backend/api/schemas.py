@@ -5,6 +5,7 @@ jobs.spec)."""
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -39,8 +40,12 @@ def json_problems(value: Any, loc: tuple = (), depth: int = 0) -> list[tuple[tup
         return [(loc, NESTING_RULE)]
     if isinstance(value, str):
         return [(loc, p)] if (p := text_problem(value)) else []
-    if isinstance(value, float):
-        return [(loc, p)] if (p := number_problem(value)) else []
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:  # an integer beyond every float is as infinite as Infinity
+            p = number_problem(float(value))
+        except OverflowError:
+            p = number_problem(math.inf)
+        return [(loc, p)] if p else []
     out: list[tuple[tuple, str]] = []
     if isinstance(value, dict):
         for k, v in value.items():

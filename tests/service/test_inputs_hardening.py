@@ -270,6 +270,11 @@ def test_nan_in_other_bodies_and_queries_is_422(client, run_id):
     _refused(r, ["body", "assumptions", "compute_ms"], "finite")
     r = _raw(client, "POST", "/api/predict", '{"spec": {"preset": "ddp", "train": {"lr": NaN}}}')
     _refused(r, ["body", "spec", "train", "lr"], "finite")
+    too_big = {"params": 10**400, "dp": 2, "tp": 1, "pp": 1, "zero_stage": 0,
+               "memory_model": "16psi"}  # an integer no float holds: a 500 before
+    _refused(client.post("/api/predict", json=too_big), ["body", "params"], "finite")
+    r = client.post("/api/predict", json={**too_big, "params": 10**308})  # finite, but x16...
+    _refused(r, ["body"], "inputs too large", "memory.per_rank_bytes")
     _refused(_raw(client, "POST", "/api/auth/tokens", '{"name": "t", "expires_days": NaN}'),
              ["body", "expires_days"], "finite")
     _refused(client.get("/api/runs?min_step_time_s=nan"), ["query", "min_step_time_s"],

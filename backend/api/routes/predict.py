@@ -53,4 +53,10 @@ def run_predict(body: dict[str, Any]) -> dict:
 
 @router.post("/predict")
 def predict(body: Annotated[dict[str, Any], Body(examples=_EXAMPLES)]) -> dict:
-    return run_predict(body)
+    out = run_predict(body)
+    if problems := json_problems(out):  # finite inputs so large that a figure overflows
+        loc, _ = problems[0]
+        raise Invalid(errors=[{"loc": ["body"], "type": "value_error", "msg": "inputs too "
+                               f"large: the predicted {'.'.join(map(str, loc))} overflows (is "
+                               "not a finite number)"}])
+    return out
