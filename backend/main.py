@@ -129,10 +129,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
-        if exc.status_code == 400 and isinstance(exc.__cause__, RecursionError):
-            # FastAPI's "error parsing the body": the JSON parser gave up on the nesting
-            return JSONResponse({"detail": [{"loc": ["body"], "msg": NESTING_RULE,
-                                             "type": "json_too_deep"}]}, status_code=422)
+        cause = exc.__cause__
+        if exc.status_code == 400 and isinstance(cause, RecursionError | ValueError):
+            # FastAPI's bare "error parsing the body": say why the JSON parser gave up
+            kind, msg = "json_invalid", f"JSON body could not be read: {str(cause).split(':')[0]}"
+            if isinstance(cause, RecursionError):
+                kind, msg = "json_too_deep", NESTING_RULE
+            elif isinstance(cause, UnicodeDecodeError):
+                msg = "JSON body must be UTF-8"
+            return JSONResponse({"detail": [{"loc": ["body"], "msg": msg, "type": kind}]},
+                                status_code=422)
         if exc.status_code == 404 and not _is_api(request.url.path):
             return pages.not_found_page(f"There is no page at {request.url.path}.")
         return await http_exception_handler(request, exc)

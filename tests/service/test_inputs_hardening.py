@@ -308,6 +308,11 @@ def test_deeply_nested_json_is_422_saying_the_limit(client, run_id):
                  '{"preset": "ddp", "notes": ' + '{"a": ' * 50_000 + "1" + "}" * 50_000 + "}"]:
         r = _raw(client, "POST", "/api/runs", body)
         _refused(r, ["body"], "nested too deeply", "64 levels")
+    # The parser's other refusals say why too (FastAPI's default: a bare 400).
+    _refused(_raw(client, "POST", "/api/runs", "[" + "1" * 5000 + "]"), ["body"], "4300 digits")
+    r = client.post("/api/runs", content=b'{"name": "\xff"}',
+                    headers={"content-type": "application/json"})
+    _refused(r, ["body"], "UTF-8")
     # Deep, but within what the parser reads: the free-form bodies have the same limit.
     deep = '{"a": ' * 100 + "1" + "}" * 100
     r = _raw(client, "POST", "/api/predict", '{"spec": {"preset": "ddp"}, "assumptions": '
