@@ -24,14 +24,13 @@ from backend.errors import (
 )
 from backend.models import ApiToken, User
 
-router = APIRouter(prefix="/api/auth", tags=["accounts"],
-                   dependencies=[CheckedParams])
+router = APIRouter(prefix="/api/auth", tags=["accounts"], dependencies=[CheckedParams])
 
 
 class LoginIn(Input):
     model_config = ConfigDict(extra="forbid")
     username: SafeStr = Field(min_length=1, max_length=200)
-    password: SafeStr = Field(min_length=1, max_length=1024)
+    password: str = Field(min_length=1, max_length=1024)  # hashed, never stored: any text
     next: SafeStr | None = Field(None, max_length=2000)
 
 
@@ -64,8 +63,8 @@ class NewTokenOut(TokenOut):
 
 class PasswordIn(Input):
     model_config = ConfigDict(extra="forbid")
-    current_password: SafeStr = Field(min_length=1, max_length=1024)
-    new_password: SafeStr = Field(min_length=1, max_length=1024)
+    current_password: str = Field(min_length=1, max_length=1024)  # hashed, never stored
+    new_password: str = Field(min_length=1, max_length=1024)
 
 
 def _cookie_secure(request: Request, settings) -> bool:

@@ -15,8 +15,7 @@ from backend.api.deps import CheckedParams, DbDep, UserDep
 from backend.api.schemas import INT64_MAX, Input, SafeStr
 from backend.models import SavedComparison
 
-router = APIRouter(prefix="/api", tags=["history"],
-                   dependencies=[CheckedParams])
+router = APIRouter(prefix="/api", tags=["history"], dependencies=[CheckedParams])
 
 
 class ComparisonIn(Input):

@@ -14,8 +14,7 @@ from backend.core.db import get_sessionmaker
 from backend.storage import append_at, resolve_run_path, save_stream
 from backend.streams import hub
 
-router = APIRouter(prefix="/api/internal", tags=["worker channel"],
-                   dependencies=[CheckedParams])
+router = APIRouter(prefix="/api/internal", tags=["worker channel"], dependencies=[CheckedParams])
 
 
 @router.post("/runs/{run_id}/claim")

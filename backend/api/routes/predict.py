@@ -13,8 +13,7 @@ from backend.errors import Invalid
 from jobs.spec import SpecError
 from jobs.theory import predict as theory_predict
 
-router = APIRouter(prefix="/api", tags=["predict"],
-                   dependencies=[CheckedParams])
+router = APIRouter(prefix="/api", tags=["predict"], dependencies=[CheckedParams])
 
 _EXAMPLES = [
     {"params": 7.5e9, "dp": 64, "tp": 1, "pp": 1, "zero_stage": 1, "memory_model": "16psi"},

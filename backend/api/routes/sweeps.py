@@ -8,8 +8,7 @@ from fastapi import APIRouter, Query
 from backend import crud
 from backend.api.deps import CheckedParams, DbDep
 
-router = APIRouter(prefix="/api", tags=["sweeps"],
-                   dependencies=[CheckedParams])
+router = APIRouter(prefix="/api", tags=["sweeps"], dependencies=[CheckedParams])
 
 
 def _sweep_out(r) -> dict:

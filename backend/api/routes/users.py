@@ -16,8 +16,7 @@ from backend.core import identity
 from backend.errors import Conflict, Invalid, NotFound
 from backend.models import User
 
-router = APIRouter(prefix="/api/users", tags=["accounts"],
-                   dependencies=[CheckedParams])
+router = APIRouter(prefix="/api/users", tags=["accounts"], dependencies=[CheckedParams])
 
 
 class UserOut(BaseModel):
@@ -38,7 +37,7 @@ class UserOut(BaseModel):
 class UserIn(Input):
     model_config = ConfigDict(extra="forbid")
     username: SafeStr = Field(min_length=1, max_length=64)
-    password: SafeStr = Field(min_length=1, max_length=1024)
+    password: str = Field(min_length=1, max_length=1024)  # hashed, never stored: any text
     role: str = Field("member", pattern="^(viewer|member|admin)$")
     max_concurrent_runs: int | None = Field(None, ge=0, le=INT32_MAX)
     max_world_size: int | None = Field(None, ge=1, le=INT32_MAX)
@@ -50,7 +49,7 @@ class UserPatch(Input):
     is_active: bool | None = None
     max_concurrent_runs: int | None = Field(None, ge=0, le=INT32_MAX)
     max_world_size: int | None = Field(None, ge=1, le=INT32_MAX)
-    password: SafeStr | None = Field(None, min_length=1, max_length=1024)
+    password: str | None = Field(None, min_length=1, max_length=1024)  # hashed
 
 
 def _user_or_404(db, username: str) -> User:
