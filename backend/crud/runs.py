@@ -225,7 +225,9 @@ def append_logs(db: Session, run_id: str, lines: list[dict],
     dialect = {"postgresql": postgresql, "sqlite": sqlite}[db.get_bind().dialect.name]
     stmt = (dialect.insert(RunLog).on_conflict_do_nothing(index_elements=["run_id", "seq"])
             .returning(RunLog.seq))
-    added = set(db.scalars(stmt, list(rows.values())))
+    # In seq order: concurrent overlapping batches take the rows' locks (PostgreSQL) in one
+    # order, so they wait for each other and never deadlock.
+    added = set(db.scalars(stmt, [rows[s] for s in sorted(rows)]))
     db.commit()
     if out is not None:
         out += [(s, rows[s]["rank"], rows[s]["line"]) for s in sorted(added)]
