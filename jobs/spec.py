@@ -530,7 +530,7 @@ def resolve_preset(data: Any) -> Any:
     data = dict(data)
     name = data.pop("preset")
     if not isinstance(name, str) or name not in PRESETS:  # a list or object: not hashable
-        raise SpecError([_err(("preset",), f"unknown preset {name!r}; allowed: "
+        raise SpecError([_err(("preset",), f"unknown preset {name!r:.80}; allowed: "
                               f"{', '.join(PRESETS)}", "enum")])
     merged = copy.deepcopy(PRESETS[name].overrides)
     merged.setdefault("name", name)
