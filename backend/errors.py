@@ -7,6 +7,7 @@ same code serves the API (main.py maps each class to one status code) and the co
     Unauthorized     401  no or bad credentials
     Forbidden        403  authenticated, but the role or a limit does not allow it
     NotFound         404  no such run, user, token, comparison, file
+    MethodNotAllowed 405  the path exists, not with this method (Allow: says which)
     Conflict         409  the resource's state does not allow it (cancel a finished run)
     TooManyAttempts  429  throttled (failed logins)
     Unavailable      503  a dependency (the broker) is down
@@ -79,6 +80,13 @@ class Forbidden(DomainError):
 
 class NotFound(DomainError):
     status = 404
+
+
+class MethodNotAllowed(DomainError):
+    status = 405
+
+    def __init__(self, detail: str, *, allow: list[str]):
+        super().__init__(detail, headers={"Allow": ", ".join(allow)})
 
 
 class Conflict(DomainError):

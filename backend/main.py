@@ -31,6 +31,7 @@ from backend.api.routes import (
     sweeps,
     users,
 )
+from backend.api.schemas import NESTING_RULE
 from backend.core.config import Settings, get_settings
 from backend.core.db import get_engine, get_sessionmaker
 from backend.core.security import LoginThrottle, check_startup
@@ -71,6 +72,18 @@ async def _reaper(app: FastAPI) -> None:
                 hub.publish_status(run_id, "failed")
         except Exception:  # the next round tries again
             log.exception("reaper round failed")
+
+
+def _encodable(value):
+    """An error body that echoes what the client sent (an unknown key, a path) as UTF-8: a lone
+    surrogate becomes its escape text, so refusing it is not itself a 500."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, list | tuple):
+        return [_encodable(v) for v in value]
+    if isinstance(value, dict):
+        return {_encodable(k): _encodable(v) for k, v in value.items()}
+    return value
 
 
 def _is_api(path: str) -> bool:
@@ -122,11 +135,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _domain(request: Request, exc: DomainError):
         # The one place domain errors become HTTP: status from the class, {"detail": ...}.
         if exc.status == 404 and not _is_api(request.url.path):
-            return pages.not_found_page(str(exc))
-        return JSONResponse({"detail": exc.detail}, exc.status, headers=exc.headers)
+            return pages.not_found_page(_encodable(str(exc)))
+        return JSONResponse({"detail": _encodable(exc.detail)}, exc.status, headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
+        cause = exc.__cause__
+        if exc.status_code == 400 and isinstance(cause, RecursionError | ValueError):
+            # FastAPI's bare "error parsing the body": say why the JSON parser gave up
+            kind, msg = "json_invalid", f"JSON body could not be read: {str(cause).split(':')[0]}"
+            if isinstance(cause, RecursionError):
+                kind, msg = "json_too_deep", NESTING_RULE
+            elif isinstance(cause, UnicodeDecodeError):
+                msg = "JSON body must be UTF-8"
+            return JSONResponse({"detail": [{"loc": ["body"], "msg": msg, "type": kind}]},
+                                status_code=422)
         if exc.status_code == 404 and not _is_api(request.url.path):
             return pages.not_found_page(f"There is no page at {request.url.path}.")
         return await http_exception_handler(request, exc)
@@ -160,7 +183,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _validation(_request, exc: RequestValidationError):
         errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
                   for e in exc.errors()]
-        return JSONResponse({"detail": errors}, status_code=422)
+        return JSONResponse({"detail": _encodable(errors)}, status_code=422)
 
     app.include_router(runs.router)  # every /api/runs/... (routes/runs/)
     app.include_router(meta.router)

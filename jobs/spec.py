@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -262,6 +263,28 @@ def derive_strategy(spec: JobSpec) -> str:
 
 # --- parsing -------------------------------------------------------------------------------------
 
+def text_problem(value: str) -> str | None:
+    """The one rule for text a user sends (names, notes, tags, queries, IDs), here and in the
+    API: no NUL character (PostgreSQL text cannot hold one while SQLite can, so it is refused
+    on both) and no lone surrogate (not UTF-8: no database, file or JSON answer can hold it).
+    Returns the rule broken, or None."""
+    if "\x00" in value:
+        return "must not contain NUL characters (U+0000)"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "must not contain lone surrogates (U+D800-U+DFFF): send valid Unicode"
+    return None
+
+
+def number_problem(value: float) -> str | None:
+    """The one rule for numbers a user sends: finite (JSON has no NaN or Infinity; Python's
+    parser accepts them, and a NaN passes every bound check)."""
+    if not math.isfinite(value):
+        return "must be a finite number (NaN and Infinity are refused)"
+    return None
+
+
 def _err(loc, msg, typ="value_error"):
     return {"loc": list(loc), "msg": msg, "type": typ}
 
@@ -283,10 +306,19 @@ def _check_scalar(value, ftype: str, loc, meta, errors) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             errors.append(_err(loc, "must be a number", "float_type"))
             return None
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # an integer beyond any float: as infinite as Infinity
+            value = math.inf
+        if problem := number_problem(value):
+            errors.append(_err(loc, problem, "finite_number"))
+            return None
     elif ftype == "str":
         if not isinstance(value, str):
             errors.append(_err(loc, "must be a string", "string_type"))
+            return None
+        if problem := text_problem(value):
+            errors.append(_err(loc, problem, "string_unsafe"))
             return None
         if not value.strip() or len(value) > 200:
             errors.append(_err(loc, "must be 1 to 200 characters", "string_length"))
@@ -497,8 +529,8 @@ def resolve_preset(data: Any) -> Any:
         return data
     data = dict(data)
     name = data.pop("preset")
-    if name not in PRESETS:
-        raise SpecError([_err(("preset",), f"unknown preset {name!r}; allowed: "
+    if not isinstance(name, str) or name not in PRESETS:  # a list or object: not hashable
+        raise SpecError([_err(("preset",), f"unknown preset {name!r:.80}; allowed: "
                               f"{', '.join(PRESETS)}", "enum")])
     merged = copy.deepcopy(PRESETS[name].overrides)
     merged.setdefault("name", name)
@@ -517,7 +549,9 @@ def upgrade_spec(data: dict) -> dict:
     """Lift a stored spec to SPEC_VERSION. Version 1 is the first; later versions add steps."""
     data = dict(data)
     version = data.get("version", SPEC_VERSION)
-    if isinstance(version, int) and version < SPEC_VERSION:  # pragma: no cover - no v2 yet
+    # Only real older versions are lifted: 0, negatives and booleans stay, for parse_spec to
+    # refuse (`version` must be >= 1).
+    if type(version) is int and 1 <= version < SPEC_VERSION:  # pragma: no cover - no v2 yet
         data["version"] = SPEC_VERSION
     return data
 

@@ -9,13 +9,33 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 from sqlalchemy.orm import Session
+from starlette.convertors import PathConvertor
 
 from backend import crud
 from backend.core.config import Settings
 from backend.core.db import get_sessionmaker
 from backend.core.identity import Principal, principal_of
-from backend.errors import NotFound, Unauthorized
+from backend.errors import Invalid, NotFound, Unauthorized
 from backend.models import Run
+from jobs.spec import text_problem
+
+
+def check_params(request: Request) -> None:
+    """Every router's first dependency: the text rule (jobs.spec.text_problem) on every path
+    and query parameter, declared or not, before any of them reaches the database (a NUL is a
+    422 on both databases, not a 500 on PostgreSQL and a miss on SQLite). A file path (a
+    `{name:path}` parameter) keeps its own stricter rule, storage.resolve_run_path (400)."""
+    convertors = getattr(request.scope.get("route"), "param_convertors", {})
+    for where, items in (("path", request.path_params.items()),
+                         ("query", request.query_params.multi_items())):
+        for name, value in items:
+            if where == "path" and isinstance(convertors.get(name), PathConvertor):
+                continue
+            if isinstance(value, str) and (problem := text_problem(value)):
+                raise Invalid(f"{name}: {problem}", field=name, where=where)
+
+
+CheckedParams = Depends(check_params)
 
 
 def get_app_settings(request: Request) -> Settings:

@@ -1,13 +1,86 @@
-"""Response shapes. Request bodies for runs are the job spec itself (validated by jobs.spec)."""
+"""Response shapes, the worker channel's bodies, and the input rules every request body
+shares: `SafeStr` (jobs.spec.text_problem), finite floats (`Input`), bounded integers, and
+`JsonObject` for free-form JSON. Request bodies for runs are the job spec itself (validated by
+jobs.spec)."""
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from backend.models import Run
+from jobs.spec import number_problem, text_problem
+
+# Integer columns: a bound on every integer a client sends, so that none overflows the
+# database's integer (SQLite and PostgreSQL BIGINT: 64 bits; INTEGER on PostgreSQL: 32).
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+# Free-form JSON (summaries, what-if bodies): how deep objects and arrays may nest.
+MAX_JSON_DEPTH = 64
+NESTING_RULE = (f"JSON nested too deeply: objects and arrays may nest at most {MAX_JSON_DEPTH} "
+                "levels")
+
+
+def _safe(value: str) -> str:
+    if problem := text_problem(value):
+        raise ValueError(problem)
+    return value
+
+
+SafeStr = Annotated[str, AfterValidator(_safe)]
+
+
+def json_problems(value: Any, loc: tuple = (), depth: int = 0) -> list[tuple[tuple, str]]:
+    """(where, rule) for each part of free-form JSON that breaks an input rule: text (keys
+    too), finite numbers, nesting depth."""
+    if depth > MAX_JSON_DEPTH:
+        return [(loc, NESTING_RULE)]
+    if isinstance(value, str):
+        return [(loc, p)] if (p := text_problem(value)) else []
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:  # an integer beyond every float is as infinite as Infinity
+            p = number_problem(float(value))
+        except OverflowError:
+            p = number_problem(math.inf)
+        return [(loc, p)] if p else []
+    out: list[tuple[tuple, str]] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(k, str) and (p := text_problem(k)):
+                out.append(((*loc, "(key)"), p))
+            out += json_problems(v, (*loc, k), depth + 1)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += json_problems(v, (*loc, i), depth + 1)
+    return out
+
+
+def _json_ok(value: Any) -> Any:
+    if problems := json_problems(value):
+        where, rule = problems[0]
+        raise ValueError(f"{'.'.join(map(str, where)) or 'value'}: {rule}")
+    return value
+
+
+JsonObject = Annotated[dict[str, Any], AfterValidator(_json_ok)]
+
+
+def printable(value: str) -> str:
+    """Text a job printed, stored as it came except what no database can hold the same way:
+    NUL becomes U+FFFD, a lone surrogate its escape. (A log line is never refused: it would
+    be lost.)"""
+    if text_problem(value) is None:
+        return value
+    return value.replace("\x00", "\ufffd").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+class Input(BaseModel):
+    """Base of every request body: NaN and Infinity are refused in float fields."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
 
 class RunOut(BaseModel):
@@ -68,37 +141,54 @@ class FileOut(BaseModel):
     created_at: datetime
 
 
-class ClaimIn(BaseModel):
-    worker: str = Field(max_length=200)
-    task_id: str | None = Field(None, max_length=200)
+class ClaimIn(Input):
+    worker: SafeStr = Field(max_length=200)
+    task_id: SafeStr | None = Field(None, max_length=200)
 
 
-class LogLine(BaseModel):
-    seq: int = Field(ge=0)
-    ts: str | None = None
+class LogLine(Input):
+    seq: int = Field(ge=0, le=INT32_MAX)  # run_logs.seq is an INTEGER
+    ts: str | None = Field(None, max_length=64, description="ISO 8601")
     line: str = Field(max_length=65536)
 
+    @field_validator("ts")
+    @classmethod
+    def _iso(cls, v: str | None) -> str | None:
+        if v is not None:
+            datetime.fromisoformat(v)  # ValueError: a 422 naming ts
+        return v
 
-class LogBatch(BaseModel):
+    @field_validator("line")
+    @classmethod
+    def _printable(cls, v: str) -> str:
+        return printable(v)
+
+
+class LogBatch(Input):
     lines: list[LogLine] = Field(max_length=10000)
 
 
-class FinishIn(BaseModel):
+class FinishIn(Input):
     status: str = Field(pattern="^(succeeded|failed|cancelled|timed_out)$")
-    exit_code: int | None = None
+    exit_code: int | None = Field(None, ge=-INT32_MAX - 1, le=INT32_MAX)
     error: str | None = Field(None, max_length=200_000)
-    summary: dict[str, Any] | None = None
-    provenance: dict[str, Any] | None = None
+    summary: JsonObject | None = None
+    provenance: JsonObject | None = None
+
+    @field_validator("error")
+    @classmethod
+    def _printable(cls, v: str | None) -> str | None:
+        return None if v is None else printable(v)  # the job's stderr: kept, made storable
 
 
-class WorkerIn(BaseModel):
-    name: str = Field(max_length=200)
-    host: str = Field(max_length=200)
-    queue: str = Field(max_length=64)
-    slots: int = Field(ge=0)
-    busy: int = Field(ge=0)
-    devices: list[dict[str, Any]] = []
-    info: dict[str, Any] = {}
+class WorkerIn(Input):
+    name: SafeStr = Field(max_length=200)
+    host: SafeStr = Field(max_length=200)
+    queue: SafeStr = Field(max_length=64)
+    slots: int = Field(ge=0, le=INT32_MAX)
+    busy: int = Field(ge=0, le=INT32_MAX)
+    devices: list[JsonObject] = []
+    info: JsonObject = {}
 
 
 class WorkerOut(WorkerIn):

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, defer
 
 from backend.models import (
@@ -23,7 +25,7 @@ from backend.models import (
     metric_values,
     utcnow,
 )
-from jobs.spec import JobSpec
+from jobs.spec import JobSpec, text_problem
 
 SORT_KEYS = {"created_at": Run.created_at, "name": Run.name, "status": Run.status,
              "strategy": Run.strategy, "world_size": Run.world_size,
@@ -73,17 +75,39 @@ def _encode_cursor(value, run_id: str) -> str:
     return base64.urlsafe_b64encode(json.dumps([value, run_id]).encode()).decode()
 
 
-def decode_cursor(cursor: str) -> tuple:
-    """Raises ValueError on a cursor this server did not produce."""
+_NOT_A_CURSOR = "cursor: not a cursor returned by this API"
+_INT64 = 2**63 - 1
+
+
+def _cursor_value(value, key: str):
+    """The sort key's value as the column compares it; ValueError for any other shape."""
+    if key == "created_at":
+        if not (isinstance(value, dict) and set(value) == {"dt"} and isinstance(value["dt"],
+                                                                                str)):
+            raise ValueError(f"{_NOT_A_CURSOR} (for sort {key!r})")
+        return datetime.fromisoformat(value["dt"])  # ValueError when it is not a date
+    col_type = SORT_KEYS[key].type.python_type
+    if value is None and key in METRIC_COLUMNS:  # the runs without the figure
+        return None
+    if col_type is str and isinstance(value, str) and text_problem(value) is None:
+        return value
+    if col_type in (int, float) and type(value) in (int, float) and math.isfinite(value) \
+            and (col_type is float or (type(value) is int and abs(value) <= _INT64)):
+        return value
+    raise ValueError(f"{_NOT_A_CURSOR} (for sort {key!r})")
+
+
+def decode_cursor(cursor: str, key: str = "created_at") -> tuple:
+    """[value, run_id] of the last row of a page sorted by `key`. Raises ValueError on a
+    cursor this server did not produce (any shape, type or value that the query could not
+    compare with the column)."""
     try:
         value, run_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        if not isinstance(run_id, str) or len(run_id) > 32 or text_problem(run_id):
+            raise ValueError("bad run id")
+        return _cursor_value(value, key), run_id
     except Exception as exc:  # noqa: BLE001 - any malformed cursor is the same user error
-        raise ValueError("cursor: not a cursor returned by this API") from exc
-    if isinstance(value, dict) and "dt" in value:
-        value = datetime.fromisoformat(value["dt"])
-    if not isinstance(run_id, str):
-        raise ValueError("cursor: not a cursor returned by this API")
-    return value, run_id
+        raise ValueError(_NOT_A_CURSOR) from exc
 
 
 def list_runs(db: Session, f: RunFilter, *, sort: str = "-created_at", cursor: str | None = None,
@@ -115,7 +139,7 @@ def list_runs(db: Session, f: RunFilter, *, sort: str = "-created_at", cursor: s
         if hi is not None:
             stmt = stmt.where(col_f <= hi)
     nullable = key in METRIC_COLUMNS  # runs without the figure come last, whatever the order
-    value, last_id = decode_cursor(cursor) if cursor else (_START, None)
+    value, last_id = decode_cursor(cursor, key) if cursor else (_START, None)
     rows: list[Run] = []
     if value is not None:  # the runs that have the figure (or every run: non-null keys)
         q = stmt.where(col.is_not(None)) if nullable else stmt
@@ -179,30 +203,35 @@ def heartbeat(db: Session, run_id: str) -> Run | None:
     return db.get(Run, run_id)
 
 
+def _rank_of(line: str) -> int | None:
+    m = _RANK_PREFIX.match(line)
+    return int(m.group(1)) if m else None
+
+
 def append_logs(db: Session, run_id: str, lines: list[dict],
                 out: list | None = None) -> int:
-    """Idempotent on (run_id, seq): a worker retrying a batch after a timeout adds nothing.
-    `out` collects the added lines as (seq, rank, line) for the live streams."""
-    if not lines:
+    """Idempotent on (run_id, seq): a worker retrying a batch after a timeout adds nothing,
+    even while the first attempt is still being stored (one INSERT ... ON CONFLICT DO NOTHING:
+    the database decides which lines are new, atomically, on both dialects). `out` collects
+    the added lines as (seq, rank, line) for the live streams."""
+    rows = {}
+    for x in lines:  # a seq twice in one batch: the first one counts
+        rows.setdefault(int(x["seq"]), {
+            "run_id": run_id, "seq": int(x["seq"]), "rank": _rank_of(x["line"]),
+            "ts": datetime.fromisoformat(x["ts"]) if x.get("ts") else utcnow(),
+            "line": x["line"]})
+    if not rows:
         return 0
-    seqs = [int(x["seq"]) for x in lines]
-    have = set(db.scalars(select(RunLog.seq).where(RunLog.run_id == run_id,
-                                                   RunLog.seq.in_(seqs))))
-    added = 0
-    for x in lines:
-        if int(x["seq"]) in have:
-            continue
-        m = _RANK_PREFIX.match(x["line"])
-        rank = int(m.group(1)) if m else None
-        db.add(RunLog(run_id=run_id, seq=int(x["seq"]), rank=rank,
-                      ts=datetime.fromisoformat(x["ts"]) if x.get("ts") else utcnow(),
-                      line=x["line"]))
-        if out is not None:
-            out.append((int(x["seq"]), rank, x["line"]))
-        have.add(int(x["seq"]))
-        added += 1
+    dialect = {"postgresql": postgresql, "sqlite": sqlite}[db.get_bind().dialect.name]
+    stmt = (dialect.insert(RunLog).on_conflict_do_nothing(index_elements=["run_id", "seq"])
+            .returning(RunLog.seq))
+    # In seq order: concurrent overlapping batches take the rows' locks (PostgreSQL) in one
+    # order, so they wait for each other and never deadlock.
+    added = set(db.scalars(stmt, [rows[s] for s in sorted(rows)]))
     db.commit()
-    return added
+    if out is not None:
+        out += [(s, rows[s]["rank"], rows[s]["line"]) for s in sorted(added)]
+    return len(added)
 
 
 def logs_after(db: Session, run_id: str, after: int = -1, *, rank: int | None = None,

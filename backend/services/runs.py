@@ -14,7 +14,7 @@ from backend.core.identity import Principal
 from backend.errors import Conflict, Invalid, Unavailable
 from backend.models import FINISHED, Run, RunTag
 from backend.streams import hub
-from jobs.spec import JobSpec, SpecError, parse_spec
+from jobs.spec import JobSpec, SpecError, parse_spec, text_problem
 from jobs.theory import predict
 from worker.app import enqueue_run, revoke_run
 
@@ -31,9 +31,17 @@ def _meta(body: dict[str, Any]) -> tuple[list[str], str, list[dict]]:
             isinstance(t, str) and 1 <= len(t.strip()) <= 64 for t in tags):
         errors.append({"loc": ["body", "tags"], "msg": _TAG_RULE, "type": "value_error"})
         tags = []
+    for i, t in enumerate(tags):
+        if problem := text_problem(t):
+            errors.append({"loc": ["body", "tags", i], "msg": problem, "type": "string_unsafe"})
+            tags = []
+            break
     if not isinstance(notes, str) or len(notes) > 100_000:
         errors.append({"loc": ["body", "notes"], "msg": "must be a string of at most 100000 "
                        "characters", "type": "value_error"})
+        notes = ""
+    elif problem := text_problem(notes):
+        errors.append({"loc": ["body", "notes"], "msg": problem, "type": "string_unsafe"})
         notes = ""
     return [t.strip() for t in tags], notes, errors
 
@@ -64,6 +72,17 @@ def memory_gate(db: Session, settings: Settings, spec: JobSpec) -> dict | None:
                    "?force=true to run it anyway"}
 
 
+def _lock_for_limit(db: Session) -> None:
+    """The concurrent-run limit counts the user's active runs, then adds one: two submissions
+    at once must not both count the same number. On SQLite the transaction takes the write lock
+    before it counts (BEGIN IMMEDIATE: the others wait, busy_timeout, then count again); on
+    PostgreSQL permissions.check_submit_limits locks the user's row (SELECT ... FOR UPDATE).
+    Either lock lasts until create_run commits, or the rollback of a refusal."""
+    if db.get_bind().dialect.name == "sqlite":
+        db.commit()  # end the reads of this request: BEGIN cannot nest
+        db.connection().exec_driver_sql("BEGIN IMMEDIATE")
+
+
 def submit(db: Session, settings: Settings, body: dict[str, Any], *,
            owner: str | Principal, force: bool = False, client: str | None = None) -> Run:
     """Validate, gate on predicted memory, store, then enqueue the run's ID. Nothing is stored
@@ -83,11 +102,17 @@ def submit(db: Session, settings: Settings, body: dict[str, Any], *,
         errors += [{**e, "loc": ["body", *e["loc"]]} for e in exc.errors]
     if errors:
         raise Invalid(errors=errors)
-    if user is not None:
-        permissions.check_submit_limits(db, user, spec.world_size)
-    if not force and (refusal := memory_gate(db, settings, spec)):
-        raise Invalid(errors=[refusal])
-    run = crud.create_run(db, spec, owner=owner, tags=tags, notes=notes)
+    if user is not None and user.max_concurrent_runs is not None:
+        _lock_for_limit(db)
+    try:
+        if user is not None:
+            permissions.check_submit_limits(db, user, spec.world_size)
+        if not force and (refusal := memory_gate(db, settings, spec)):
+            raise Invalid(errors=[refusal])
+        run = crud.create_run(db, spec, owner=owner, tags=tags, notes=notes)  # commit: unlock
+    except Exception:
+        db.rollback()  # a refusal ends the transaction, and with it the lock
+        raise
     try:
         enqueue_run(settings, run.id, run.queue)
     except Exception as exc:

@@ -5,31 +5,38 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Path, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from backend import crud, permissions, services
-from backend.api.deps import DbDep, SettingsDep, UserDep
+from backend.api.deps import CheckedParams, DbDep, SettingsDep, UserDep
+from backend.api.schemas import INT32_MAX, Input, SafeStr
 from backend.core import identity, security
 from backend.core.db import get_sessionmaker
-from backend.errors import Forbidden, NotFound, TooManyAttempts, Unauthorized
+from backend.errors import (
+    Forbidden,
+    MethodNotAllowed,
+    NotFound,
+    TooManyAttempts,
+    Unauthorized,
+)
 from backend.models import ApiToken, User
 
-router = APIRouter(prefix="/api/auth", tags=["accounts"])
+router = APIRouter(prefix="/api/auth", tags=["accounts"], dependencies=[CheckedParams])
 
 
-class LoginIn(BaseModel):
+class LoginIn(Input):
     model_config = ConfigDict(extra="forbid")
-    username: str = Field(min_length=1, max_length=200)
-    password: str = Field(min_length=1, max_length=1024)
-    next: str | None = Field(None, max_length=2000)
+    username: SafeStr = Field(min_length=1, max_length=200)
+    password: str = Field(min_length=1, max_length=1024)  # hashed, never stored: any text
+    next: SafeStr | None = Field(None, max_length=2000)
 
 
-class TokenIn(BaseModel):
+class TokenIn(Input):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=100)
+    name: SafeStr = Field(min_length=1, max_length=100)
     expires_days: float | None = Field(None, gt=0, le=3650)
 
 
@@ -54,9 +61,9 @@ class NewTokenOut(TokenOut):
     token: str = Field(description="shown once; store it now (e.g. PARALAB_TOKEN)")
 
 
-class PasswordIn(BaseModel):
+class PasswordIn(Input):
     model_config = ConfigDict(extra="forbid")
-    current_password: str = Field(min_length=1, max_length=1024)
+    current_password: str = Field(min_length=1, max_length=1024)  # hashed, never stored
     new_password: str = Field(min_length=1, max_length=1024)
 
 
@@ -95,6 +102,13 @@ async def login(request: Request, body: LoginIn, settings: SettingsDep) -> JSONR
                     max_age=int(settings.session_ttl_s), path="/", httponly=True,
                     samesite="strict", secure=_cookie_secure(request, settings))
     return resp
+
+
+@router.get("/login", include_in_schema=False)
+def login_get() -> None:
+    """Without this, the catch-all /api 404 would answer: the path exists, for POST only."""
+    raise MethodNotAllowed("use POST /api/auth/login with a JSON body {username, password} "
+                           "(the login page is GET /login)", allow=["POST"])
 
 
 def _check_login(settings, body: LoginIn, client: str) -> tuple[str, User]:
@@ -152,7 +166,8 @@ def create_token(request: Request, db: DbDep, user: UserDep, body: TokenIn) -> N
 
 
 @router.delete("/tokens/{token_id}", status_code=204)
-def revoke_token(request: Request, db: DbDep, user: UserDep, token_id: int) -> Response:
+def revoke_token(request: Request, db: DbDep, user: UserDep,
+                 token_id: int = Path(ge=0, le=INT32_MAX)) -> Response:
     """Revoke a token at once. Your own; admins may revoke anyone's."""
     row = db.get(ApiToken, token_id)
     if row is None or row.kind != "api" or (

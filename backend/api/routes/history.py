@@ -11,16 +11,17 @@ from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from backend import crud, permissions
-from backend.api.deps import DbDep, UserDep
+from backend.api.deps import CheckedParams, DbDep, UserDep
+from backend.api.schemas import INT64_MAX, Input, SafeStr
 from backend.models import SavedComparison
 
-router = APIRouter(prefix="/api", tags=["history"])
+router = APIRouter(prefix="/api", tags=["history"], dependencies=[CheckedParams])
 
 
-class ComparisonIn(BaseModel):
+class ComparisonIn(Input):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=200)
-    run_ids: list[str] = Field(min_length=2, max_length=4)
+    name: SafeStr = Field(min_length=1, max_length=200)
+    run_ids: list[SafeStr] = Field(min_length=2, max_length=4)
 
     @field_validator("run_ids")
     @classmethod
@@ -96,7 +97,8 @@ def delete_comparison(db: DbDep, user: UserDep, comparison_id: str) -> Response:
 def audit_log(db: DbDep, user: UserDep,
               action: str | None = Query(None, description="comma-separated actions"),
               actor: str | None = None,
-              before: int | None = Query(None, description="entries with a smaller id"),
+              before: int | None = Query(None, ge=0, le=INT64_MAX,
+                                         description="entries with a smaller id"),
               limit: int = Query(100, ge=1, le=1000)) -> list[AuditOut]:
     """Submissions, cancellations, edits, deletions, user and role changes, tokens and failed
     logins, newest first (admins only)."""

@@ -8,13 +8,13 @@ from fastapi import APIRouter, BackgroundTasks, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from backend import crud, run_traces
-from backend.api.deps import DbDep, RunDep, SettingsDep, WorkerDep
-from backend.api.schemas import ClaimIn, FinishIn, LogBatch, WorkerIn
+from backend.api.deps import CheckedParams, DbDep, RunDep, SettingsDep, WorkerDep
+from backend.api.schemas import INT64_MAX, ClaimIn, FinishIn, LogBatch, WorkerIn
 from backend.core.db import get_sessionmaker
 from backend.storage import append_at, resolve_run_path, save_stream
 from backend.streams import hub
 
-router = APIRouter(prefix="/api/internal", tags=["worker channel"])
+router = APIRouter(prefix="/api/internal", tags=["worker channel"], dependencies=[CheckedParams])
 
 
 @router.post("/runs/{run_id}/claim")
@@ -41,7 +41,7 @@ def logs(db: DbDep, run: RunDep, body: LogBatch, _: WorkerDep) -> dict:
 
 @router.put("/runs/{run_id}/files/{path:path}")
 async def upload(request: Request, run: RunDep, settings: SettingsDep, path: str,
-                 _: WorkerDep, offset: int | None = Query(None, ge=0)) -> dict:
+                 _: WorkerDep, offset: int | None = Query(None, ge=0, le=INT64_MAX)) -> dict:
     """The whole file (after the run), or with `offset` a live chunk of a growing trace:
     written in place, not recorded as a run file, and announced to the run's open streams."""
     target = resolve_run_path(settings.runs_dir, run.id, path)  # UnsafePath: 400

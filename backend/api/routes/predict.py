@@ -7,11 +7,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body
 
+from backend.api.deps import CheckedParams
+from backend.api.schemas import json_problems
 from backend.errors import Invalid
 from jobs.spec import SpecError
 from jobs.theory import predict as theory_predict
 
-router = APIRouter(prefix="/api", tags=["predict"])
+router = APIRouter(prefix="/api", tags=["predict"], dependencies=[CheckedParams])
 
 _EXAMPLES = [
     {"params": 7.5e9, "dp": 64, "tp": 1, "pp": 1, "zero_stage": 1, "memory_model": "16psi"},
@@ -22,6 +24,9 @@ _EXAMPLES = [
 
 def run_predict(body: dict[str, Any]) -> dict:
     """what-if (has `params`), `{"spec": ..., "assumptions": {...}}`, or a spec / preset."""
+    if problems := json_problems(body):  # the theory takes numbers as they come: NaN too
+        raise Invalid(errors=[{"loc": ["body", *loc], "msg": rule, "type": "value_error"}
+                              for loc, rule in problems])
     prefix: list = ["body"]
     try:
         if "spec" in body and "params" not in body:
@@ -47,4 +52,10 @@ def run_predict(body: dict[str, Any]) -> dict:
 
 @router.post("/predict")
 def predict(body: Annotated[dict[str, Any], Body(examples=_EXAMPLES)]) -> dict:
-    return run_predict(body)
+    out = run_predict(body)
+    if problems := json_problems(out):  # finite inputs so large that a figure overflows
+        loc, _ = problems[0]
+        raise Invalid(errors=[{"loc": ["body"], "type": "value_error", "msg": "inputs too "
+                               f"large: the predicted {'.'.join(map(str, loc))} overflows (is "
+                               "not a finite number)"}])
+    return out

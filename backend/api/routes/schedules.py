@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query
 
+from backend.api.deps import CheckedParams
 from backend.errors import Invalid
 from jobs import schedules as sched
 
-router = APIRouter(prefix="/api/schedules", tags=["schedules"])
+router = APIRouter(prefix="/api/schedules", tags=["schedules"], dependencies=[CheckedParams])
 
 # Work bound: the simulator runs every (rank, chunk, micro-batch) of p*v*m, i.e. 2 or 3 actions
 # each (F + BW, or F + B + W): at most 60000 spans, a few MB of JSON, ~1 s of CPU.

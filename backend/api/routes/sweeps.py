@@ -6,9 +6,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Query
 
 from backend import crud
-from backend.api.deps import DbDep
+from backend.api.deps import CheckedParams, DbDep
 
-router = APIRouter(prefix="/api", tags=["sweeps"])
+router = APIRouter(prefix="/api", tags=["sweeps"], dependencies=[CheckedParams])
 
 
 def _sweep_out(r) -> dict:

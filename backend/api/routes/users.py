@@ -9,13 +9,14 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from backend import crud, permissions
-from backend.api.deps import DbDep, SettingsDep, UserDep
+from backend.api.deps import CheckedParams, DbDep, SettingsDep, UserDep
 from backend.api.routes.auth import TokenOut
+from backend.api.schemas import INT32_MAX, Input, SafeStr
 from backend.core import identity
 from backend.errors import Conflict, Invalid, NotFound
 from backend.models import User
 
-router = APIRouter(prefix="/api/users", tags=["accounts"])
+router = APIRouter(prefix="/api/users", tags=["accounts"], dependencies=[CheckedParams])
 
 
 class UserOut(BaseModel):
@@ -33,22 +34,22 @@ class UserOut(BaseModel):
                    created_at=u.created_at)
 
 
-class UserIn(BaseModel):
+class UserIn(Input):
     model_config = ConfigDict(extra="forbid")
-    username: str = Field(min_length=1, max_length=64)
-    password: str = Field(min_length=1, max_length=1024)
+    username: SafeStr = Field(min_length=1, max_length=64)
+    password: str = Field(min_length=1, max_length=1024)  # hashed, never stored: any text
     role: str = Field("member", pattern="^(viewer|member|admin)$")
-    max_concurrent_runs: int | None = Field(None, ge=0)
-    max_world_size: int | None = Field(None, ge=1)
+    max_concurrent_runs: int | None = Field(None, ge=0, le=INT32_MAX)
+    max_world_size: int | None = Field(None, ge=1, le=INT32_MAX)
 
 
-class UserPatch(BaseModel):
+class UserPatch(Input):
     model_config = ConfigDict(extra="forbid")
     role: str | None = Field(None, pattern="^(viewer|member|admin)$")
     is_active: bool | None = None
-    max_concurrent_runs: int | None = Field(None, ge=0)
-    max_world_size: int | None = Field(None, ge=1)
-    password: str | None = Field(None, min_length=1, max_length=1024)
+    max_concurrent_runs: int | None = Field(None, ge=0, le=INT32_MAX)
+    max_world_size: int | None = Field(None, ge=1, le=INT32_MAX)
+    password: str | None = Field(None, min_length=1, max_length=1024)  # hashed
 
 
 def _user_or_404(db, username: str) -> User:

@@ -11,10 +11,11 @@ from sqlalchemy.orm import Session
 
 from backend import crud, permissions, services
 from backend.api.deps import DbDep, RunDep, SettingsDep, UserDep
-from backend.api.schemas import RunOut
+from backend.api.schemas import Input, RunOut, SafeStr
 from backend.core.identity import Principal, client_address
 from backend.errors import Invalid
 from backend.models import METRIC_COLUMNS, Run
+from jobs.spec import number_problem
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 
@@ -32,11 +33,11 @@ class RunViewPage(BaseModel):
     next_cursor: str | None = Field(None, description="pass as ?cursor= for the next page")
 
 
-class RunPatch(BaseModel):
+class RunPatch(Input):
     model_config = ConfigDict(extra="forbid")
-    name: str | None = Field(None, min_length=1, max_length=200)
-    tags: list[str] | None = Field(None, max_length=20)
-    notes: str | None = Field(None, max_length=100_000)
+    name: SafeStr | None = Field(None, min_length=1, max_length=200)
+    tags: list[SafeStr] | None = Field(None, max_length=20)
+    notes: SafeStr | None = Field(None, max_length=100_000)
 
     @field_validator("tags")
     @classmethod
@@ -93,6 +94,8 @@ def metric_ranges(request: Request) -> dict:
             except ValueError:
                 raise Invalid(f"{end}_{c}: must be a number, got {raw!r}", where="query") \
                     from None
+            if problem := number_problem(v):  # float() reads "nan" and "inf" too
+                raise Invalid(f"{end}_{c}: {problem}", where="query")
             out.setdefault(c, [None, None])[i] = v
     return {c: tuple(v) for c, v in out.items()}
 

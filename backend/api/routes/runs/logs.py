@@ -7,13 +7,15 @@ from fastapi.responses import PlainTextResponse
 
 from backend import crud
 from backend.api.deps import DbDep, RunDep
+from backend.api.schemas import INT32_MAX
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 
 
 @router.get("/{run_id}/logs", response_class=PlainTextResponse)
-def get_logs(db: DbDep, run: RunDep, rank: int | None = Query(None, ge=0),
-             after: int = Query(-1, ge=-1)) -> str:
+def get_logs(db: DbDep, run: RunDep, rank: int | None = Query(None, ge=0, le=INT32_MAX),
+             after: int = Query(-1, ge=-1, le=INT32_MAX)) -> str:
+    # (rank and seq are INTEGER columns: a larger bound would overflow the query)
     lines: list[str] = []
     while True:
         batch = crud.logs_after(db, run.id, after, rank=rank, limit=5000)

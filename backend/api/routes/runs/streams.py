@@ -16,8 +16,9 @@ from starlette.concurrency import run_in_threadpool
 
 from backend import crud
 from backend.api.deps import SettingsDep
+from backend.api.schemas import INT32_MAX
 from backend.core.db import get_sessionmaker
-from backend.errors import NotFound
+from backend.errors import Invalid, NotFound
 from backend.models import FINISHED
 from backend.streams import hub
 
@@ -53,14 +54,19 @@ def _event(data: str, *, event: str | None = None, id: int | None = None) -> str
 @router.get("/{run_id}/logs/stream")
 async def stream_logs(
     request: Request, run_id: str, settings: SettingsDep,
-    rank: int | None = Query(None, ge=0),
+    rank: int | None = Query(None, ge=0, le=INT32_MAX),
     last_event_id: Annotated[str | None, Header()] = None,
-    after: int = Query(-1, ge=-1, description="resume after this seq (or Last-Event-ID)"),
+    after: int = Query(-1, ge=-1, le=INT32_MAX,
+                       description="resume after this seq (or Last-Event-ID)"),
 ) -> StreamingResponse:
     """Server-sent events: `id` is the line's sequence number, so a reconnecting EventSource
-    resumes exactly where it stopped; `event: status` on changes, `event: end` when done."""
-    if last_event_id and last_event_id.strip().isdigit():
-        after = int(last_event_id)
+    resumes exactly where it stopped; `event: status` on changes, `event: end` when done.
+    Every input is checked here, before the 200: a stream cannot answer an error once begun."""
+    if last_event_id and (seq := last_event_id.strip()).isascii() and seq.isdigit():
+        if int(seq) > INT32_MAX:  # an ID this server never sent (seq is an INTEGER column)
+            raise Invalid(f"last-event-id: must be a line's seq (0 to {INT32_MAX})",
+                          field="last-event-id", where="header")
+        after = int(seq)
     await run_in_threadpool(_status_of, settings, run_id)  # 404 before the stream starts
 
     async def events():
