@@ -92,19 +92,20 @@ ERRORS = {
     "409": "The resource's state does not allow it (e.g. cancel a finished run)",
     "422": "A field breaks a rule: detail names each field and the rule",
     "429": "Throttled (failed logins); see Retry-After",
-    "503": "A dependency (the job queue) is unavailable",
+    "503": "A dependency (the job queue, the database) is unavailable",
 }
 WRITE_METHODS = ("post", "put", "patch", "delete")
 
 
 def _errors_of(method: str, path: str) -> list[str]:
-    """Every operation: 400 (Host), 401, 403, 422; with a path parameter: 404 (a missing
-    resource); writes: 409, 429, 503 (state conflicts, throttling, the queue down)."""
-    codes = ["400", "401", "403", "422"]
+    """Every operation: 400 (Host), 401, 403, 422, 503 (a dependency down: the queue at
+    submit, the database or broker in /api/health); with a path parameter: 404 (a missing
+    resource); writes: 409, 429 (state conflicts, throttling)."""
+    codes = ["400", "401", "403", "422", "503"]
     if "{" in path:
         codes.append("404")
     if method in WRITE_METHODS:
-        codes += ["409", "429", "503"]
+        codes += ["409", "429"]
     return codes
 
 

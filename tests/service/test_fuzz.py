@@ -108,7 +108,7 @@ def fuzz(svc: Service, tmp: Path, headers: dict[str, str], env: dict[str, str],
                "PARALAB_FUZZ_FAILURES": str(failures_file),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
                                                            os.environ.get("PYTHONPATH")]))}
-    out = subprocess.run(argv, env=run_env, cwd=ROOT, capture_output=True, text=True,
+    out = subprocess.run(argv, env=run_env, cwd=tmp, capture_output=True, text=True,
                          timeout=600)
     (tmp / "schemathesis.txt").write_text(out.stdout + out.stderr)
     reports = sorted((tmp / "report").glob("*.json"))
