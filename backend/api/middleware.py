@@ -30,9 +30,9 @@ PUBLIC_API = frozenset({("POST", "/api/auth/login"), ("GET", "/api/health/live")
 INTERNAL_PREFIX = "/api/internal/"
 PUBLIC_PAGES = ("/login", "/favicon.ico")
 PUBLIC_PAGE_PREFIXES = ("/static/",)
-# Starlette's TestClient calls the app in-process as client "testclient" with Host
-# "testserver"; no socket is involved, so no browser can be behind it (uvicorn always puts the
-# peer's address in scope["client"]).
+# Starlette's TestClient calls the app in-process: Host and scope["server"] "testserver",
+# client "testclient". Behind uvicorn scope["server"] is always the listening socket's address
+# (proxy headers rewrite only the client and the scheme), so no browser can be behind it.
 IN_PROCESS = ("testclient", "testserver")
 
 
@@ -135,8 +135,9 @@ class AuthMiddleware:
 
     def _host_refused(self, request: Request) -> JSONResponse | None:
         host = request.headers.get("host", "")
-        client = request.scope.get("client")
-        if host == IN_PROCESS[1] and client and client[0] == IN_PROCESS[0]:
+        client, server = request.scope.get("client"), request.scope.get("server")
+        if (host == IN_PROCESS[1] and client and client[0] == IN_PROCESS[0] and server
+                and server[0] == IN_PROCESS[1]):
             return None
         if host_allowed(host, self.allowed_hosts):
             return None

@@ -186,6 +186,9 @@ def test_real_service_refuses_the_attack_and_serves_the_cli(tmp_path):
         svc.start_backend()  # no worker: the runs stay queued
         r = httpx.post(f"{svc.url}/api/runs", json={"preset": "ddp"}, headers=ATTACK)
         assert r.status_code == 400, r.text
+        # The TestClient's in-process name is no way in over a socket, proxy headers or not.
+        fake = {"Host": "testserver", "X-Forwarded-For": "testclient"}
+        assert httpx.get(f"{svc.url}/api/runs", headers=fake).status_code == 400
         assert svc.http.get("/api/runs").json()["items"] == []
         env = {**svc.env, "PYTHONPATH": os.pathsep.join(filter(None, [
             str(ROOT), os.environ.get("PYTHONPATH")]))}
