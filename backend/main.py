@@ -16,6 +16,7 @@ from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import DBAPIError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import compile_path
 
 from backend import crud, storage
 from backend.api.middleware import AuthMiddleware
@@ -99,6 +100,58 @@ def _quiet_worker_channel(record: logging.LogRecord) -> bool:
     return True
 
 
+# -- OpenAPI: the error answers, declared once for every operation ---------------------------
+# What backend/errors.py maps each domain error to, and what the middleware answers itself.
+ERROR_SCHEMA = {"title": "Error", "type": "object", "required": ["detail"], "properties": {
+    "detail": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]}}}
+ERRORS = {
+    "400": "Bad request: a Host not served here (docs/security.md), an unsafe file path",
+    "401": "Authentication required, or a bad credential (team mode; the worker channel)",
+    "403": "Not allowed: role, per-user limit, or a cross-site write (Origin)",
+    "404": "No such run, user, token, comparison or file",
+    "409": "The resource's state does not allow it (e.g. cancel a finished run)",
+    "422": "A field breaks a rule: detail names each field and the rule",
+    "429": "Throttled (failed logins); see Retry-After",
+    "503": "A dependency (the job queue, the database) is unavailable",
+}
+WRITE_METHODS = ("post", "put", "patch", "delete")
+
+
+def _errors_of(method: str, path: str) -> list[str]:
+    """Every operation: 400 (Host), 401, 403, 422, 503 (a dependency down: the queue at
+    submit, the database or broker in /api/health); with a path parameter: 404 (a missing
+    resource); writes: 409, 429 (state conflicts, throttling)."""
+    codes = ["400", "401", "403", "422", "503"]
+    if "{" in path:
+        codes.append("404")
+    if method in WRITE_METHODS:
+        codes += ["409", "429"]
+    return codes
+
+
+def declare_errors(schema: dict) -> None:
+    schema.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
+    ref = {"$ref": "#/components/schemas/Error"}
+    for path, operations in schema["paths"].items():
+        for method, op in operations.items():
+            responses = op.setdefault("responses", {})
+            for code in _errors_of(method, path):
+                responses.setdefault(code, {"description": ERRORS[code],
+                                            "content": {"application/json": {"schema": ref}}})
+
+
+def allowed_methods(app: FastAPI, path: str) -> list[str] | None:
+    """The methods the OpenAPI schema declares at this path (the `Allow` of a 405; Starlette's
+    names only the first matching route's), or None for a path outside the schema."""
+    methods: set[str] = set()
+    for template, operations in app.openapi()["paths"].items():
+        if compile_path(template)[0].match(path):
+            methods |= {m.upper() for m in operations}
+    if "GET" in methods:
+        methods.add("HEAD")
+    return sorted(methods) or None
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     # Team mode refuses to start without a real secret key (ConfigError); the bind address is
@@ -152,6 +205,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                 status_code=422)
         if exc.status_code == 404 and not _is_api(request.url.path):
             return pages.not_found_page(f"There is no page at {request.url.path}.")
+        if exc.status_code == 405 and (allow := allowed_methods(app, request.url.path)):
+            exc.headers = {**(exc.headers or {}), "Allow": ", ".join(allow)}
         return await http_exception_handler(request, exc)
 
     said = {"what": None, "at": 0.0}
@@ -201,12 +256,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     def openapi() -> dict:
         """The generated schema, with the job spec's own JSON Schema as the body of
-        POST /api/runs (the route takes a dict so that jobs.spec does the validating)."""
+        POST /api/runs (the route takes a dict so that jobs.spec does the validating), and the
+        error answers every operation can give declared once for all (declare_errors)."""
         if app.openapi_schema is None:
             schema = default_openapi()
             body = schema["paths"]["/api/runs"]["post"]["requestBody"]["content"][
                 "application/json"]
             body["schema"] = json_schema()
+            declare_errors(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -26,13 +26,14 @@ RUN groupadd --system --gid 10001 paralab \
 
 WORKDIR /src
 
-# Dependencies first, in their own layer (rebuilt only when pyproject.toml changes):
-# the torch pin from the CPU index (2.13.0+cpu satisfies ==2.13.0), the rest from PyPI.
-COPY pyproject.toml ./
+# Dependencies first, in their own layer (rebuilt only when pyproject.toml or the lock
+# changes): the torch pin from the CPU index (2.13.0+cpu satisfies ==2.13.0), without its
+# dependencies; then those and the rest from PyPI, at the versions of requirements.lock.
+COPY pyproject.toml requirements.lock ./
 RUN python -c "import tomllib; d = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; t = [x for x in d if x.startswith('torch')]; open('/tmp/torch.txt', 'w').write('\n'.join(t)); open('/tmp/deps.txt', 'w').write('\n'.join(x for x in d if x not in t))" \
- && pip install --index-url "${TORCH_INDEX_URL}" -r /tmp/torch.txt \
- && pip install -r /tmp/deps.txt \
- && rm /tmp/torch.txt /tmp/deps.txt
+ && pip install --index-url "${TORCH_INDEX_URL}" --no-deps -r /tmp/torch.txt \
+ && pip install -c requirements.lock -r /tmp/torch.txt -r /tmp/deps.txt \
+ && rm /tmp/torch.txt /tmp/deps.txt requirements.lock
 
 # The project itself (pip install . : packages, migrations and static files as package data).
 COPY backend ./backend

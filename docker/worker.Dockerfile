@@ -34,12 +34,14 @@ RUN groupadd --system --gid 10001 paralab \
 
 WORKDIR /src
 
-# Dependencies first, in their own layer: the torch pin (CUDA build), then the rest.
-COPY pyproject.toml ./
+# Dependencies first, in their own layer: the torch pin (CUDA build) without its dependencies,
+# then those and the rest at the versions of requirements.lock (torch's own CUDA wheels,
+# nvidia-*, are pinned exactly by torch itself).
+COPY pyproject.toml requirements.lock ./
 RUN python -c "import tomllib; d = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; t = [x for x in d if x.startswith('torch')]; open('/tmp/torch.txt', 'w').write('\n'.join(t)); open('/tmp/deps.txt', 'w').write('\n'.join(x for x in d if x not in t))" \
- && pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} -r /tmp/torch.txt \
- && pip install -r /tmp/deps.txt \
- && rm /tmp/torch.txt /tmp/deps.txt
+ && pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} --no-deps -r /tmp/torch.txt \
+ && pip install -c requirements.lock -r /tmp/torch.txt -r /tmp/deps.txt \
+ && rm /tmp/torch.txt /tmp/deps.txt requirements.lock
 
 COPY backend ./backend
 COPY worker ./worker

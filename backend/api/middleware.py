@@ -3,13 +3,15 @@
 Local mode (PARALAB_AUTH unset): one implicit admin `local`, no login. Team mode
 (PARALAB_AUTH=required): every /api call needs a session cookie or a bearer API token, except
 the public allow-list below; /api/internal/* needs the worker credential instead (a user token
-is refused there); every page without a session redirects to /login.
+is refused there); every page without a session redirects to /login. In both modes a request
+whose Host is not served here is refused first (DNS rebinding), and so is a write whose Origin
+is foreign.
 """
 
 from __future__ import annotations
 
 import hmac
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
@@ -28,6 +30,38 @@ PUBLIC_API = frozenset({("POST", "/api/auth/login"), ("GET", "/api/health/live")
 INTERNAL_PREFIX = "/api/internal/"
 PUBLIC_PAGES = ("/login", "/favicon.ico")
 PUBLIC_PAGE_PREFIXES = ("/static/",)
+# Starlette's TestClient calls the app in-process: Host and scope["server"] "testserver",
+# client "testclient". Behind uvicorn scope["server"] is always the listening socket's address
+# (proxy headers rewrite only the client and the scheme), so no browser can be behind it.
+IN_PROCESS = ("testclient", "testserver")
+
+
+def split_host(value: str) -> tuple[str, int | None] | None:
+    """`name[:port]` (an IPv6 address in brackets) -> (lower-case name, port), None if bad."""
+    try:
+        parts = urlsplit(f"//{value.strip()}")
+        port = parts.port
+    except ValueError:
+        return None
+    if not parts.hostname or parts.username is not None or parts.path or parts.query:
+        return None
+    return parts.hostname.lower(), port
+
+
+def host_allowed(host: str, allow: tuple[str, ...] | None) -> bool:
+    """Is this Host header served? Loopback names always (any port); then each `name` (any
+    port) or `name:port` of `allow`; None: any well-formed host."""
+    got = split_host(host) if host else None
+    if got is None:
+        return False
+    name, port = got
+    if allow is None or security.is_loopback(name):
+        return True
+    for entry in allow:
+        want = split_host(entry)
+        if want is not None and want[0] == name and want[1] in (None, port):
+            return True
+    return False
 
 
 def _principal(db: Session, settings: Settings, raw: str, kind: str) -> Principal | None:
@@ -75,6 +109,7 @@ class AuthMiddleware:
         self.app = app
         self.settings = settings
         self.team = settings.auth == "required"
+        self.allowed_hosts = settings.host_allow_list
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -98,9 +133,32 @@ class AuthMiddleware:
             return await response(scope, receive, send_with_headers)
         return await self.app(scope, receive, send_with_headers)
 
+    def _host_refused(self, request: Request) -> JSONResponse | None:
+        host = request.headers.get("host", "")
+        client, server = request.scope.get("client"), request.scope.get("server")
+        if (host == IN_PROCESS[1] and client and client[0] == IN_PROCESS[0] and server
+                and server[0] == IN_PROCESS[1]):
+            return None
+        if host_allowed(host, self.allowed_hosts):
+            return None
+        if self.team:
+            why = ("it is not in PARALAB_ALLOWED_HOSTS (nor the host of PARALAB_URL, nor a "
+                   "loopback name)")
+        else:
+            why = ("local mode answers loopback names only (127.0.0.1, localhost, [::1]): a "
+                   "web page whose name resolves to this machine must not drive paralab")
+        return JSONResponse({"detail": f"Host {host!r} is not served here: {why}; see "
+                             "docs/security.md"}, 400)
+
     async def _check(self, request: Request, path: str, method: str):
         settings = self.settings
-        if path.startswith(INTERNAL_PREFIX) or path == INTERNAL_PREFIX.rstrip("/"):
+        internal = path.startswith(INTERNAL_PREFIX) or path == INTERNAL_PREFIX.rstrip("/")
+        # The worker channel is exempt from the Host check: workers may reach the backend by
+        # an internal name (http://backend:8000), and the worker credential it needs is
+        # nothing a browser holds.
+        if not internal and (refused := self._host_refused(request)) is not None:
+            return refused
+        if internal:
             expected = request.app.state.worker_token
             auth = request.headers.get("authorization") or ""
             scheme, _, raw = auth.partition(" ")
@@ -112,10 +170,14 @@ class AuthMiddleware:
         unsafe = method in security.UNSAFE_METHODS
         if not self.team:
             # Local mode: no identities, but a foreign web page must not drive the API.
+            # The Host is a loopback name by now, so a same-origin Origin is one too.
             if unsafe and security.origin_allowed(
                     dict(request.headers), request.url.scheme,
                     settings.trusted_origins) is False:
-                return JSONResponse({"detail": "cross-site request refused (Origin)"}, 403)
+                source = request.headers.get("origin") or request.headers.get("referer")
+                return JSONResponse({"detail": f"cross-site request refused: Origin/Referer "
+                                     f"{source!r} is not this server (a web page cannot drive "
+                                     "a local paralab; the CLI and scripts send none)"}, 403)
             return None
         is_api = path == "/api" or path.startswith("/api/")
         if is_api and (method, path) in PUBLIC_API:

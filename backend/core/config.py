@@ -13,6 +13,7 @@ import secrets
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -69,6 +70,13 @@ class Settings(BaseSettings):
     # Extra origins (scheme://host[:port]) accepted for cookie-authenticated writes, for a
     # reverse proxy that rewrites the Host header. The request's own Host is always accepted.
     trusted_origins: list[str] = []
+    # Host header values answered, against DNS rebinding (a web page whose name resolves to
+    # this server sends its own name as Host). Loopback names (127.0.0.1, localhost, [::1],
+    # any port) are always answered, and are all that local mode answers. Team mode: a
+    # comma-separated list of names, each with an optional :port ("*": any host); unset, the
+    # host of PARALAB_URL when that is set, else any host (team mode authenticates every
+    # request). The worker channel (/api/internal) is exempt: it needs the worker credential.
+    allowed_hosts: str | None = None
     # Login throttling: this many failures for a username within the window, and further
     # attempts for it are refused (429) until the window has passed.
     login_max_failures: int = Field(10, ge=1)
@@ -94,6 +102,20 @@ class Settings(BaseSettings):
                 url = "postgresql+psycopg://" + url.split("://", 1)[1]
             return url
         return f"sqlite:///{(self.data_dir / 'paralab.db').resolve()}"
+
+    @property
+    def host_allow_list(self) -> tuple[str, ...] | None:
+        """The names beyond loopback answered as Host (`name` or `name:port`, lower case),
+        or None for any host."""
+        if self.auth != "required":
+            return ()
+        if self.allowed_hosts and self.allowed_hosts.strip():
+            names = tuple(h.strip().lower() for h in self.allowed_hosts.split(",") if h.strip())
+            return None if "*" in names else names
+        if "url" in self.model_fields_set:  # PARALAB_URL given: the public host
+            host = urlsplit(self.url).hostname
+            return (host,) if host else ()
+        return None
 
     @property
     def broker_url(self) -> str:

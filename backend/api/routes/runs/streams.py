@@ -29,6 +29,16 @@ PAGE = 1000
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+def _sse(events: list[str], what: str) -> dict:
+    """What the OpenAPI schema says a stream answers: server-sent events (not JSON), each
+    described by `itemSchema` (OpenAPI 3.2's way; schemathesis checks every event)."""
+    event = {"type": "object", "required": ["event", "data"], "properties": {
+        "event": {"type": "string", "enum": events}, "data": {"type": "string"},
+        "id": {"type": "string"}, "retry": {"type": "integer"}}}
+    return {200: {"description": what,
+                  "content": {"text/event-stream": {"itemSchema": event}}}}
+
+
 def _status_of(settings, run_id: str) -> str:
     """The run's status (a short session of its own), or 404."""
     with get_sessionmaker(settings.db_url)() as db:
@@ -51,7 +61,9 @@ def _event(data: str, *, event: str | None = None, id: int | None = None) -> str
     return f"{head}{body}\n\n"
 
 
-@router.get("/{run_id}/logs/stream")
+@router.get("/{run_id}/logs/stream", response_class=StreamingResponse, responses=_sse(
+    ["message", "status", "end"], "Server-sent events: `message`, a log line (`id`: its "
+    "sequence number); `status`, the run's new status; `end`, the run has finished"))
 async def stream_logs(
     request: Request, run_id: str, settings: SettingsDep,
     rank: int | None = Query(None, ge=0, le=INT32_MAX),
@@ -98,7 +110,9 @@ async def stream_logs(
     return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-@router.get("/{run_id}/live")
+@router.get("/{run_id}/live", response_class=StreamingResponse, responses=_sse(
+    ["status", "traces", "end"], "Server-sent events: `status`, `traces` (they have grown), "
+    "`end` (the run has finished)"))
 async def stream_live(request: Request, run_id: str, settings: SettingsDep) -> StreamingResponse:
     """What the live run page redraws on: `event: status` when the run's status changes,
     `event: traces` when its traces have grown (at most one a second; the page then refetches
