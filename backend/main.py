@@ -36,7 +36,7 @@ from backend.api.schemas import NESTING_RULE
 from backend.core.config import Settings, get_settings
 from backend.core.db import get_engine, get_sessionmaker
 from backend.core.security import LoginThrottle, check_startup
-from backend.errors import DomainError, NotFound
+from backend.errors import DomainError, MethodNotAllowed, NotFound
 from backend.services.health import RecordRefusedWorkers
 from backend.services.reconcile import reconciler
 from backend.streams import hub
@@ -113,6 +113,7 @@ ERRORS = {
     "422": "A field breaks a rule: detail names each field and the rule",
     "429": "Throttled (failed logins); see Retry-After",
     "503": "A dependency (the job queue, the database) is unavailable",
+    "507": "A write ran out of space (disk full, quota): what could not be written, and where",
 }
 WRITE_METHODS = ("post", "put", "patch", "delete")
 
@@ -120,12 +121,13 @@ WRITE_METHODS = ("post", "put", "patch", "delete")
 def _errors_of(method: str, path: str) -> list[str]:
     """Every operation: 400 (Host), 401, 403, 422, 503 (a dependency down: the queue at
     submit, the database or broker in /api/health); with a path parameter: 404 (a missing
-    resource); writes: 409, 429 (state conflicts, throttling)."""
+    resource); writes: 404 (a run the body names), 409, 429, 507 (state conflicts, throttling,
+    out of space)."""
     codes = ["400", "401", "403", "422", "503"]
-    if "{" in path:
+    if "{" in path or method in WRITE_METHODS:
         codes.append("404")
     if method in WRITE_METHODS:
-        codes += ["409", "429"]
+        codes += ["409", "429", "507"]
     return codes
 
 
@@ -271,6 +273,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/api/{rest:path}", include_in_schema=False)
     def api_404(rest: str):
-        raise NotFound(f"no API route /api/{rest}")
+        # A GET on a path that exists for other methods (POST /api/predict, ...) is a 405
+        # naming them, not a 404: the catch-all must not hide the route
+        path = f"/api/{rest}"
+        if (allow := allowed_methods(app, path)) and "GET" not in allow:
+            raise MethodNotAllowed(f"{path} takes {', '.join(allow)}, not GET", allow=allow)
+        raise NotFound(f"no API route {path}")
 
     return app

@@ -1,7 +1,7 @@
 """Response shapes, the worker channel's bodies, and the input rules every request body
 shares: `SafeStr` (jobs.spec.text_problem), finite floats (`Input`), bounded integers, and
-`JsonObject` for free-form JSON. Request bodies for runs are the job spec itself (validated by
-jobs.spec)."""
+`WorkerJson` for what workers report (stored, never refused). Request bodies for runs are the
+job spec itself (validated by jobs.spec)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from backend.models import Run
 from jobs.spec import number_problem, text_problem
@@ -30,7 +30,25 @@ def _safe(value: str) -> str:
     return value
 
 
-SafeStr = Annotated[str, AfterValidator(_safe)]
+# The schema states the rule too (what a client may send), the validator enforces it
+TEXT_PATTERN = "^[^\\u0000\\uD800-\\uDFFF]*$"
+SafeStr = Annotated[str, AfterValidator(_safe),
+                    Field(json_schema_extra={"pattern": TEXT_PATTERN})]
+
+
+def _json_integer(value: Any) -> Any:
+    """A JSON Schema integer: a number with no fraction (1.0 included), never true or "1"
+    (pydantic's lax mode would coerce those; the schema says integer)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be an integer (a JSON number without a fraction)")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError("must be an integer (a JSON number without a fraction)")
+        return int(value)
+    return value
+
+
+JsonInt = Annotated[int, BeforeValidator(_json_integer)]
 
 
 def json_problems(value: Any, loc: tuple = (), depth: int = 0) -> list[tuple[tuple, str]]:
@@ -58,16 +76,6 @@ def json_problems(value: Any, loc: tuple = (), depth: int = 0) -> list[tuple[tup
     return out
 
 
-def _json_ok(value: Any) -> Any:
-    if problems := json_problems(value):
-        where, rule = problems[0]
-        raise ValueError(f"{'.'.join(map(str, where)) or 'value'}: {rule}")
-    return value
-
-
-JsonObject = Annotated[dict[str, Any], AfterValidator(_json_ok)]
-
-
 def printable(value: str) -> str:
     """Text a job printed, stored as it came except what no database can hold the same way:
     NUL becomes U+FFFD, a lone surrogate its escape. (A log line is never refused: it would
@@ -75,6 +83,30 @@ def printable(value: str) -> str:
     if text_problem(value) is None:
         return value
     return value.replace("\x00", "\ufffd").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def storable(value: Any, depth: int = 0) -> Any:
+    """What a worker reports (summaries, provenance, device and host info) made storable the
+    same way on both databases instead of refused, as log lines are: refusing it would lose
+    the run's report. Text (keys too) through `printable`; a non-finite number (Python's JSON
+    parser reads NaN) becomes null."""
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(NESTING_RULE)
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
+        return None  # beyond what JSON readers hold exactly (and SQLite's JSON integers)
+    if isinstance(value, dict):
+        return {printable(str(k)): storable(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [storable(v, depth + 1) for v in value]
+    return value
+
+
+# The worker channel's free-form JSON: stored, never refused (see `storable`).
+WorkerJson = Annotated[dict[str, Any], AfterValidator(storable)]
 
 
 class Input(BaseModel):
@@ -147,7 +179,7 @@ class ClaimIn(Input):
 
 
 class LogLine(Input):
-    seq: int = Field(ge=0, le=INT32_MAX)  # run_logs.seq is an INTEGER
+    seq: JsonInt = Field(ge=0, le=INT32_MAX)  # run_logs.seq is an INTEGER
     ts: str | None = Field(None, max_length=64, description="ISO 8601")
     line: str = Field(max_length=65536)
 
@@ -170,10 +202,10 @@ class LogBatch(Input):
 
 class FinishIn(Input):
     status: str = Field(pattern="^(succeeded|failed|cancelled|timed_out)$")
-    exit_code: int | None = Field(None, ge=-INT32_MAX - 1, le=INT32_MAX)
+    exit_code: JsonInt | None = Field(None, ge=-INT32_MAX - 1, le=INT32_MAX)
     error: str | None = Field(None, max_length=200_000)
-    summary: JsonObject | None = None
-    provenance: JsonObject | None = None
+    summary: WorkerJson | None = None
+    provenance: WorkerJson | None = None
 
     @field_validator("error")
     @classmethod
@@ -185,10 +217,11 @@ class WorkerIn(Input):
     name: SafeStr = Field(max_length=200)
     host: SafeStr = Field(max_length=200)
     queue: SafeStr = Field(max_length=64)
-    slots: int = Field(ge=0, le=INT32_MAX)
-    busy: int = Field(ge=0, le=INT32_MAX)
-    devices: list[JsonObject] = []
-    info: JsonObject = {}
+    # JsonInt: the schema says integer, so "3" and true are refused, not coerced
+    slots: JsonInt = Field(ge=0, le=INT32_MAX)
+    busy: JsonInt = Field(ge=0, le=INT32_MAX)
+    devices: list[WorkerJson] = []
+    info: WorkerJson = {}
 
 
 class WorkerOut(WorkerIn):

@@ -7,7 +7,7 @@ import secrets
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from backend.errors import Invalid, NotFound
+from backend.errors import NotFound
 from backend.models import Run, SavedComparison, Star
 
 
@@ -39,7 +39,8 @@ def create_comparison(db: Session, *, name: str, owner: str,
     found = set(db.scalars(select(Run.id).where(Run.id.in_(run_ids))))
     missing = [x for x in run_ids if x not in found]
     if missing:
-        raise Invalid(f"no such runs: {', '.join(missing)}", field="run_ids")
+        # the body is well-formed; what it names does not exist: 404, as for a missing run
+        raise NotFound(f"no such runs: {', '.join(missing)}")
     c = SavedComparison(id=secrets.token_hex(8), name=name, owner=owner, run_ids=run_ids)
     db.add(c)
     db.commit()

@@ -10,12 +10,30 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import schemathesis
+
+from backend.api.schemas import TEXT_PATTERN
+
+TEXT_RE = re.compile(TEXT_PATTERN)
 
 FAILURES = os.environ["PARALAB_FUZZ_FAILURES"]
 # Team mode: the id of the fuzzer's own API token (see before_call).
 OWN_TOKEN_ID = os.environ.get("PARALAB_FUZZ_OWN_TOKEN_ID")
+
+
+def breaks_text_pattern(value) -> bool:
+    """Does a body hold text the schema's TEXT_PATTERN (no NUL, no lone surrogate) excludes?
+    Schemathesis's stateful phase sends such bodies although the schema declares the pattern:
+    a refusal of one is not a "schema-valid request rejected"."""
+    if isinstance(value, str):
+        return TEXT_RE.match(value) is None
+    if isinstance(value, dict):
+        return any(breaks_text_pattern(k) or breaks_text_pattern(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(breaks_text_pattern(v) for v in value)
+    return False
 
 
 @schemathesis.hook
@@ -24,7 +42,10 @@ def filter_failure(context, failure, case, response) -> bool:
               "operation": case.operation.label, "status": response.status_code,
               "message": (failure.message or "")[:400],
               "request": f"{case.method} {case.formatted_path}"[:300],
-              "response": response.text_lossy()[:300]}
+              "response": response.text_lossy()[:300],
+              "body": repr(getattr(case, "body", None))[:300],
+              "breaks_text_pattern": breaks_text_pattern(getattr(case, "body", None)),
+              "phase": str(getattr(getattr(case, "meta", None), "phase", ""))[:80]}
     with open(FAILURES, "a", encoding="utf-8") as f:
         f.write(json.dumps(record, ensure_ascii=True) + "\n")
     return True  # keep it: the test decides

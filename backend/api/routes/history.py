@@ -4,7 +4,7 @@ log (admins). A run's stars and notes are under /api/runs (routes/runs/)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Response
@@ -21,15 +21,15 @@ router = APIRouter(prefix="/api", tags=["history"], dependencies=[CheckedParams]
 class ComparisonIn(Input):
     model_config = ConfigDict(extra="forbid")
     name: SafeStr = Field(min_length=1, max_length=200)
-    run_ids: list[SafeStr] = Field(min_length=2, max_length=4)
+    # the rules below, declared in the schema too (uniqueItems, each ID 1-32 characters)
+    run_ids: list[Annotated[SafeStr, Field(min_length=1, max_length=32)]] = Field(
+        min_length=2, max_length=4, json_schema_extra={"uniqueItems": True})
 
     @field_validator("run_ids")
     @classmethod
     def _distinct(cls, v: list[str]) -> list[str]:
         if len(set(v)) != len(v):
             raise ValueError("run_ids: each run at most once")
-        if not all(1 <= len(x) <= 32 for x in v):
-            raise ValueError("run_ids: run IDs are 1-32 characters")
         return v
 
 

@@ -44,7 +44,8 @@ def schedules() -> dict:
 
 @router.get("/explore")
 def explore(
-    schedule: str = Query(..., description=f"one of {', '.join(sched.SCHEDULES)}"),
+    schedule: str = Query(..., description=f"one of {', '.join(sched.SCHEDULES)}",
+                          json_schema_extra={"enum": list(sched.SCHEDULES)}),
     p: int = Query(..., ge=LIMITS["p"][0], le=LIMITS["p"][1], description="pipeline ranks"),
     m: int = Query(..., ge=LIMITS["m"][0], le=LIMITS["m"][1], description="micro-batches"),
     v: int = Query(1, ge=LIMITS["v"][0], le=LIMITS["v"][1],

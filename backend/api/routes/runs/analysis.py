@@ -25,6 +25,7 @@ from jobs.analysis.history import bandwidth_vs_sweep
 router = APIRouter(prefix="/api/runs", tags=["analysis"])
 
 _TABLE_DOC = f"one table: {', '.join(TABLES)}"
+_TABLE_ENUM = {"enum": list(TABLES)}  # declared, so a schema-valid table is a served one
 
 
 def _bad_query(field: str, msg: str) -> Invalid:
@@ -57,7 +58,8 @@ def sweep_join(db, run, analysis: dict) -> dict | None:
 
 @router.get("/{run_id}/metrics")
 def get_metrics(run: RunDep, settings: SettingsDep, db: DbDep,
-                table: str | None = Query(None, description=_TABLE_DOC),
+                table: str | None = Query(None, json_schema_extra=_TABLE_ENUM,
+                                          description=_TABLE_DOC),
                 offset: int = Query(0, ge=0, le=2**31, description="with table: first row"),
                 limit: int | None = Query(None, ge=1, le=2**31,
                                           description="with table: at most rows"),
@@ -81,7 +83,8 @@ def export_run(run: RunDep, settings: SettingsDep,
                format: Literal["perfetto", "json", "csv"] = Query(
                    "perfetto", description="perfetto: Chrome-trace JSON of the whole run; json: "
                    "the analysis (or one table); csv: one table"),
-               table: str | None = Query(None, description=_TABLE_DOC + " (required for csv)"),
+               table: str | None = Query(None, json_schema_extra=_TABLE_ENUM,
+                                         description=_TABLE_DOC + " (required for csv)"),
                ) -> Response:
     """Download the Perfetto trace, the analysis as JSON, or one table as CSV: the same
     tables, names and values the run page shows."""
