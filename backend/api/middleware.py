@@ -26,9 +26,7 @@ from backend.core.identity import Principal, principal_of, safe_next
 from backend.errors import Unauthorized
 
 # (method, path) pairs any client may call in team mode without credentials.
-# GET /api/auth/login answers 405 (use POST) to anyone, like the POST it points to.
-PUBLIC_API = frozenset({("POST", "/api/auth/login"), ("GET", "/api/auth/login"),
-                        ("GET", "/api/health/live")})
+PUBLIC_API = frozenset({("POST", "/api/auth/login"), ("GET", "/api/health/live")})
 INTERNAL_PREFIX = "/api/internal/"
 PUBLIC_PAGES = ("/login", "/favicon.ico")
 PUBLIC_PAGE_PREFIXES = ("/static/",)

@@ -160,8 +160,10 @@ def test_stars_and_saved_comparisons(team, users):
     assert got["name"] == "<b>dp vs ddp</b>" and got["owner"] == "bob"
     assert team.post("/api/comparisons", json={"name": "x", "run_ids": ids[:1]},
                      headers=bob).status_code == 422
-    assert team.post("/api/comparisons", json={"name": "x", "run_ids": [ids[0], "nope"]},
-                     headers=bob).status_code == 422
+    # well-formed, but it names a run that does not exist: 404 naming it
+    r = team.post("/api/comparisons", json={"name": "x", "run_ids": [ids[0], "nope"]},
+                  headers=bob)
+    assert r.status_code == 404 and "nope" in r.json()["detail"], r.text
     assert team.delete(f"/api/comparisons/{c['id']}", headers=alice).status_code == 403
     assert team.delete(f"/api/comparisons/{c['id']}", headers=bob).status_code == 204
     assert team.get(f"/api/comparisons/{c['id']}", headers=bob).status_code == 404
