@@ -192,7 +192,11 @@ def rank_of(stage: int, p: int, v: int = 1, placement: str = "loop") -> int:
 
 def _one_f_one_b(p: int, m: int, r: int, split: bool) -> list[Action]:
     out: list[Action] = []
-    for x in range(m + p - 1):
+    # Only the clock ticks where this rank has work (F in [0, m), B from p-1-r, W from p-1):
+    # O(m) per rank instead of O(m + p), which made p = 4096 cost 9 s.
+    ticks = sorted({*range(m), *range(p - 1 - r, p - 1 - r + m),
+                    *(range(p - 1, p - 1 + m) if split else ())})
+    for x in ticks:
         if x < m:
             out.append(Action("F", x, 0, r))
         b = x - (p - 1 - r)
@@ -336,9 +340,16 @@ def _run(actions, p, v, tf, tb, tw, t_comm, placement="loop"):
     nxt = [0] * p
     spans: list[list[tuple[Action, float, float]]] = [[] for _ in range(p)]
     remaining = sum(len(a) for a in actions)
+    sweep = 0
     while remaining:
         progress = False
-        for r in range(p):
+        # Forward work flows up the ranks and backward work down: sweeping in alternate
+        # directions lets each sweep carry a whole wave, so a p-stage pipeline takes O(m)
+        # sweeps instead of O(p) (p = 2048 took 9 s). Times do not depend on the order: a
+        # rank runs its list in order, each action starting at max(rank free, inputs ready).
+        order = range(p) if sweep % 2 == 0 else range(p - 1, -1, -1)
+        sweep += 1
+        for r in order:
             while nxt[r] < len(actions[r]):
                 a = actions[r][nxt[r]]
                 ready = free[r]
