@@ -95,6 +95,12 @@ class Settings(BaseSettings):
     token_touch_s: float = Field(60.0, ge=0)
 
     @property
+    def worker_alive_s(self) -> float:
+        """A worker counts as live while its last heartbeat is this recent: three missed beats
+        (one definition for health, /api/workers, the memory gate and the reconciler)."""
+        return 3 * self.worker_heartbeat_s
+
+    @property
     def db_url(self) -> str:
         if self.database_url:
             url = self.database_url

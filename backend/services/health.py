@@ -59,7 +59,7 @@ def disk_check(data_dir: Path, min_free_bytes: int,
 
 
 def worker_checks(db: Session, settings: Settings) -> tuple[dict, list[str]]:
-    seen = 3 * settings.worker_heartbeat_s
+    seen = settings.worker_alive_s
     problems = []
     workers = crud.list_workers(db, seen_within_s=seen)
     checks = {"workers": {"ok": bool(workers), "count": len(workers),

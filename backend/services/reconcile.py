@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 def queue_full(db: Session, settings: Settings, queue: str) -> bool:
     """Every slot of the queue's live workers is busy: a queued run waits for one, legitimately.
     No live worker at all is not "full": that is exactly what the bound is for."""
-    workers = [w for w in crud.list_workers(db, seen_within_s=3 * settings.worker_heartbeat_s)
+    workers = [w for w in crud.list_workers(db, seen_within_s=settings.worker_alive_s)
                if w.queue == queue]
     return bool(workers) and sum(w.busy for w in workers) >= sum(w.slots for w in workers)
 

@@ -50,7 +50,7 @@ def memory_gate(db: Session, settings: Settings, spec: JobSpec) -> dict | None:
     """Refuse a spec whose predicted per-rank memory exceeds the device memory the workers of
     its queue report, with the numbers, instead of an OOM later. None when it fits (or when no
     worker of that queue has reported yet: nothing to compare with)."""
-    workers = [w for w in crud.list_workers(db, seen_within_s=3 * settings.worker_heartbeat_s)
+    workers = [w for w in crud.list_workers(db, seen_within_s=settings.worker_alive_s)
                if w.queue == spec.runtime.queue]
     capacities = [d.get("memory_bytes") for w in workers for d in w.devices
                   if d.get("memory_bytes")]

@@ -52,7 +52,7 @@ def health(db: DbDep, settings: SettingsDep) -> JSONResponse:
 
 @router.get("/workers", response_model=list[WorkerOut])
 def workers(db: DbDep, settings: SettingsDep) -> list[WorkerOut]:
-    rows = crud.list_workers(db, seen_within_s=3 * settings.worker_heartbeat_s)
+    rows = crud.list_workers(db, seen_within_s=settings.worker_alive_s)
     return [WorkerOut(name=w.name, host=w.host, queue=w.queue, slots=w.slots, busy=w.busy,
                       free=max(w.slots - w.busy, 0), devices=w.devices, info=w.info,
                       last_seen=w.last_seen) for w in rows]
