@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from jobs.faultspec import FaultSpec, fault_cross_checks, fault_dict, parse_faults
+
 SPEC_VERSION = 1
 DEFAULT_MAX_WORLD_SIZE = 8
 
@@ -38,12 +40,15 @@ PS_PLACEMENTS = ("dedicated", "rank0")
 DTYPES = ("float32", "bfloat16", "float16", "float64", "int32")
 
 _QUEUE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9_\-]{1,32}$")
 
 
 def _f(default: Any, doc: str, *, choices: tuple | None = None, ge: float | None = None,
-       le: float | None = None, factory: Any = None):
+       le: float | None = None, factory: Any = None, empty_ok: bool = False):
     """A spec field with its documentation and simple per-field rules."""
     meta = {"doc": doc, "choices": choices, "ge": ge, "le": le}
+    if empty_ok:
+        meta["empty_ok"] = True
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -106,6 +111,9 @@ class TrainSpec:
                         "so the correctness tests train with both", choices=OPTIMIZERS)
     seed: int = _f(0, "seed for initial parameters and data", ge=0, le=2**31 - 1)
     activation_checkpointing: bool = _f(False, "recompute block activations in backward")
+    checkpoint_every: int = _f(0, "save a group-consistent checkpoint (model, optimizer, data "
+                               "position, RNG) every this many steps with "
+                               "torch.distributed.checkpoint; 0 = never", ge=0, le=1_000_000)
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,11 @@ class RuntimeSpec:
     nproc_per_node: int = _f(2, "ranks per host", ge=1, le=1024)
     timeout_s: float = _f(600.0, "wall-clock limit for the whole job", ge=1.0, le=7 * 86400.0)
     queue: str = _f("default", "worker queue (one per GPU host)")
+    hang_timeout_s: float = _f(120.0, "no completed step and no completed collective on any "
+                               "rank for this long: the run is stopped as hung, with every "
+                               "rank's stack and a diagnosis; 0 = off", ge=0.0, le=86400.0)
+    max_restarts: int = _f(0, "after a rank fails, torchrun restarts the job this many times, "
+                           "each from the last complete checkpoint", ge=0, le=10)
 
 
 @dataclass(frozen=True)
@@ -135,6 +148,14 @@ class CollectiveSpec:
 
 
 @dataclass(frozen=True)
+class ResumeSpec:
+    run_id: str = _f("", "continue from a checkpoint of this earlier run ('' = start fresh)",
+                     empty_ok=True)
+    step: int = _f(0, "the checkpoint to continue from: steps completed when it was saved",
+                   ge=0, le=1_000_000)
+
+
+@dataclass(frozen=True)
 class JobSpec:
     version: int = _f(SPEC_VERSION, "spec schema version", ge=1, le=SPEC_VERSION)
     name: str = _f("run", "human-readable name")
@@ -144,6 +165,10 @@ class JobSpec:
     train: TrainSpec = _f(None, "training loop", factory=TrainSpec)
     runtime: RuntimeSpec = _f(None, "launch", factory=RuntimeSpec)
     collective: CollectiveSpec = _f(None, "collective_bench settings", factory=CollectiveSpec)
+    faults: tuple = _f(None, "faults injected on purpose (docs/faults.md): a list of "
+                       "{kind, ranks, step, ...}", factory=tuple)
+    resume: ResumeSpec = _f(None, "continue an earlier run from its checkpoint",
+                            factory=ResumeSpec)
 
     @property
     def world_size(self) -> int:
@@ -320,6 +345,8 @@ def _check_scalar(value, ftype: str, loc, meta, errors) -> Any:
         if problem := text_problem(value):
             errors.append(_err(loc, problem, "string_unsafe"))
             return None
+        if meta.get("empty_ok") and value == "":
+            return value
         if not value.strip() or len(value) > 200:
             errors.append(_err(loc, "must be 1 to 200 characters", "string_length"))
             return None
@@ -355,8 +382,11 @@ def _parse_section(cls, data, loc, errors):
             continue
         value, floc = data[name], (*loc, name)
         ftype = f.type if isinstance(f.type, str) else f.type.__name__
-        if ftype in ("ModelSpec", "ParallelSpec", "TrainSpec", "RuntimeSpec", "CollectiveSpec"):
+        if ftype in ("ModelSpec", "ParallelSpec", "TrainSpec", "RuntimeSpec", "CollectiveSpec",
+                     "ResumeSpec"):
             kwargs[name] = _parse_section(globals()[ftype], value, floc, errors)
+        elif cls is JobSpec and name == "faults":
+            kwargs[name] = parse_faults(value, _check_scalar, errors)
         elif ftype == "tuple":
             choices = _LIST_CHOICES[(loc[-1] if loc else "", name)]
             if (not isinstance(value, list) or not value
@@ -389,6 +419,20 @@ def _cross_checks(s: JobSpec, max_world_size: int) -> list[dict]:
                       f"of {max_world_size}"))
     if not _QUEUE_RE.match(r.queue):
         e.append(_err(("runtime", "queue"), "must match [A-Za-z0-9_.-]{1,64}"))
+    if s.faults and s.kind != "train":
+        e.append(_err(("faults",), "faults are injected into train jobs only"))
+    elif s.faults:
+        e += fault_cross_checks(s.faults, world, s.train.steps)
+    if s.resume.run_id:
+        if not _RUN_ID_RE.match(s.resume.run_id):
+            e.append(_err(("resume", "run_id"), "must be a run ID ([A-Za-z0-9_-]{1,32})"))
+        if s.kind != "train":
+            e.append(_err(("resume",), "only train jobs resume from a checkpoint"))
+        if not 1 <= s.resume.step < s.train.steps:
+            e.append(_err(("resume", "step"), f"resume.step = {s.resume.step} must be a saved "
+                          f"step between 1 and train.steps - 1 = {s.train.steps - 1}"))
+    elif s.resume.step:
+        e.append(_err(("resume", "step"), "needs resume.run_id"))
     if s.kind == "collective_bench":
         c = s.collective
         if c.min_bytes > c.max_bytes:
@@ -560,8 +604,10 @@ def to_dict(obj) -> dict:
     def conv(v):
         if dataclasses.is_dataclass(v):
             return {f.name: conv(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, FaultSpec):
+            return fault_dict(v)
         if isinstance(v, tuple):
-            return list(v)
+            return [conv(x) for x in v]
         return v
     return conv(obj)
 
@@ -597,6 +643,26 @@ def field_docs() -> dict:
     return walk(JobSpec, "")
 
 
+def _fault_schema(types: dict) -> dict:
+    props = {}
+    for f in dataclasses.fields(FaultSpec):
+        m = f.metadata
+        if f.name == "ranks":
+            props[f.name] = {"type": "array", "minItems": 1,
+                             "items": {"type": "integer", "minimum": 0}, "description": m["doc"]}
+            continue
+        ftype = f.type if isinstance(f.type, str) else f.type.__name__
+        prop = {"type": types[ftype], "default": f.default, "description": m["doc"]}
+        if m.get("choices"):
+            prop["enum"] = list(m["choices"])
+        if m.get("ge") is not None:
+            prop["minimum"] = m["ge"]
+        if m.get("le") is not None:
+            prop["maximum"] = m["le"]
+        props[f.name] = prop
+    return {"type": "object", "properties": props, "additionalProperties": False}
+
+
 def json_schema() -> dict:
     """JSON Schema of a job spec (for OpenAPI and editors). Cross-field rules (degrees vs world
     size, divisibility) are not expressible here; the API still enforces them with 422s."""
@@ -611,6 +677,10 @@ def json_schema() -> dict:
                 props[f.name] = section(globals()[ftype], (*path, f.name))
                 continue
             m, default = f.metadata, getattr(inst, f.name)
+            if cls is JobSpec and f.name == "faults":
+                props[f.name] = {"type": "array", "maxItems": 16, "default": [],
+                                 "items": _fault_schema(types), "description": m["doc"]}
+                continue
             if ftype == "tuple":
                 prop = {"type": "array", "minItems": 1,
                         "items": {"enum": list(_LIST_CHOICES[(path[-1], f.name)])},
