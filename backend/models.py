@@ -23,8 +23,10 @@ from sqlalchemy.types import TypeDecorator
 # SQLite only auto-increments INTEGER PRIMARY KEY.
 BigIntId = BigInteger().with_variant(Integer(), "sqlite")
 
-STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "timed_out")
-FINISHED = ("succeeded", "failed", "cancelled", "timed_out")
+# `hung`: stopped by the worker after runtime.hang_timeout_s without progress on any rank
+# (docs/faults.md); the diagnosis says why.
+STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "timed_out", "hung")
+FINISHED = ("succeeded", "failed", "cancelled", "timed_out", "hung")
 # The run's key figures kept as columns (sortable, filterable): the analysis headline's keys,
 # plus the wall-clock duration from start to finish.
 METRIC_COLUMNS = ("step_time_s", "tokens_per_s", "peak_memory_bytes", "exposed_comm_s",
@@ -116,6 +118,10 @@ class Run(Base):
     # again a queued run no worker claimed: migration 0006).
     enqueue_attempts: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     enqueued_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=utcnow)
+    # The run this one continues from a checkpoint of (spec.resume.run_id; migration 0007):
+    # the history links the two. SET NULL: deleting the parent keeps the child.
+    parent_id: Mapped[str | None] = mapped_column(
+        ForeignKey("runs.id", ondelete="SET NULL"), index=True)
 
     tags: Mapped[list[RunTag]] = relationship(
         cascade="all, delete-orphan", lazy="selectin", order_by="RunTag.tag")

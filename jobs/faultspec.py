@@ -46,9 +46,11 @@ class FaultSpec:
     steps: int = field(default=1, metadata={
         "doc": "slow: for how many consecutive steps", "ge": 1, "le": 1_000_000})
     op: str = field(default="", metadata={
-        "doc": "collective it targets ('' = the step's first collective)", "choices": FAULT_OPS, "empty_ok": True})
+        "doc": "collective it targets ('' = the step's first collective)", "choices": FAULT_OPS,
+        "empty_ok": True})
     group: str = field(default="", metadata={
-        "doc": "process group axis it targets ('' = any)", "choices": FAULT_GROUPS, "empty_ok": True})
+        "doc": "process group axis it targets ('' = any)", "choices": FAULT_GROUPS,
+        "empty_ok": True})
     mode: str = field(default="", metadata={
         "doc": "crash: exception | exit; mismatch: size | op; slow: comm | compute; "
                "nonfinite: nan | inf ('' = the first)", "empty_ok": True})
@@ -164,6 +166,18 @@ def fault_cross_checks(faults: tuple, world: int, steps: int) -> list[dict]:
             e.append(_err(("faults", i, "op"), "mismatch 'op' needs a collective (point-to-point "
                           "send / recv cannot change op); use mode 'size'"))
     return e
+
+
+def describe_all(items) -> list[str]:
+    """One line per fault of a stored spec's `faults` list (what the run page and compare
+    show); items a later schema would not know are shown by kind only."""
+    out = []
+    for item in items or []:
+        try:
+            out.append(FaultSpec(**{**item, "ranks": tuple(item.get("ranks", (0,)))}).describe())
+        except TypeError:
+            out.append(str(item.get("kind", "fault")))
+    return out
 
 
 def fault_dict(f: FaultSpec) -> dict:

@@ -80,6 +80,35 @@ class BackendClient:
         self.call("PUT", f"/api/internal/runs/{run_id}/files/{rel}", retry_for_s=1800,
                   content=path.read_bytes(), timeout=120, retry_full=False)
 
+    def checkpoint_files(self, run_id: str, step: int) -> dict:
+        return self.call("GET", f"/api/internal/runs/{run_id}/checkpoints/{step}/files",
+                         retry_for_s=300)
+
+    def download(self, run_id: str, rel: str, dest: Path) -> None:
+        """One stored file of a run (a checkpoint shard to resume from), written to `dest`
+        through a temporary name, so a half-downloaded shard is never read as whole."""
+        deadline, delay = time.monotonic() + 600, 0.2
+        while True:
+            try:
+                with self._http.stream("GET", f"/api/internal/runs/{run_id}/files/{rel}",
+                                       timeout=120) as r:
+                    r.raise_for_status()
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = dest.with_name(dest.name + ".part")
+                    with open(tmp, "wb") as f:
+                        for chunk in r.iter_bytes(1 << 20):
+                            f.write(chunk)
+                    tmp.replace(dest)
+                    return
+            except httpx.HTTPStatusError as exc:
+                if exc.response.status_code < 500 or time.monotonic() >= deadline:
+                    raise
+            except httpx.TransportError:
+                if time.monotonic() >= deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
     def append(self, run_id: str, rel: str, offset: int, data: bytes) -> None:
         """Bytes a job appended to one of its live files, written at `offset` (idempotent)."""
         self.call("PUT", f"/api/internal/runs/{run_id}/files/{rel}", retry_for_s=0,

@@ -17,25 +17,28 @@ _SCRUBBED = ("PARALAB_WORKER_TOKEN", "PARALAB_SECRET_KEY", "DATABASE_URL", "REDI
 
 
 def build_argv(spec: Mapping, *, python: str, spec_path: Path, out_dir: Path,
-               log_dir: Path) -> list[str]:
+               log_dir: Path, resume_dir: Path | None = None) -> list[str]:
     kind = spec["kind"]
     if kind not in JOB_MODULES:
         raise ValueError(f"kind: no job module for {kind!r}")
     rt = spec["runtime"]
     nnodes, nproc = int(rt["nnodes"]), int(rt["nproc_per_node"])
+    restarts = int(rt.get("max_restarts", 0))
     assert nnodes == 1, "multi-host placement is refused by spec validation"
-    assert 1 <= nproc <= 4096
+    assert 1 <= nproc <= 4096 and 0 <= restarts <= 10
     return [
         python, "-m", "torch.distributed.run",
         "--standalone",  # single host: c10d rendezvous on a free localhost port
         "--nnodes", "1",
         "--nproc-per-node", str(nproc),
-        "--max-restarts", "0",
+        # torchrun's own restart: every rank again, each loading the last complete checkpoint
+        "--max-restarts", str(restarts),
         "--tee", "3",  # each rank's lines arrive prefixed "[defaultR]:" for the rank filter
         "--log-dir", str(log_dir),
         "-m", JOB_MODULES[kind],
         "--spec", str(spec_path),
         "--out", str(out_dir),
+        *(["--resume", str(resume_dir)] if resume_dir is not None else []),
     ]
 
 

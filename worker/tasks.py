@@ -1,6 +1,9 @@
 """The Celery task: run(run_id) claims the run, launches torchrun and supervises it.
 
 Supervision: logs are streamed to the backend as they appear; `runtime.timeout_s` is enforced;
+a run without progress on any rank for `runtime.hang_timeout_s` is stopped as `hung`, with
+every rank's stack and a diagnosis (worker/hang.py); a resumed run's checkpoint is downloaded
+from the backend before launch;
 cancel is cooperative (the backend's answer to each heartbeat carries the flag) and forceful
 (SIGTERM to torchrun, which stops its ranks, then SIGKILL to every process carrying the run's
 ID); the job gets a parent-death signal so it also stops when this worker is killed outright.
@@ -25,9 +28,11 @@ from celery.app import trace as celery_trace
 from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
 from backend.core.config import Settings, get_settings
+from jobs.ckpt_index import attempts
 from jobs.spec import parse_spec
 from worker.app import TASK_NAME
 from worker.client import BackendClient
+from worker.hang import HangWatch, LogTail, dump_stacks, post_mortem
 from worker.launch import build_argv, build_env, job_timeout_s, supervised
 from worker.live import LogShipper, OutputFilter, TraceShipper
 from worker.procs import kill_run_processes, pdeathsig_preexec
@@ -97,14 +102,30 @@ class JobSupervisor:
         self.out.mkdir(parents=True, exist_ok=True)
         spec_path = self.dir / "spec.json"
         spec_path.write_text(json.dumps(self.spec, indent=1))
+        self.logs = LogShipper(self.client, self.run_id)
+        self.tail = LogTail()
+        keep = self.logs.add
+
+        def keep_and_tail(line: str) -> None:
+            self.tail(line)
+            keep(line)
+        self.output = OutputFilter(keep_and_tail, lambda line: log.info(
+            "run %s: %s", self.run_id, line))
+        try:
+            resume_dir = self._fetch_checkpoint()
+        except Exception as exc:  # noqa: BLE001 - reported as the run's failure
+            self.say(f"could not download the checkpoint to resume from: {exc}")
+            self.logs.close()
+            self._finish("failed", -1, f"could not download the checkpoint to resume from: "
+                         f"{exc}", None)
+            return "failed"
         argv = supervised(build_argv(self.spec, python=sys.executable, spec_path=spec_path,
-                                     out_dir=self.out, log_dir=self.dir / "torchrun-logs"),
+                                     out_dir=self.out, log_dir=self.dir / "torchrun-logs",
+                                     resume_dir=resume_dir),
                           python=sys.executable, grace_s=self.settings.kill_grace_s)
         env = build_env(os.environ, run_id=self.run_id, omp_threads=self.settings.job_omp_threads)
         timeout = job_timeout_s(self.spec, self.settings.max_job_timeout_s)
-        self.logs = LogShipper(self.client, self.run_id)
-        self.output = OutputFilter(self.logs.add, lambda line: log.info(
-            "run %s: %s", self.run_id, line))
+        self.hang = HangWatch(self.out, float(self.spec["runtime"].get("hang_timeout_s", 0)))
         self.say(f"launching on {socket.gethostname()}: {shlex.join(argv)}")
         proc = subprocess.Popen(argv, env=env, cwd=self.dir, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True,
@@ -125,6 +146,22 @@ class JobSupervisor:
         finally:
             wrapped.set()
 
+    def _fetch_checkpoint(self):
+        """The parent run's checkpoint folder, downloaded next to this run's own (None when
+        the spec does not resume)."""
+        res = self.spec.get("resume") or {}
+        if not res.get("run_id"):
+            return None
+        parent, step = res["run_id"], int(res["step"])
+        listing = self.client.checkpoint_files(parent, step)
+        base = self.dir / "resume"
+        total = sum(f["size"] for f in listing["files"])
+        self.say(f"downloading checkpoint step {step} of run {parent} ({len(listing['files'])}"
+                 f" files, {total / 1e6:.1f} MB)")
+        for f in listing["files"]:
+            self.client.download(parent, f["path"], base / f["path"])
+        return base / listing["folder"]
+
     def _beat_until(self, done: threading.Event) -> None:
         """Heartbeats while the job's results are analysed and uploaded (minutes for big
         traces): the run is still this worker's, not lost."""
@@ -138,12 +175,26 @@ class JobSupervisor:
             self.say(f"killed leftover processes {leftovers}")
         status = outcome or ("succeeded" if rc == 0 else "failed")
         error = reason if outcome else (None if rc == 0 else self._error_text(rc))
+        diagnosis = None
+        if status in ("failed", "hung", "timed_out"):
+            diagnosis = post_mortem(self.out, status, self.tail)
+            if diagnosis and diagnosis.get("sentence"):
+                self.say(f"diagnosis: {diagnosis['sentence']}")
+                error = f"{diagnosis['sentence']}\n\n{error or ''}".rstrip()
         self.say(f"finished: {status} (exit code {rc})")
         if outcome:
             # Someone is waiting on this stop (cancel, timeout, shutdown): report it before
             # the partial trace is analysed and uploaded; the summary follows.
             self._finish(status, rc, error, None)
         summary = self._analyze(self._summary())
+        tries = attempts(self.out)
+        if len(tries) > 1:  # torchrun restarted the job (runtime.max_restarts): each attempt
+            summary = {**(summary or {}), "attempts": tries}
+            self.say("attempts: " + "; ".join(f"{a['attempt']}: {a['cause'] or 'completed'}"
+                                              for a in tries))
+        if diagnosis:  # the page leads with it; stacks and tracebacks stay in diagnosis.json
+            summary = {**(summary or {}), "diagnosis": {
+                k: v for k, v in diagnosis.items() if k not in ("stacks", "errors")}}
         self._upload()
         self.logs.close()
         self._finish(status, rc, error, summary)
@@ -166,6 +217,14 @@ class JobSupervisor:
             if now - start > timeout:
                 self._stop(proc, f"timeout of {timeout:g} s reached")
                 return "timed_out", f"timed out after {timeout:g} s (runtime.timeout_s)"
+            if (stalled := self.hang.stalled_s()) is not None:
+                self.say(f"no rank completed a step or a collective for {stalled:.0f} s "
+                         "(runtime.hang_timeout_s): dumping every rank's stack")
+                asked = dump_stacks(self.run_id, self.out)
+                self.say(f"stacks of {asked} ranks in stack-rank*.txt")
+                self._stop(proc, "hung")
+                return "hung", (f"hung: no progress on any rank for {stalled:.0f} s "
+                                "(runtime.hang_timeout_s)")
             if SHUTDOWN.is_set():
                 self._stop(proc, "worker shutting down")
                 return "failed", "the worker shut down while the run was running"

@@ -150,6 +150,7 @@ class RunOut(BaseModel):
     spec: dict[str, Any] | None = None
     summary: dict[str, Any] | None = None
     provenance: dict[str, Any] | None = None
+    parent_id: str | None = None
 
     @classmethod
     def of(cls, run: Run, *, full: bool = True) -> RunOut:
@@ -201,7 +202,7 @@ class LogBatch(Input):
 
 
 class FinishIn(Input):
-    status: str = Field(pattern="^(succeeded|failed|cancelled|timed_out)$")
+    status: str = Field(pattern="^(succeeded|failed|cancelled|timed_out|hung)$")
     exit_code: JsonInt | None = Field(None, ge=-INT32_MAX - 1, le=INT32_MAX)
     error: str | None = Field(None, max_length=200_000)
     summary: WorkerJson | None = None

@@ -12,9 +12,11 @@ import sys
 from backend.cli.client import (
     CliError,
     cmd_cancel,
+    cmd_checkpoints,
     cmd_export,
     cmd_logs,
     cmd_predict,
+    cmd_resume,
     cmd_runs,
     cmd_show,
     cmd_submit,
@@ -105,6 +107,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("id")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_cancel)
+    s = sub.add_parser("checkpoints", help="a run's complete checkpoints (resumable)")
+    s.add_argument("id")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_checkpoints)
+    s = sub.add_parser("resume", help="a new run continuing RUN from a complete checkpoint")
+    s.add_argument("id", help="the run to continue")
+    s.add_argument("--step", type=int, help="the checkpoint (default: the latest complete one)")
+    s.add_argument("overrides", nargs="?", help="JSON file of spec overrides (parallel, "
+                   "runtime, train, name): a new layout reshards where it can")
+    s.add_argument("--name")
+    s.add_argument("--wait", action="store_true", help="wait until it finishes")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_resume)
     s = sub.add_parser("predict", help="memory / traffic / bubble prediction of a spec or what-if")
     s.add_argument("spec", nargs="?", help="job spec or what-if JSON file ('-' for stdin)")
     s.add_argument("--preset")

@@ -14,7 +14,7 @@ import httpx
 
 from jobs.units import fmt
 
-FINISHED = ("succeeded", "failed", "cancelled", "timed_out")
+FINISHED = ("succeeded", "failed", "cancelled", "timed_out", "hung")
 
 
 class CliError(Exception):
@@ -94,13 +94,52 @@ def cmd_submit(a) -> int:
         body["name"] = a.name
     run = _request("POST", "/api/runs", json=body)
     if a.wait:
-        while run["status"] not in FINISHED:
-            time.sleep(1)
-            run = _request("GET", f"/api/runs/{run['id']}")
+        run = _wait(run)
     if a.json:
         print(json.dumps(run, indent=1))
     else:
         print(f"{run['id']}  {run['strategy']}  {run['status']}")
+        if run.get("error"):
+            print(run["error"], file=sys.stderr)
+    return 0 if not a.wait or run["status"] == "succeeded" else 1
+
+
+def _wait(run: dict) -> dict:
+    while run["status"] not in FINISHED:
+        time.sleep(1)
+        run = _request("GET", f"/api/runs/{run['id']}")
+    return run
+
+
+def cmd_checkpoints(a) -> int:
+    rows = _request("GET", f"/api/runs/{a.id}/checkpoints")
+    if a.json:
+        print(json.dumps(rows, indent=1))
+    elif not rows:
+        print(f"run {a.id} has no complete checkpoint")
+    else:
+        print(_table(rows, [("step", "STEP"), ("strategy", "STRATEGY"),
+                            ("world_size", "WORLD"), ("dp", "DP"), ("tp", "TP"), ("pp", "PP")]))
+    return 0
+
+
+def cmd_resume(a) -> int:
+    body: dict = {}
+    if a.overrides:
+        a.spec, a.preset = a.overrides, None
+        body = _spec_body(a, "spec overrides")
+    if a.step is not None:
+        body["step"] = a.step
+    if a.name:
+        body["name"] = a.name
+    run = _request("POST", f"/api/runs/{a.id}/resume", json=body)
+    if a.wait:
+        run = _wait(run)
+    if a.json:
+        print(json.dumps(run, indent=1))
+    else:
+        print(f"{run['id']}  {run['strategy']}  {run['status']}  (resumes {a.id} at step "
+              f"{run['spec']['resume']['step']})")
         if run.get("error"):
             print(run["error"], file=sys.stderr)
     return 0 if not a.wait or run["status"] == "succeeded" else 1

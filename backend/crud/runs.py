@@ -43,7 +43,8 @@ def create_run(db: Session, spec: JobSpec, *, owner: str, tags: list[str], notes
               world_size=spec.world_size, dp=spec.parallel.dp, tp=spec.parallel.tp,
               pp=spec.parallel.pp, queue=spec.runtime.queue, status="queued",
               created_at=utcnow(), cancel_requested=False, notes=notes,
-              tags=[RunTag(tag=t) for t in dict.fromkeys(tags)])
+              tags=[RunTag(tag=t) for t in dict.fromkeys(tags)],
+              parent_id=spec.resume.run_id or None)
     db.add(run)
     db.commit()
     return run

@@ -13,6 +13,7 @@ from backend.core.config import Settings
 from backend.core.identity import Principal
 from backend.errors import Conflict, Invalid, Unavailable
 from backend.models import FINISHED, Run, RunTag
+from backend.services import resume
 from backend.streams import hub
 from jobs.spec import JobSpec, SpecError, parse_spec, text_problem
 from jobs.theory import predict
@@ -100,6 +101,8 @@ def submit(db: Session, settings: Settings, body: dict[str, Any], *,
         spec = parse_spec(body, max_world_size=settings.max_world_size, require_available=True)
     except SpecError as exc:
         errors += [{**e, "loc": ["body", *e["loc"]]} for e in exc.errors]
+    else:
+        errors += resume.check(db, settings, spec)
     if errors:
         raise Invalid(errors=errors)
     if user is not None and user.max_concurrent_runs is not None:

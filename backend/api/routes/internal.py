@@ -4,13 +4,18 @@ worker may retry any of them after a timeout or a backend restart."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from fastapi import APIRouter, BackgroundTasks, Query, Request
+from fastapi.responses import FileResponse
+from jobs.ckpt_index import complete_checkpoints
 from starlette.concurrency import run_in_threadpool
 
 from backend import crud, run_traces
 from backend.api.deps import CheckedParams, DbDep, RunDep, SettingsDep, WorkerDep
 from backend.api.schemas import INT64_MAX, ClaimIn, FinishIn, LogBatch, WorkerIn
 from backend.core.db import get_sessionmaker
+from backend.errors import NotFound
 from backend.storage import append_at, resolve_run_path, save_stream
 from backend.streams import hub
 
@@ -57,6 +62,29 @@ async def upload(request: Request, run: RunDep, settings: SettingsDep, path: str
             crud.record_file(db, run.id, path, size, sha)
     await run_in_threadpool(record)
     return {"path": path, "size": size, "sha256": sha}
+
+
+@router.get("/runs/{run_id}/checkpoints/{step}/files")
+def checkpoint_files(run: RunDep, settings: SettingsDep, step: int, _: WorkerDep) -> dict:
+    """What a worker downloads to resume from this run's complete checkpoint at `step`:
+    the checkpoint folder's files, relative to the run's storage."""
+    base = settings.runs_dir / run.id
+    found = [c for c in complete_checkpoints(base) if c["step"] == step]
+    if not found:
+        raise NotFound(f"run {run.id} has no complete checkpoint at step {step}")
+    folder = Path(found[0]["path"])
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    return {"step": step, "folder": folder.relative_to(base).as_posix(),
+            "files": [{"path": p.relative_to(base).as_posix(), "size": p.stat().st_size}
+                      for p in files]}
+
+
+@router.get("/runs/{run_id}/files/{path:path}")
+def download(run: RunDep, settings: SettingsDep, path: str, _: WorkerDep) -> FileResponse:
+    target = resolve_run_path(settings.runs_dir, run.id, path)  # UnsafePath: 400
+    if not target.is_file():
+        raise NotFound(f"no file {path!r} in run {run.id}")
+    return FileResponse(target)
 
 
 @router.post("/runs/{run_id}/finish")

@@ -10,6 +10,7 @@ from backend import crud
 from backend.api.deps import DbDep, SettingsDep
 from backend.api.schemas import WorkerOut
 from backend.services import health as health_checks
+from jobs.faultspec import EXAMPLES as FAULT_EXAMPLES
 from jobs.spec import SPEC_VERSION, field_docs, presets_table
 from worker.app import broker_ok
 
@@ -66,4 +67,6 @@ def presets() -> list[dict]:
 @router.get("/spec")
 def spec_fields(settings: SettingsDep) -> dict:
     return {"version": SPEC_VERSION, "fields": field_docs(),
-            "max_world_size": settings.max_world_size}
+            "max_world_size": settings.max_world_size,
+            # one-click faults for the new-run form (jobs/faultspec.py, docs/faults.md)
+            "fault_examples": FAULT_EXAMPLES}

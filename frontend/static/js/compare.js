@@ -27,8 +27,10 @@ const label = (r) => `${r.name} (${r.id})`;
 const show = (v) => (v === undefined ? "—" : Array.isArray(v) ? v.join(", ") : String(v));
 
 function diffTable(runs) {
+  // injected faults as one line each (the run's `faults`, jobs/faultspec.describe), not JSON
   const flat = runs.map((r) => ({ strategy: r.strategy, world_size: r.world_size,
-    degrees: degrees(r), ...flatten(r.spec) }));
+    degrees: degrees(r), ...flatten({ ...r.spec, faults: undefined }),
+    faults: (r.faults || []).join("; ") || "none" }));
   const keys = [...new Set(flat.flatMap((f) => Object.keys(f)))];
   const showAll = $("#show-all").checked;
   const rows = [];

@@ -7,8 +7,9 @@ import { renderPrediction } from "./predict.js";
 
 const SECTIONS = [["", "Job"], ["model", "Model"], ["parallel", "Parallel layout"],
   ["train", "Training"], ["runtime", "Runtime"], ["collective", "Collective sweep"]];
-const SKIP = new Set(["version", "name"]);
+const SKIP = new Set(["version", "name", "faults"]); // faults: their own fieldset below
 let fields = {};
+let faultExamples = {};
 let presets = [];
 let spec = {};
 let base = {}; // the preset / cloned spec, to highlight what the user changed
@@ -82,9 +83,42 @@ function buildForm() {
       el("legend", { text: title }), el("div", { class: "msg error", dataset: { sectionMsg: prefix } }),
       el("div", { class: "fields" }, ...paths.map((p) => input(p, fields[p])))));
   }
+  box.append(faultsFieldset());
   box.addEventListener("input", onEdit);
   box.addEventListener("change", onEdit);
   refreshSections();
+}
+
+// Injected faults (docs/faults.md): the spec's `faults` list as JSON, and one button per
+// example that appends it. Errors at faults.<i>.<field> are shown under the list.
+function faultsFieldset() {
+  const area = el("textarea", { id: "f-faults", rows: 3, cols: 60, spellcheck: "false",
+    "aria-describedby": "f-faults-msg", placeholder: "[] — no faults" });
+  area.value = JSON.stringify(spec.faults || []);
+  area.addEventListener("input", () => {
+    try {
+      const v = JSON.parse(area.value || "[]");
+      spec.faults = v;
+      $("#f-faults-msg").textContent = "";
+    } catch {
+      $("#f-faults-msg").textContent = "faults: not valid JSON (a list of {kind, ranks, step, …})";
+      return;
+    }
+    schedulePredict();
+  });
+  const buttons = Object.entries(faultExamples).map(([key, ex]) => el("button", {
+    type: "button", class: "small", dataset: { fault: key }, text: ex.title,
+    onclick: () => {
+      spec.faults = [...(Array.isArray(spec.faults) ? spec.faults : []), ex.fault];
+      area.value = JSON.stringify(spec.faults);
+      $("#f-faults-msg").textContent = "";
+      schedulePredict();
+    } }));
+  return el("fieldset", { dataset: { section: "faults" } }, el("legend", { text: "Faults" }),
+    el("p", { class: "muted small", text: "Make the run go wrong on purpose, to see how " +
+      "paralab diagnoses it (runtime.hang_timeout_s decides when a run counts as hung)." }),
+    el("div", { class: "examples" }, ...buttons), area,
+    el("div", { class: "msg error", id: "f-faults-msg", "aria-live": "polite" }));
 }
 
 function onEdit(ev) {
@@ -100,7 +134,7 @@ function refreshSections() {
   const bench = spec.kind === "collective_bench";
   for (const fs of document.querySelectorAll("fieldset[data-section]")) {
     const s = fs.dataset.section;
-    fs.hidden = bench ? ["model", "parallel", "train"].includes(s) : s === "collective";
+    fs.hidden = bench ? ["model", "parallel", "train", "faults"].includes(s) : s === "collective";
   }
 }
 
@@ -119,13 +153,17 @@ function showErrors(errors) {
     f.querySelector("[aria-invalid]")?.setAttribute("aria-invalid", "false");
   }
   for (const m of document.querySelectorAll("[data-section-msg]")) m.textContent = "";
+  if ($("#f-faults-msg")) $("#f-faults-msg").textContent = "";
   const general = [];
   for (const e of errors) {
     const loc = (e.loc || []).filter((x) => x !== "body" && x !== "spec");
     const path = loc.join(".");
     const field = document.querySelector(`.field[data-field="${CSS.escape(path)}"]`);
     const section = document.querySelector(`[data-section-msg="${CSS.escape(path)}"]`);
-    if (field) {
+    if (path === "faults" || path.startsWith("faults.")) {
+      const m = $("#f-faults-msg");
+      if (m) m.textContent += (m.textContent ? "\n" : "") + `${path}: ${e.msg}`;
+    } else if (field) {
       field.classList.add("invalid");
       field.querySelector("[aria-invalid]")?.setAttribute("aria-invalid", "true");
       field.querySelector(".msg").textContent = e.msg;
@@ -187,6 +225,7 @@ async function init() {
   const [doc, pres, workers] = await Promise.all([api.specFields(), api.presets(),
     api.workers().catch(() => [])]);
   fields = doc.fields;
+  faultExamples = doc.fault_examples || {};
   presets = pres;
   const mem = workers.flatMap((w) => w.devices || []).map((d) => d.memory_bytes).find(Boolean);
   if (mem) $("#device-gb").value = (mem / 1e9).toFixed(1);

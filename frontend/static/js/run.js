@@ -4,13 +4,14 @@ import { headlineOf, rule, stepsLabel } from "./analysis.js";
 import { api } from "./api.js";
 import { mountComm } from "./comm.js";
 import { mountCurves } from "./curves.js";
+import { mountDiagnosis, mountResume } from "./diagnosis.js";
 import { $, degrees, el, fmtBytes, fmtDate, fmtPct, fmtSeconds, statusBadge } from "./dom.js";
 import { mountGantt } from "./gantt.js";
 import { mountMemory } from "./memory.js";
 import { mountSweepChart } from "./sweeps.js";
 
 const runId = decodeURIComponent(location.pathname.split("/").filter(Boolean)[1] || "");
-const FINISHED = ["succeeded", "failed", "cancelled", "timed_out"];
+const FINISHED = ["succeeded", "failed", "cancelled", "timed_out", "hung"];
 let run = null;
 let stream = null;
 let chartsLoaded = false;
@@ -37,6 +38,8 @@ function renderHead() {
   const cancel = $("#cancel-btn");
   cancel.hidden = FINISHED.includes(run.status) || run.can_modify === false;
   renderCards();
+  mountDiagnosis(run, $("#diagnosis"));
+  if (FINISHED.includes(run.status)) mountResume(run, $("#resume"));
 }
 
 // One card per headline figure of the analysis; `data-value` carries the raw number (what the

@@ -4,8 +4,8 @@ its own (stars, logs, streams, files, notes, analysis). main.py includes `router
 from fastapi import APIRouter
 
 from backend.api.deps import CheckedParams
-from backend.api.routes.runs import analysis, crud, files, logs, notes, stars, streams
+from backend.api.routes.runs import analysis, crud, files, logs, notes, resume, stars, streams
 
 router = APIRouter()
-for _module in (crud, stars, logs, streams, files, notes, analysis):
+for _module in (crud, resume, stars, logs, streams, files, notes, analysis):
     router.include_router(_module.router, dependencies=[CheckedParams])  # the text rule

@@ -15,6 +15,7 @@ from backend.api.schemas import Input, RunOut, SafeStr
 from backend.core.identity import Principal, client_address
 from backend.errors import Invalid
 from backend.models import METRIC_COLUMNS, Run
+from jobs.faultspec import describe_all
 from jobs.spec import number_problem
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
@@ -26,6 +27,8 @@ class RunView(RunOut):
 
     can_modify: bool = False
     starred: bool = False
+    faults: list[str] = Field([], description="the injected faults, one line each "
+                              "(jobs.faultspec.describe_all)")
 
 
 class RunViewPage(BaseModel):
@@ -59,7 +62,8 @@ def view(db: Session, user: Principal, run: Run, *, full: bool = True,
     if starred is None:
         starred = _starred(db, user, [run.id])
     return RunView(**RunOut.of(run, full=full).model_dump(),
-                   can_modify=permissions.can_modify_run(user, run), starred=run.id in starred)
+                   can_modify=permissions.can_modify_run(user, run), starred=run.id in starred,
+                   faults=describe_all((run.spec or {}).get("faults")) if full else [])
 
 
 _SPEC_EXAMPLE = {"preset": "ddp", "name": "my first run", "train": {"steps": 5},

@@ -1,0 +1,56 @@
+"""The worker's hang watchdog on an injected clock and hand-written flight files: when it
+fires, and when it must not (start-up, a restart between attempts, steady progress)."""
+
+import json
+
+from worker.hang import HangWatch, LogTail
+
+S = 1_000_000_000
+
+
+def flight(out, rank, last_ns):
+    (out / f"flight-rank{rank}.json").write_text(json.dumps(
+        {"rank": rank, "last_progress_ns": last_ns, "groups": {}}))
+
+
+def test_fires_only_after_the_timeout_without_progress_on_any_rank(tmp_path):
+    now = [100 * S]
+    w = HangWatch(tmp_path, 5.0, clock=lambda: now[0], poll_s=0)
+    flight(tmp_path, 0, 100 * S)
+    flight(tmp_path, 1, 101 * S)
+    now[0] = 105 * S
+    assert w.stalled_s() is None  # 4 s since rank 1's last completion
+    now[0] = 106 * S + 1
+    assert w.stalled_s() is not None and abs(w.stalled_s() - 5.0) < 1e-6
+    flight(tmp_path, 0, 106 * S)  # rank 0 completes a collective: progress again
+    assert w.stalled_s() is None
+
+
+def test_start_up_and_restarts_do_not_count(tmp_path):
+    now = [0]
+    w = HangWatch(tmp_path, 2.0, clock=lambda: now[0], poll_s=0)
+    now[0] = 60 * S  # a minute of imports and rendezvous, no flight file yet
+    assert w.stalled_s() is None
+    flight(tmp_path, 0, 59 * S)  # the tracer's first file: its creation is the first progress
+    now[0] = 61 * S
+    assert w.stalled_s() is None
+    now[0] = 62 * S
+    assert w.stalled_s() is not None
+    (tmp_path / "flight-rank0.json").unlink()  # torchrun restarts: the ranks moved the files
+    now[0] = 100 * S
+    assert w.stalled_s() is None
+
+
+def test_off_when_zero(tmp_path):
+    now = [0]
+    w = HangWatch(tmp_path, 0.0, clock=lambda: now[0], poll_s=0)
+    flight(tmp_path, 0, 0)
+    now[0] = 10**6 * S
+    assert w.stalled_s() is None
+
+
+def test_log_tail_keeps_the_last_lines():
+    t = LogTail(3)
+    for i in range(5):
+        t(f"line {i}")
+    assert t.text() == "line 2\nline 3\nline 4"
