@@ -21,7 +21,9 @@ Activations per stage and micro-batch, as autograd saves them (parameters exclud
 storage range once: jobs.memory.SavedTensorCounter), in units of b*h*act_bytes for the mlp:
     1 (the stage input, kept by its first Linear) + one ReLU output per block except the model's
     last + 2 on the last stage (the last Linear's output and the target, kept by the MSE loss).
-GPT stages use the Megatron per-layer estimate (model.gpt_activation_bytes_per_layer).
+GPT stages: model.gpt_saved_bytes, the same exact count for paralab's GPT (tp, sequence
+parallelism); with activation checkpointing or a vocabulary-parallel head the Megatron per-layer
+estimate (model.gpt_activation_bytes_per_layer, seed 004) instead.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import math
 
 from jobs import schedules
 
-from .model import gpt_activation_bytes_per_layer
+from .model import gpt_activation_bytes_per_layer, gpt_saved_bytes
 
 MAX_WALK_ACTIONS = 200_000
 RECV_BYTES = 4  # PipelineRuntime's buffers are fp32 whatever the compute precision
@@ -49,7 +51,12 @@ def stage_activation_bytes(w: dict, stage: int, act_bytes: float) -> tuple[float
     n = stage_layers(L, chunks)[stage]
     last = stage == chunks - 1
     b, h = w["micro_batch_size"], w["hidden"]
-    if w["arch"] == "gpt":
+    if w["arch"] == "gpt" and w.get("vocab") and not w["activation_checkpointing"] \
+            and not w.get("vocab_parallel"):
+        return gpt_saved_bytes(w["seq_len"], b, h, w["heads"], w["vocab"], blocks=n,
+                               first=stage == 0, last=last, tp=w["tp"],
+                               sequence_parallel=w["sequence_parallel"], act_bytes=act_bytes)
+    if w["arch"] == "gpt":  # what-if, checkpointing, vocab-parallel head: Megatron estimate
         per_layer, f = gpt_activation_bytes_per_layer(
             w["seq_len"], b, h, w["heads"], w["tp"], w["sequence_parallel"],
             w["activation_checkpointing"], act_bytes)

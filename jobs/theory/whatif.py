@@ -169,4 +169,5 @@ def inputs_from_spec(spec: JobSpec, overrides: dict | None = None) -> dict:
     w["strategy"] = derive_strategy(spec)
     w["world_size"] = spec.world_size
     w["bucket_mb"] = p.bucket_mb
+    w["vocab"], w["vocab_parallel"] = m.vocab, p.vocab_parallel
     return w
