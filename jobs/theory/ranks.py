@@ -160,6 +160,7 @@ def rank_memory(w: dict, mm: dict, act_bytes: float) -> list[dict] | None:
 
     pr = pipeline_ranks(w, act_bytes)
     n, z = w["dp"], w["zero_stage"]
+    impl = "bucket_mb" in w  # derived from a JobSpec (jobs/theory/whatif.inputs_from_spec)
     bucket_params = w.get("bucket_mb", 25.0) * (1 << 20) / mm["params"]
     out = []
     for r, psi in enumerate(w["rank_params"]):
@@ -168,10 +169,12 @@ def rank_memory(w: dict, mm: dict, act_bytes: float) -> list[dict] | None:
                                               bytes_optimizer=mm["optimizer"])}
         info = pr[r] if pr else {}
         row["activations"] = info.get("activations", 0.0)
-        row["recv_buffers"] = info.get("recv_buffers", 0.0)
         units = [padded(u, n) for u in _units(w, psi, r) or []]
         row["gathered_unit"], fg = gathered_unit(w, units, mm["params"], mm["grads"])
-        row["comm_buffers"], fc = comm_buffers(w, psi, bucket_params, mm["params"], 0)
+        # buffers of paralab's implementation: for a job spec only (a what-if names none)
+        row["recv_buffers"] = info.get("recv_buffers", 0.0) if impl else 0.0
+        row["comm_buffers"], fc = comm_buffers(w, psi, bucket_params, mm["params"], 0) \
+            if impl else (0.0, "not modeled for a what-if (implementation buffers)")
         row["total"] = sum(row[k] for k in ("params", "grads", "optimizer", "activations",
                                             "recv_buffers", "gathered_unit", "comm_buffers"))
         row["peak_inflight_chunks"] = info.get("peak_inflight_chunks")
