@@ -45,11 +45,12 @@ class SavedTensorCounter:
             return
         if self.skip_leaves and t.is_leaf and t.requires_grad and id(t) not in self.allowed:
             return
+        t = _local(t)
         try:
             st = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):  # e.g. wrapper subclasses
+            key = st.data_ptr()
+        except (RuntimeError, NotImplementedError):  # e.g. other wrapper subclasses
             return
-        key = st.data_ptr()
         if key in self.exclude or key == 0 or t.numel() == 0:
             return
         if self.exclude_fn is not None and key in self.exclude_fn():
@@ -84,11 +85,16 @@ def _union(spans: list[tuple[int, int]]) -> int:
     return total
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (what this rank holds), without an autograd op."""
+    return getattr(t, "_local_tensor", t)
+
+
 def param_storages(model: torch.nn.Module) -> set[int]:
     out = set()
     for p in model.parameters():
         try:
-            out.add(p.untyped_storage().data_ptr())
+            out.add(_local(p).untyped_storage().data_ptr())
         except (RuntimeError, NotImplementedError):
             pass
     return out

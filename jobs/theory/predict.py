@@ -209,12 +209,12 @@ def _memory(w: dict, pipe: dict) -> dict:
                               bytes_optimizer=mm["optimizer"])
     act, act_formula, act_inputs = _activations(w, pipe)
     act_bytes = w["act_bytes"] or (4 if w["memory_model"] == "fp32" else 2)
-    per_rank = rank_memory(w, mm, act_bytes) if "rank_params" in w else None
+    per_rank, formulas = rank_memory(w, mm, act_bytes) if "rank_params" in w else (None, {})
     extra = {}
     if per_rank:  # each component's busiest pipeline rank (the schedule's in-flight peak)
         act = max(r["activations"] for r in per_rank)
         extra = {k: max(r[k] for r in per_rank) for k in TRANSIENT}
-        act_formula = per_rank[0]["formulas"]["activations"]
+        act_formula = formulas["activations"]
     comps["activations"] = act
     comps.update(extra)
     total = sum(comps.values())
@@ -241,7 +241,7 @@ def _memory(w: dict, pipe: dict) -> dict:
                                       else "saved layer inputs/outputs"),
     }
     for k in extra:
-        explain[f"components.{k}"] = fig(extra[k], "bytes", per_rank[0]["formulas"][k],
+        explain[f"components.{k}"] = fig(extra[k], "bytes", formulas[k],
                                          {"busiest_pipeline_rank": True}, TRANSIENT[k])
     by_stage = {str(k): v for k, v in zero_table(psi, n, w["memory_model"]).items()}
     return {"per_rank_bytes": total, "per_rank_GB": total / GB, "components": comps,

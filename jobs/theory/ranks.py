@@ -38,17 +38,17 @@ MAX_WALK_ACTIONS = 200_000
 RECV_BYTES = 4  # PipelineRuntime's buffers are fp32 whatever the compute precision
 
 
-def stage_layers(L: int, chunks: int) -> list[int]:
-    """Blocks per model stage (jobs/parallel/pipeline/stage.partition_even)."""
+def stage_layers(L: int, chunks: int, stage: int) -> int:
+    """Blocks on model stage `stage` (jobs/parallel/pipeline/stage.partition_even)."""
     q, r = divmod(L, chunks)
-    return [q + (i < r) for i in range(chunks)]
+    return q + (stage < r)
 
 
 def stage_activation_bytes(w: dict, stage: int, act_bytes: float) -> tuple[float, str]:
     """Bytes one micro-batch leaves saved for backward on model stage `stage`."""
     p, v, L = w["pp"], w["virtual_stages"], w["layers"]
     chunks = p * v
-    n = stage_layers(L, chunks)[stage]
+    n = stage_layers(L, chunks, stage)
     last = stage == chunks - 1
     b, h = w["micro_batch_size"], w["hidden"]
     if w["arch"] == "gpt" and w.get("vocab") and not w["activation_checkpointing"] \
@@ -70,13 +70,15 @@ def stage_activation_bytes(w: dict, stage: int, act_bytes: float) -> tuple[float
 
 def _walk(actions, per_chunk: list[float]) -> tuple[float, int]:
     live: dict = {}
-    peak, peak_n = 0.0, 0
+    cur = peak = 0.0
+    peak_n = 0
     for a in actions:
         if a.kind == "F":
             live[(a.mb, a.chunk)] = per_chunk[a.chunk]
-        elif a.kind in ("BW", "W"):
-            live.pop((a.mb, a.chunk), None)
-        peak = max(peak, sum(live.values()))
+            cur += per_chunk[a.chunk]
+        elif a.kind in ("BW", "W") and (a.mb, a.chunk) in live:
+            cur -= live.pop((a.mb, a.chunk))
+        peak = max(peak, cur)
         peak_n = max(peak_n, len(live))
     return peak, peak_n
 
@@ -99,6 +101,7 @@ def pipeline_ranks(w: dict, act_bytes: float) -> list[dict] | None:
         boundary = w["micro_batch_size"] * w["hidden"] * RECV_BYTES
     walk = p == 1 or p * m * v * 3 <= MAX_WALK_ACTIONS
     acts = schedules.schedule_actions(sched, p, m, v) if walk and p > 1 else None
+    home = [schedules.rank_of(s, p, v, place) for s in range(chunks)]
     out = []
     for r in range(p):
         stages = [schedules.stage_of(r, c, p, v, place) for c in range(v)]
@@ -108,7 +111,6 @@ def pipeline_ranks(w: dict, act_bytes: float) -> list[dict] | None:
             recv = 0
         elif acts is not None:
             peak, n_in = _walk(acts[r], per_chunk)
-            home = [schedules.rank_of(s, p, v, place) for s in range(chunks)]
             recv = sum(1 for a in acts[r]
                        if (a.kind == "F" and a.stage != 0 and home[a.stage - 1] != r)
                        or (a.kind in ("BW", "B") and a.stage != chunks - 1
@@ -153,16 +155,17 @@ def comm_buffers(w: dict, psi: float, bucket_params: float, bytes_grads: float,
     return 0.0, "0 (reduced in place / per unit)"
 
 
-def rank_memory(w: dict, mm: dict, act_bytes: float) -> list[dict] | None:
+def rank_memory(w: dict, mm: dict, act_bytes: float) -> tuple[list[dict], dict]:
     """Per pipeline rank (index = pp coordinate; the dp coordinate 0 / the busiest dp rank):
-    model state, activations, recv_buffers, gathered_unit, comm_buffers, with formulas."""
+    model state, activations, recv_buffers, gathered_unit, comm_buffers; and the formulas
+    (the same text for every rank)."""
     from .memory import model_state_bytes
 
     pr = pipeline_ranks(w, act_bytes)
     n, z = w["dp"], w["zero_stage"]
     impl = "bucket_mb" in w  # derived from a JobSpec (jobs/theory/whatif.inputs_from_spec)
     bucket_params = w.get("bucket_mb", 25.0) * (1 << 20) / mm["params"]
-    out = []
+    out, formulas = [], {}
     for r, psi in enumerate(w["rank_params"]):
         row = {"rank": r, **model_state_bytes(psi, n, z, bytes_params=mm["params"],
                                               bytes_grads=mm["grads"],
@@ -178,13 +181,13 @@ def rank_memory(w: dict, mm: dict, act_bytes: float) -> list[dict] | None:
         row["total"] = sum(row[k] for k in ("params", "grads", "optimizer", "activations",
                                             "recv_buffers", "gathered_unit", "comm_buffers"))
         row["peak_inflight_chunks"] = info.get("peak_inflight_chunks")
-        row["formulas"] = {"activations": "peak over the rank's schedule of the in-flight "
-                           "(micro-batch, chunk) bytes; per micro-batch "
-                           + (info.get("formula") or "not modeled"),
-                           "recv_buffers": "receives posted per step x b*s*h*4 (fp32)",
-                           "gathered_unit": fg, "comm_buffers": fc}
         out.append(row)
-    return out
+        formulas = {"activations": "peak over the rank's schedule of the in-flight "
+                                   "(micro-batch, chunk) bytes; per micro-batch "
+                                   + (info.get("formula") or "not modeled"),
+                    "recv_buffers": "receives posted per step x b*s*h*4 (fp32)",
+                    "gathered_unit": fg, "comm_buffers": fc}
+    return out, formulas
 
 
 def _units(w: dict, psi: float, r: int) -> list[int] | None:
@@ -194,8 +197,8 @@ def _units(w: dict, psi: float, r: int) -> list[int] | None:
     h, tp = w["hidden"], w["tp"]
     chunks = w["pp"] * w["virtual_stages"]
     place = schedules.placement_of(w["pp_schedule"]) if w["pp"] > 1 else "loop"
-    sizes = stage_layers(w["layers"], chunks)
-    nblocks = sum(sizes[schedules.stage_of(r, c, w["pp"], w["virtual_stages"], place)]
+    nblocks = sum(stage_layers(w["layers"], chunks,
+                               schedules.stage_of(r, c, w["pp"], w["virtual_stages"], place))
                   for c in range(w["virtual_stages"]))
     block = (12 * h * h + 6 * h) / tp + 6 * h if w["arch"] == "gpt" else h * h + h
     return [math.ceil(block)] * nblocks + [max(0, math.ceil(psi - nblocks * block))]
