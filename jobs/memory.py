@@ -15,31 +15,53 @@ CATEGORIES = ("params", "grads", "optimizer", "gathered", "activations")
 
 
 class SavedTensorCounter:
-    """Counts bytes of tensors saved for backward (by storage, parameters excluded)."""
+    """Counts bytes of tensors saved for backward: per storage, the union of the byte ranges
+    the saved views cover (a slice of a larger batch counts its own bytes, not the whole batch;
+    a tensor saved twice, or q and its transpose, once). Parameters are excluded, and so is any
+    other leaf that requires grad (FSDP2's gathered weights are not the registered
+    Parameters) unless it is `allow`ed (a pipeline stage's received input) or `skip_leaves` is
+    False (torch.distributed.pipelining's stage inputs, which it does not hand to us)."""
 
-    def __init__(self, exclude_storages=()):
+    def __init__(self, exclude_storages=(), skip_leaves: bool = True):
         self.exclude = set(exclude_storages)
-        self.seen: set[int] = set()
+        self.skip_leaves = skip_leaves
+        self.exclude_fn = None  # storages to skip right now (FSDP2's gathered weights)
+        self.spans: dict[int, list[tuple[int, int]]] = {}
+        self.allowed: set[int] = set()
         self.bytes = 0
 
     def reset(self, exclude_storages=None) -> None:
-        self.seen.clear()
+        self.spans.clear()
+        self.allowed.clear()
         self.bytes = 0
         if exclude_storages is not None:
             self.exclude = set(exclude_storages)
 
+    def allow(self, t: torch.Tensor) -> None:
+        self.allowed.add(id(t))
+
     def count(self, t: torch.Tensor) -> None:
         if isinstance(t, torch.nn.Parameter) or not isinstance(t, torch.Tensor):
             return
+        if self.skip_leaves and t.is_leaf and t.requires_grad and id(t) not in self.allowed:
+            return
+        t = _local(t)
         try:
             st = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):  # e.g. wrapper subclasses
+            key = st.data_ptr()
+        except (RuntimeError, NotImplementedError):  # e.g. other wrapper subclasses
             return
-        key = st.data_ptr()
-        if key in self.exclude or key in self.seen or key == 0:
+        if key in self.exclude or key == 0 or t.numel() == 0:
             return
-        self.seen.add(key)
-        self.bytes += st.nbytes()
+        if self.exclude_fn is not None and key in self.exclude_fn():
+            return
+        es = t.element_size()
+        extent = 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride(), strict=True))
+        lo = t.storage_offset() * es
+        spans = self.spans.setdefault(key, [])
+        before = _union(spans)
+        spans.append((lo, min(lo + extent * es, st.nbytes())))
+        self.bytes += _union(spans) - before
 
     def pack(self, t):
         self.count(t)
@@ -53,11 +75,26 @@ class SavedTensorCounter:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
 
+def _union(spans: list[tuple[int, int]]) -> int:
+    total, end = 0, -1
+    for lo, hi in sorted(spans):
+        if hi <= end:
+            continue
+        total += hi - max(lo, end)
+        end = hi
+    return total
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (what this rank holds), without an autograd op."""
+    return getattr(t, "_local_tensor", t)
+
+
 def param_storages(model: torch.nn.Module) -> set[int]:
     out = set()
     for p in model.parameters():
         try:
-            out.add(p.untyped_storage().data_ptr())
+            out.add(_local(p).untyped_storage().data_ptr())
         except (RuntimeError, NotImplementedError):
             pass
     return out

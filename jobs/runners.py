@@ -120,7 +120,10 @@ class PipelineRunner:
         return total
 
     def memory(self) -> dict:
-        return {"activations": self.rt.peak["activation_bytes"]}
+        out = {"activations": self.rt.peak["activation_bytes"]}
+        if "recv_buffer_bytes" in self.rt.peak:
+            out["recv_buffers"] = self.rt.peak["recv_buffer_bytes"]
+        return out
 
     def result(self) -> dict:
         return {"pipeline_peak": self.rt.peak}

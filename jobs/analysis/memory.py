@@ -1,7 +1,8 @@
 """Memory measured vs predicted per rank and component, with the error in %.
 
 Measured: the peak over a rank's `mem` records of each component (`params`, `grads`, `optimizer`,
-`activations`, and ZeRO-3's `gathered_peak`); where the trace's samples carry no model state
+`activations`, the pipeline's `recv_buffers`, ZeRO-3's `gathered_peak` shown as `gathered_unit`,
+the data-parallel `comm_buffers`); where the trace's samples carry no model state
 (the model-parallel runner samples activations only) the rank's `summary.json` peaks are used
 (`source` says which). Predicted: jobs.theory (see predicted.py). `formula_bytes` is the seeds'
 formula on the measured Ψ (summary.json `formula_check`, data-parallel strategies), which a
@@ -15,7 +16,9 @@ from . import predicted as P
 from .load import Traces
 
 STATE = ("params", "grads", "optimizer")
-EXTRA = ("activations", "gathered_peak")
+EXTRA = ("activations", "recv_buffers", "gathered_unit", "comm_buffers")
+TRANSIENT = ("recv_buffers", "gathered_unit", "comm_buffers")
+MEASURED_KEY = {"gathered_unit": "gathered_peak"}  # the trace's name for the component
 
 
 def measured(tr: Traces, rank: int) -> tuple[dict, str]:
@@ -24,7 +27,7 @@ def measured(tr: Traces, rank: int) -> tuple[dict, str]:
         if r.get("type") != "mem":
             continue
         for k in STATE + EXTRA:
-            v = r.get(k)
+            v = r.get(MEASURED_KEY.get(k, k))
             if isinstance(v, int | float):
                 peak[k] = max(peak.get(k, 0), int(v))
     source = "trace"
@@ -32,8 +35,9 @@ def measured(tr: Traces, rank: int) -> tuple[dict, str]:
         srank = _summary_rank(tr.summary, rank)
         pb = ((srank or {}).get("memory") or {}).get("peak_bytes") or {}
         for k in STATE + EXTRA:
-            if isinstance(pb.get(k), int | float):
-                peak[k] = max(peak.get(k, 0), int(pb[k]))
+            v = pb.get(MEASURED_KEY.get(k, k))
+            if isinstance(v, int | float):
+                peak[k] = max(peak.get(k, 0), int(v))
         source = "summary" if pb else "none"
     return peak, source
 
@@ -62,24 +66,27 @@ def _err(m, p):
 
 def memory_table(tr: Traces, spec, pred: dict | None) -> list[dict]:
     rows = []
-    act_pred = P.activations(pred)
     for rank in sorted(tr.ranks):
         coords = tr.coords(rank)
         peak, source = measured(tr, rank)
         if source == "none":
             tr.warnings.append(f"rank {rank}: no memory samples")
-        want = P.rank_model_state(pred, spec, int(coords.get("pp", 0) or 0),
-                                  int(coords.get("dp", 0) or 0))
+        pp, dp = int(coords.get("pp", 0) or 0), int(coords.get("dp", 0) or 0)
+        want = P.rank_model_state(pred, spec, pp, dp)
+        extra = P.rank_extra(pred, spec, pp, dp)
         formula = _formula(tr.summary, rank)
         layout = (_summary_rank(tr.summary, rank) or {}).get("layout") or {}
         pad = layout.get("padding_elems")
         for comp in STATE + EXTRA:
             m = peak.get(comp)
-            p = want.get(comp) if comp in STATE else (act_pred if comp == "activations" else None)
-            if m is None and p is None:
+            p = want.get(comp) if comp in STATE else extra.get(comp)
+            if not m and not p:
                 continue
             f = formula.get(comp)
-            rows.append({"rank": rank, "coords": coords, "component": comp, "measured_bytes": m,
+            kind = "model state" if comp in STATE else \
+                "transient" if comp in TRANSIENT else "activations"
+            rows.append({"rank": rank, "coords": coords, "component": comp, "kind": kind,
+                         "measured_bytes": m,
                          "predicted_bytes": p, "error_pct": _err(m, p), "formula_bytes": f,
                          "deviation_bytes": m - f if m is not None and f is not None else None,
                          "padding_elems": pad, "source": source})
@@ -88,6 +95,7 @@ def memory_table(tr: Traces, spec, pred: dict | None) -> list[dict]:
             p = sum(want.values()) if want else None
             f = sum(formula[k] for k in STATE) if all(k in formula for k in STATE) else None
             rows.append({"rank": rank, "coords": coords, "component": "model_state",
+                         "kind": "model state",
                          "measured_bytes": sum(ms), "predicted_bytes": p,
                          "error_pct": _err(sum(ms), p), "formula_bytes": f,
                          "deviation_bytes": sum(ms) - f if f is not None else None,

@@ -54,6 +54,21 @@ def rank_model_state(pred: dict | None, spec: JobSpec | None, pp_coord: int,
     return out
 
 
+def rank_extra(pred: dict | None, spec: JobSpec | None, pp_coord: int,
+               dp_coord: int = 0) -> dict:
+    """Predicted activations and transient buffers of a rank (jobs/theory/ranks.py): its
+    pipeline rank's row; a parameter-server worker (dp > 0) allocates no receive buffers."""
+    rows = ((pred or {}).get("memory") or {}).get("per_rank")
+    if not rows or spec is None:
+        a = activations(pred)
+        return {"activations": a} if a else {}
+    row = rows[min(max(pp_coord, 0), len(rows) - 1)]
+    out = {k: row[k] for k in ("activations", "recv_buffers", "gathered_unit", "comm_buffers")}
+    if spec.parallel.dp_mode == "ps" and dp_coord != 0 and not spec.parallel.zero_stage:
+        out["comm_buffers"] = 0.0
+    return out
+
+
 def activations(pred: dict | None) -> float | None:
     if not pred:
         return None

@@ -28,6 +28,7 @@ class Replicated(Strategy):
         self.gflat = torch.zeros_like(self.flat)
         self._bind_grads()
         self.opt = self.master = self.grad32 = None
+        self.comm_peak = 0  # collective buffers beyond the flat state (parameter server)
         if self.owns_optimizer:
             self.master = self.flat if self.dtype == torch.float32 else self.flat.float()
             self.opt = FlatOptimizer([self.master], self.lr, self.optimizer)
@@ -72,7 +73,7 @@ class Replicated(Strategy):
             optim += tensor_bytes(self.master)
         optim += tensor_bytes(self.grad32)
         return {"params": tensor_bytes(self.flat), "grads": tensor_bytes(self.gflat),
-                "optimizer": optim}
+                "optimizer": optim, "comm_buffers": self.comm_peak}
 
     def layout(self):
         return {**super().layout(), "buckets": len(self.bk.groups),
@@ -157,6 +158,7 @@ class ParameterServerDP(Replicated):
     def finish_grads(self) -> None:
         if self.r == self.root:
             bufs = {w: torch.empty_like(self.gflat) for w in range(self.n) if w != self.root}
+            self.comm_peak = max(self.comm_peak, sum(tensor_bytes(b) for b in bufs.values()))
             self._wait([self._p2p("recv", b, w, "grads") for w, b in bufs.items()])
             for b in bufs.values():
                 self.gflat.add_(b)

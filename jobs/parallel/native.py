@@ -171,6 +171,24 @@ class NativeFSDP(Native):
     def finish_grads(self) -> None:
         undo_dp_average(self.model, self.n)
 
+    # The runner's saved-tensor counter: FSDP2's unsharded weights (swapped in for a module's
+    # forward) are parameters, not activations, though not the registered DTensor Parameters.
+    _saved_counter = None
+
+    @property
+    def saved_counter(self):
+        return self._saved_counter
+
+    @saved_counter.setter
+    def saved_counter(self, counter) -> None:
+        self._saved_counter = counter
+        if counter is not None:
+            counter.exclude_fn = self._unsharded_storages
+
+    def _unsharded_storages(self) -> set[int]:
+        return {p.untyped_storage().data_ptr() for p in self.model.parameters()
+                if not hasattr(p, "to_local")}
+
     def no_sync(self):
         import contextlib
 

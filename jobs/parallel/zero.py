@@ -42,6 +42,7 @@ class Zero12(Strategy):
         self.master = own if self.fp32_master else [s.float() for s in own]
         self.opt = FlatOptimizer(self.master, self.lr, self.optimizer)
         self.grad32 = [torch.zeros_like(m) for m in self.master] if self.fp32_grads else None
+        self.comm_peak = 0  # bytes of collective buffers alive at once (not the flat state)
         if stage == 1:
             self.gflat = torch.zeros_like(self.flat)
             self.gshard = [bk.shard(self.gflat, b, self.r) for b in range(nb)]
@@ -87,6 +88,7 @@ class Zero12(Strategy):
         work = self.reduce_scatter(out, buf, async_op=True, bucket=b)
         self.inflight.append((b, work, buf, out))
         live = sum(tensor_bytes(f[2]) + tensor_bytes(f[3]) for f in self.inflight)
+        self.comm_peak = max(self.comm_peak, live)
         self.grads_peak = max(self.grads_peak, live + sum(tensor_bytes(g) for g in self.gshard)
                               + sum(tensor_bytes(p.grad) for p in self.bk.params))
         self._drain(block=False)
@@ -106,6 +108,7 @@ class Zero12(Strategy):
         if self.stage == 1:
             for b in range(len(self.bk.groups)):
                 out = torch.empty_like(self.gshard[b])
+                self.comm_peak = max(self.comm_peak, tensor_bytes(out))
                 self.reduce_scatter(out, self.bk.bucket(self.gflat, b), bucket=b)
                 self.gshard[b].copy_(out)
         else:
@@ -125,6 +128,7 @@ class Zero12(Strategy):
                     self.bk.shard(self.flat, b, self.r).copy_(m)
         for b in range(len(self.bk.groups)):
             mine = self.bk.shard(self.flat, b, self.r).clone()
+            self.comm_peak = max(self.comm_peak, tensor_bytes(mine))
             self.all_gather(self.bk.bucket(self.flat, b), mine, bucket=b, phase="update")
 
     def full_parameters(self):
@@ -148,7 +152,8 @@ class Zero12(Strategy):
         optim = self.opt.state_bytes() + sum(tensor_bytes(g) for g in self.grad32 or [])
         if not self.fp32_master:
             optim += sum(tensor_bytes(m) for m in self.master)
-        out = {"params": tensor_bytes(self.flat), "grads": grads, "optimizer": optim}
+        out = {"params": tensor_bytes(self.flat), "grads": grads, "optimizer": optim,
+               "comm_buffers": self.comm_peak}
         if self.stage == 2:
             out["grads_peak"] = max(self.grads_peak, grads)
         return out
@@ -170,9 +175,13 @@ class _Gather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_full):
         unit = ctx.unit
+        # the unit's full gradient exists here while its full parameters are still gathered:
+        # the transient peak (seed 003) is parameters + gradient of one unit
+        unit.owner.gathered(+tensor_bytes(grad_full))
         unit.release_backward()
         out = torch.empty(unit.shard_numel, dtype=grad_full.dtype, device=grad_full.device)
         unit.owner.reduce_scatter(out, grad_full.contiguous(), unit=unit.index)
+        unit.owner.gathered(-tensor_bytes(grad_full))
         return out.div_(dp_divisor(unit.owner.n)), None
 
 

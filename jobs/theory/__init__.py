@@ -28,7 +28,12 @@ predict(obj, **overrides) -> dict
       conventions         {"memory_model", "bubble", "comm", "units"}: the active labels
       params              {"total", "per_rank", "per_pipeline_rank"}
       memory              {"per_rank_bytes", "per_rank_GB", "components": {"params", "grads",
-                           "optimizer", "activations"}, "model_state_bytes", "by_zero_stage":
+                           "optimizer", "activations", and for a spec-derived input the
+                           transient "recv_buffers", "gathered_unit", "comm_buffers"},
+                           "model_state_bytes", "transient_bytes", "per_rank": [per pipeline
+                           rank {"rank", "params", "grads", "optimizer", "activations",
+                           "recv_buffers", "gathered_unit", "comm_buffers", "total",
+                           "peak_inflight_chunks"}] (ranks.py), "by_zero_stage":
                            {"0".."3": model-state bytes}, "memory_model", "explain"}
       comm                {"bytes_per_rank", "GB_per_rank", "time_lower_bound_s" (None without
                            bandwidth), "components": {"dp", "tp", "pp"} per step,
@@ -44,8 +49,8 @@ predict(obj, **overrides) -> dict
                            "closed_form", "convention", "source", "simulation", "explain"}
     A collective_bench spec has no model: kind "collective_bench", memory.per_rank_bytes = the
     largest message's two buffers (components.buffers), comm / step / pipeline None.
-    Per-rank figures are for the busiest rank (largest pipeline stage, rank 0's in-flight
-    activations), which is what a memory gate needs.
+    `components` holds each component's busiest pipeline rank and per_rank_bytes their sum (an
+    upper bound, what a memory gate needs); `per_rank` has every pipeline rank's own figures.
 
 param_count(model) -> int                  model.py: mlp / gpt / timed, assumptions there
 stage_params(model, pp, v, tp) -> list[int] parameters per pipeline rank (one TP shard)

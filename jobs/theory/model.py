@@ -105,3 +105,34 @@ def simple_activation_bytes_per_layer(arch: str, b: int, h: int,
     if arch == "mlp":
         return 2 * b * h * act_bytes, "2*b*h*act_bytes (Linear input + ReLU output)"
     return b * h * act_bytes, "b*h*act_bytes (layer input)"
+
+
+def gpt_saved_bytes(s: int, b: int, h: int, a: int, vocab: int, *, blocks: int, first: bool,
+                    last: bool, tp: int = 1, sequence_parallel: bool = False,
+                    act_bytes: float = 4) -> tuple[float, str]:
+    """Bytes autograd keeps for one micro-batch on a GPT stage of paralab's model
+    (jobs/models/gpt.py with jobs/parallel/tensor.py; no dropout), counted as
+    jobs.memory.SavedTensorCounter does: each storage range once, parameters excluded.
+
+    Per block (t = tp; r = t with sequence parallelism, else 1), in elements of act_bytes:
+        block input and the residual after attention (LayerNorm inputs)    2*s*b*h/r
+        the LayerNorm outputs q/k/v and fc1 read (gathered under SP)       2*s*b*h
+        q, k, v, and the attention output read by proj                     4*s*b*h/t
+        fc1 output (GELU input) and GELU output (fc2 input)                8*s*b*h/t
+        LayerNorm mean and rstd                                            4*s*b/r
+        softmax output (read again by att @ v)                             a*b*s^2/t
+      plus the causal mask's complement, s^2 bool bytes.
+    First stage: token ids b*s and positions s, int64. Last stage: the final LayerNorm
+    (input s*b*h/r, mean/rstd 2*s*b/r), the LM head's input s*b*h, log-softmax output s*b*V,
+    the int64 targets s*b and NLL's 4-byte total weight."""
+    r = tp if sequence_parallel else 1
+    sbh = s * b * h
+    per_block = act_bytes * (2 * sbh / r + 2 * sbh + 12 * sbh / tp + 4 * s * b / r
+                             + a * b * s * s / tp) + s * s
+    total = blocks * per_block
+    if first:
+        total += 8 * (b * s + s)
+    if last:
+        total += act_bytes * (sbh / r + 2 * s * b / r + sbh + s * b * vocab) + 8 * s * b + 4
+    return total, ("blocks x [4*(2sbh/r + 2sbh + 12sbh/t + 4sb/r + a*b*s^2/t) + s^2]"
+                   " + first: 8*(b*s + s) + last: 4*(sbh/r + 2sb/r + sbh + s*b*V) + 8sb + 4")

@@ -8,11 +8,17 @@ from jobs.spec import JobSpec, SpecError, parse_spec
 from . import comm as C
 from .memory import MEMORY_MODELS, ZERO_FORMULAS, model_state_bytes, zero_table
 from .model import gpt_activation_bytes_per_layer, simple_activation_bytes_per_layer
+from .ranks import rank_memory
 from .whatif import inputs_from_spec, parse_whatif
 
 GB = 1e9
 UNITS = "decimal GB = 1e9 bytes; bandwidth in GB/s = 1e9 bytes/s (as the seeds use)"
 MAX_SIM_ACTIONS = 200_000
+TRANSIENT = {  # labelled next to the model states (jobs/theory/ranks.py)
+    "recv_buffers": "pipeline receive buffers posted per step (fp32)",
+    "gathered_unit": "ZeRO-3 / FSDP transient gather (seed 003: check the temporary peak)",
+    "comm_buffers": "data-parallel collective buffers the implementation allocates",
+}
 
 
 def fig(value, unit: str, formula: str, inputs: dict, convention: str) -> dict:
@@ -202,7 +208,15 @@ def _memory(w: dict, pipe: dict) -> dict:
     comps = model_state_bytes(psi, n, z, bytes_params=mm["params"], bytes_grads=mm["grads"],
                               bytes_optimizer=mm["optimizer"])
     act, act_formula, act_inputs = _activations(w, pipe)
+    act_bytes = w["act_bytes"] or (4 if w["memory_model"] == "fp32" else 2)
+    per_rank, formulas = rank_memory(w, mm, act_bytes) if "rank_params" in w else (None, {})
+    extra = {}
+    if per_rank:  # each component's busiest pipeline rank (the schedule's in-flight peak)
+        act = max(r["activations"] for r in per_rank)
+        extra = {k: max(r[k] for r in per_rank) for k in TRANSIENT}
+        act_formula = formulas["activations"]
     comps["activations"] = act
+    comps.update(extra)
     total = sum(comps.values())
     label = mm["label"]
     ins = {"Ψ_rank": psi, "N": n, "zero_stage": z, "p": mm["params"], "g": mm["grads"],
@@ -210,7 +224,8 @@ def _memory(w: dict, pipe: dict) -> dict:
     share = "Ψ_rank = params/(tp*pp)" if w["rank_params"].count(psi) == len(w["rank_params"]) \
         and w.get("strategy") is None else "Ψ_rank = parameters of the busiest (tp, pp) rank"
     explain = {
-        "per_rank_bytes": fig(total, "bytes", "params + grads + optimizer + activations",
+        "per_rank_bytes": fig(total, "bytes", "params + grads + optimizer + activations"
+                              + "".join(f" + {k}" for k in extra),
                               {k: comps[k] for k in comps}, label),
         "model_state_bytes": fig(total - act, "bytes", ZERO_FORMULAS[z] + f"; {share}", ins,
                                  label),
@@ -225,9 +240,14 @@ def _memory(w: dict, pipe: dict) -> dict:
                                       "activations scaled by act_bytes/2" if w["arch"] == "gpt"
                                       else "saved layer inputs/outputs"),
     }
+    for k in extra:
+        explain[f"components.{k}"] = fig(extra[k], "bytes", formulas[k],
+                                         {"busiest_pipeline_rank": True}, TRANSIENT[k])
     by_stage = {str(k): v for k, v in zero_table(psi, n, w["memory_model"]).items()}
     return {"per_rank_bytes": total, "per_rank_GB": total / GB, "components": comps,
-            "model_state_bytes": total - act, "by_zero_stage": by_stage,
+            "model_state_bytes": total - act - sum(extra.values()),
+            "transient_bytes": sum(extra.values()), "per_rank": per_rank,
+            "by_zero_stage": by_stage,
             "memory_model": w["memory_model"], "explain": explain}
 
 

@@ -168,4 +168,6 @@ def inputs_from_spec(spec: JobSpec, overrides: dict | None = None) -> dict:
                                     placement_of(p.pp_schedule))
     w["strategy"] = derive_strategy(spec)
     w["world_size"] = spec.world_size
+    w["bucket_mb"] = p.bucket_mb
+    w["vocab"], w["vocab_parallel"] = m.vocab, p.vocab_parallel
     return w

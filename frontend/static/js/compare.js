@@ -142,7 +142,8 @@ async function axisChart(runs, analyses, names) {
 }
 
 async function memoryChart(runs, analyses, names) {
-  const comps = ["params", "grads", "optimizer", "activations", "gathered_peak"];
+  const comps = ["params", "grads", "optimizer", "activations", "recv_buffers", "gathered_unit",
+    "comm_buffers"];
   const per = analyses.map((a) => table(a, "memory"));
   const x = [[], []];
   const cells = [];

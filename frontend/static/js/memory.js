@@ -1,5 +1,7 @@
 // Memory per rank, stacked by component, measured next to predicted, with the error: the
-// analysis' memory table (jobs/analysis/memory.py).
+// analysis' memory table (jobs/analysis/memory.py). Transient components (pipeline receive
+// buffers, ZeRO-3's gathered unit, data-parallel collective buffers: row kind "transient")
+// are hatched and labelled as such; the table lists every rank x component with its kind.
 import { table } from "./analysis.js";
 import { COMPONENT_COLORS, emptyChart, layout, plot } from "./charts.js";
 import { el, esc, fmtBytes, fmtPct } from "./dom.js";
@@ -43,8 +45,11 @@ export async function mountMemory(analysis, div, tableEl) {
         `predicted ${fmtBytes(row?.predicted_bytes)}<br>error ${fmtPct(row?.error_pct)}`;
       text.push(t, t);
     }
-    return { type: "bar", name: esc(c), x: [xr, xk], y, text, textposition: "none",
-      hovertemplate: "%{text}<extra></extra>", marker: { color: COMPONENT_COLORS[c] } };
+    const transient = rows.some((x) => x.component === c && x.kind === "transient");
+    const marker = { color: COMPONENT_COLORS[c] };
+    if (transient) marker.pattern = { shape: "/" };
+    return { type: "bar", name: esc(transient ? `${c} (transient)` : c), x: [xr, xk], y, text,
+      textposition: "none", hovertemplate: "%{text}<extra></extra>", marker };
   });
   const annotations = totals.map((t) => ({
     x: [`rank ${t.rank}`, "predicted"], y: Math.max(t.measured, t.predicted) / ax.div,
@@ -56,10 +61,11 @@ export async function mountMemory(analysis, div, tableEl) {
   await plot(div, traces, lay);
   div.dataset.ranks = String(ranks.length);
   if (tableEl) {
-    tableEl.replaceChildren(el("thead", {}, el("tr", {}, ...["rank", "component", "measured",
-      "predicted", "error"].map((h) => el("th", { text: h })))),
+    tableEl.replaceChildren(el("thead", {}, el("tr", {}, ...["rank", "component", "kind",
+      "measured", "predicted", "error"].map((h) => el("th", { text: h })))),
     el("tbody", {}, ...rows.map((r) => el("tr", { dataset: { rank: r.rank, component: r.component } },
       el("td", { text: r.rank }), el("td", { text: r.component }),
+      el("td", { text: r.kind || "" }),
       el("td", { class: "num", text: fmtBytes(r.measured_bytes) }),
       el("td", { class: "num", text: fmtBytes(r.predicted_bytes) }),
       el("td", { class: "num", text: fmtPct(r.error_pct) })))));

@@ -31,6 +31,7 @@ from torch.distributed.pipelining import (
 )
 
 from jobs import schedules
+from jobs.memory import SavedTensorCounter, param_storages
 
 SINGLE = {"naive": ScheduleGPipe, "gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 MULTI = {"interleaved": ScheduleInterleaved1F1B, "zero-bubble": ScheduleInterleavedZeroBubble,
@@ -74,16 +75,10 @@ class NativePipeline:
         s = ps.stage_index
 
         def fwd(orig, mb, *a, **k):
-            saved = [0]
-
-            def pack(t):
-                saved[0] += t.numel() * t.element_size()
-                return t
-
-            with self._span("F", mb, chunk, s), \
-                    torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            saved = SavedTensorCounter(param_storages(ps.submod), skip_leaves=False)
+            with self._span("F", mb, chunk, s), saved.hooks():
                 out = orig(mb, *a, **k)
-            self.live[(mb, chunk)] = saved[0]
+            self.live[(mb, chunk)] = saved.bytes
             n, b = len(self.live), sum(self.live.values())
             self.peak["inflight_microbatches"] = max(self.peak["inflight_microbatches"], n)
             self.peak["activation_bytes"] = max(self.peak["activation_bytes"], b)

@@ -19,8 +19,10 @@ weight-gradient work exactly; other stages run an input-only autograd pass in B
 (`inputs=[stage input]`, graph kept) and a parameter-only pass in W, which recomputes the chain
 of input gradients (correct, but W then costs about a full backward).
 
-Activation memory: bytes saved for backward are counted per (micro-batch, chunk) from F until
-its BW (or W); the peak in-flight count and bytes are kept in `peak` and traced as memory samples.
+Activation memory: bytes saved for backward (jobs.memory.SavedTensorCounter: parameters
+excluded, each storage range once) are counted per (micro-batch, chunk) from F until its BW (or
+W); the peak in-flight count and bytes are kept in `peak` and traced as memory samples, with
+the bytes of the receive buffers posted at the start of a step (`recv_buffer_bytes`).
 """
 
 from __future__ import annotations
@@ -30,16 +32,8 @@ import contextlib
 import torch
 
 from jobs import schedules
+from jobs.memory import SavedTensorCounter, param_storages
 from jobs.parallel.pipeline.p2p import ACT, GRAD, P2P, tag
-
-
-class _SavedBytes:
-    def __init__(self):
-        self.n = 0
-
-    def pack(self, t):
-        self.n += t.numel() * t.element_size()
-        return t
 
 
 class PipelineRuntime:
@@ -54,7 +48,8 @@ class PipelineRuntime:
         place = schedules.placement_of(schedule)
         self.home = [schedules.rank_of(s, p, v, place) for s in range(self.n_stages)]
         self.p2p = P2P(tracer)
-        self.peak = {"inflight_microbatches": 0, "activation_bytes": 0}
+        self.peak = {"inflight_microbatches": 0, "activation_bytes": 0, "recv_buffer_bytes": 0}
+        self.params_seen = set().union(*(param_storages(st) for st in stages.values()))
         self.loss_scale = 1.0 / m  # the caller divides further for gradient accumulation
         for st in stages.values():
             st._deferred = [mod for mod in st.modules() if hasattr(mod, "backward_weight")]
@@ -103,8 +98,10 @@ class PipelineRuntime:
             x = microbatches[a.mb][0]
         else:
             x = self._take(ACT, a.mb, s, s - 1, chunk=a.chunk, phase="fwd").requires_grad_(True)
-        saved = _SavedBytes()
-        with self._span(a), torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+        saved = SavedTensorCounter(self.params_seen)
+        if s != 0:
+            saved.allow(x)  # the received input is saved by the first layer: an activation
+        with self._span(a), saved.hooks():
             y = st(x)
             if s == self.n_stages - 1:
                 y = self.loss_fn(y, microbatches[a.mb][1]) * self.loss_scale
@@ -112,7 +109,7 @@ class PipelineRuntime:
         if s != self.n_stages - 1:
             self._hand_over(y, ACT, a.mb, s + 1, chunk=a.chunk, phase="fwd")
         self.live[(a.mb, a.chunk)] = (x, y)
-        self.act_bytes[(a.mb, a.chunk)] = saved.n
+        self.act_bytes[(a.mb, a.chunk)] = saved.bytes
         self._mem()
 
     def _backward(self, a, split: bool):
@@ -184,6 +181,10 @@ class PipelineRuntime:
         self.live, self.act_bytes, self.grad_out, self.losses = {}, {}, {}, []
         self.local: dict = {}  # (kind, mb, stage) -> tensor from a stage on this rank
         self.posted = self._post_receives()
+        # every receive is posted up front: its buffers are all allocated before the first
+        # action (once consumed, an activation buffer is the stage input counted above)
+        recv = sum(buf.numel() * buf.element_size() for _, buf, _ in self.posted.values())
+        self.peak["recv_buffer_bytes"] = max(self.peak["recv_buffer_bytes"], recv)
         for a in self.actions:
             if a.kind == "F":
                 self._forward(a, microbatches)

@@ -1,0 +1,208 @@
+"""Per-rank memory peaks: what each pipeline rank holds beyond its model state (no torch).
+
+    activations     peak over the rank's action list (jobs.schedules.schedule_actions) of the
+                    bytes saved for backward by the (micro-batch, chunk) pairs in flight: + a
+                    stage's bytes per micro-batch at F, - at BW (or W). Seed 003 "PP: check
+                    stage balance": 1F1B keeps up to p - r micro-batches on rank r, GPipe m.
+    recv_buffers    the pipeline runtime posts every receive of a step up front
+                    (jobs/parallel/pipeline/runtime.py): one fp32 buffer of the stage boundary
+                    activation per remote F input and per remote BW/B output gradient.
+    gathered_unit   ZeRO-3 / FSDP: the transient full copy (seed 003 "sharding: check the
+                    temporary gather peak"): the root unit (embeddings, head; gathered for the
+                    whole forward and backward) + the largest block's full parameters and its
+                    full gradient before the reduce-scatter, p + g bytes per parameter.
+    comm_buffers    what the data-parallel implementation allocates for its collectives
+                    (jobs/parallel/*.py): parameter server rank 0 receives N-1 full gradients;
+                    ZeRO-1 one bucket shard at a time; ZeRO-2 the largest bucket's full
+                    gradient plus its reduce-scatter output (one bucket in flight); DDP and
+                    all-reduce DP reduce in place (0).
+
+Activations per stage and micro-batch, as autograd saves them (parameters excluded, each
+storage range once: jobs.memory.SavedTensorCounter), in units of b*h*act_bytes for the mlp:
+    1 (the stage input, kept by its first Linear) + one ReLU output per block except the model's
+    last + 2 on the last stage (the last Linear's output and the target, kept by the MSE loss).
+GPT stages: model.gpt_saved_bytes, the same exact count for paralab's GPT (tp, sequence
+parallelism); with activation checkpointing or a vocabulary-parallel head the Megatron per-layer
+estimate (model.gpt_activation_bytes_per_layer, seed 004) instead.
+"""
+
+from __future__ import annotations
+
+import math
+
+from jobs import schedules
+
+from .model import gpt_activation_bytes_per_layer, gpt_saved_bytes
+
+MAX_WALK_ACTIONS = 200_000
+RECV_BYTES = 4  # PipelineRuntime's buffers are fp32 whatever the compute precision
+
+
+def stage_layers(L: int, chunks: int, stage: int) -> int:
+    """Blocks on model stage `stage` (jobs/parallel/pipeline/stage.partition_even)."""
+    q, r = divmod(L, chunks)
+    return q + (stage < r)
+
+
+def stage_activation_bytes(w: dict, stage: int, act_bytes: float) -> tuple[float, str]:
+    """Bytes one micro-batch leaves saved for backward on model stage `stage`."""
+    p, v, L = w["pp"], w["virtual_stages"], w["layers"]
+    chunks = p * v
+    n = stage_layers(L, chunks, stage)
+    last = stage == chunks - 1
+    b, h = w["micro_batch_size"], w["hidden"]
+    if w["arch"] == "gpt" and w.get("vocab") and not w["activation_checkpointing"] \
+            and not w.get("vocab_parallel"):
+        return gpt_saved_bytes(w["seq_len"], b, h, w["heads"], w["vocab"], blocks=n,
+                               first=stage == 0, last=last, tp=w["tp"],
+                               sequence_parallel=w["sequence_parallel"], act_bytes=act_bytes)
+    if w["arch"] == "gpt":  # what-if, checkpointing, vocab-parallel head: Megatron estimate
+        per_layer, f = gpt_activation_bytes_per_layer(
+            w["seq_len"], b, h, w["heads"], w["tp"], w["sequence_parallel"],
+            w["activation_checkpointing"], act_bytes)
+        return n * per_layer, f"layers in stage x [{f}]"
+    if w["arch"] == "mlp":
+        units = 1 + (n - (1 if last else 0)) + (2 if last else 0)
+        return units * b * h * act_bytes, \
+            "b*h*act_bytes*(1 input + ReLU outputs + 2 on the last stage: output, target)"
+    return (1 + n) * b * h * act_bytes, "b*h*act_bytes*(1 + layers in stage) (timed)"
+
+
+def _walk(actions, per_chunk: list[float]) -> tuple[float, int]:
+    live: dict = {}
+    cur = peak = 0.0
+    peak_n = 0
+    for a in actions:
+        if a.kind == "F":
+            live[(a.mb, a.chunk)] = per_chunk[a.chunk]
+            cur += per_chunk[a.chunk]
+        elif a.kind in ("BW", "W") and (a.mb, a.chunk) in live:
+            cur -= live.pop((a.mb, a.chunk))
+        peak = max(peak, cur)
+        peak_n = max(peak_n, len(live))
+    return peak, peak_n
+
+
+def pipeline_ranks(w: dict, act_bytes: float) -> list[dict] | None:
+    """Per pipeline rank: activations, recv_buffers and the in-flight count, or None when the
+    model dimensions are missing."""
+    dims = ("layers", "hidden", "micro_batch_size") + (("seq_len", "heads")
+                                                      if w["arch"] == "gpt" else ())
+    if any(w[d] is None for d in dims):
+        return None
+    p, v, m, sched = w["pp"], w["virtual_stages"], w["microbatches"], w["pp_schedule"]
+    chunks = p * v
+    place = schedules.placement_of(sched) if p > 1 else "loop"
+    per_stage = [stage_activation_bytes(w, s, act_bytes) for s in range(chunks)]
+    if w["arch"] == "gpt":
+        s_len = w["seq_len"] // (w["tp"] if w["sequence_parallel"] else 1)
+        boundary = w["micro_batch_size"] * s_len * w["hidden"] * RECV_BYTES
+    else:
+        boundary = w["micro_batch_size"] * w["hidden"] * RECV_BYTES
+    walk = p == 1 or p * m * v * 3 <= MAX_WALK_ACTIONS
+    acts = schedules.schedule_actions(sched, p, m, v) if walk and p > 1 else None
+    home = [schedules.rank_of(s, p, v, place) for s in range(chunks)]
+    out = []
+    for r in range(p):
+        stages = [schedules.stage_of(r, c, p, v, place) for c in range(v)]
+        per_chunk = [per_stage[s][0] for s in stages]
+        if p == 1:
+            peak, n_in = per_chunk[0], 1  # one micro-batch at a time (forward, then backward)
+            recv = 0
+        elif acts is not None:
+            peak, n_in = _walk(acts[r], per_chunk)
+            recv = sum(1 for a in acts[r]
+                       if (a.kind == "F" and a.stage != 0 and home[a.stage - 1] != r)
+                       or (a.kind in ("BW", "B") and a.stage != chunks - 1
+                           and home[a.stage + 1] != r)) * boundary
+        else:  # too large to walk: the closed-form in-flight count on the largest chunk
+            n_in = {"gpipe": m, "naive": 1}.get(sched, min(p - r, m)) * v
+            peak, recv = n_in * max(per_chunk), math.nan
+        out.append({"rank": r, "stages": stages, "activations": peak,
+                    "activations_per_microbatch": per_chunk, "peak_inflight_chunks": n_in,
+                    "recv_buffers": 0.0 if recv != recv else float(recv),
+                    "formula": per_stage[stages[0]][1]})
+    return out
+
+
+def gathered_unit(w: dict, unit_params: list[int] | None, bytes_params: float,
+                  bytes_grads: float) -> tuple[float, str]:
+    """ZeRO-3 / FSDP transient full copy on one rank (0 below stage 3 or without dp)."""
+    if w["zero_stage"] != 3 or w["dp"] < 2 or not unit_params:
+        return 0.0, "0 (parameters not sharded)"
+    root, blocks = unit_params[-1], unit_params[:-1]
+    big = max(blocks, default=0)
+    val = root * bytes_params + big * (bytes_params + bytes_grads)
+    return float(val), "p*Ψ_root + (p + g)*Ψ_largest_block (root gathered throughout)"
+
+
+def comm_buffers(w: dict, psi: float, bucket_params: float, bytes_grads: float,
+                 dp_coord: int) -> tuple[float, str]:
+    n, z, mode = w["dp"], w["zero_stage"], w["dp_mode"]
+    if n < 2:
+        return 0.0, "0 (no data parallelism)"
+    if z == 0 and mode == "ps":
+        if dp_coord:
+            return 0.0, "0 (worker: sends / receives its own buffers)"
+        return (n - 1) * psi * bytes_grads, "(N-1)*Ψ*g: one receive buffer per worker"
+    bucket = min(psi, bucket_params)
+    pad = (-bucket) % n
+    if z == 1:
+        return (bucket + pad) / n * bytes_grads, "Ψ_bucket/N*g: one shard at a time"
+    if z == 2:
+        return (bucket + pad) * (1 + 1 / n) * bytes_grads, \
+            "Ψ_bucket*(1 + 1/N)*g: the largest bucket and its reduce-scatter output"
+    return 0.0, "0 (reduced in place / per unit)"
+
+
+def rank_memory(w: dict, mm: dict, act_bytes: float) -> tuple[list[dict], dict]:
+    """Per pipeline rank (index = pp coordinate; the dp coordinate 0 / the busiest dp rank):
+    model state, activations, recv_buffers, gathered_unit, comm_buffers; and the formulas
+    (the same text for every rank)."""
+    from .memory import model_state_bytes
+
+    pr = pipeline_ranks(w, act_bytes)
+    n, z = w["dp"], w["zero_stage"]
+    impl = "bucket_mb" in w  # derived from a JobSpec (jobs/theory/whatif.inputs_from_spec)
+    bucket_params = w.get("bucket_mb", 25.0) * (1 << 20) / mm["params"]
+    out, formulas = [], {}
+    for r, psi in enumerate(w["rank_params"]):
+        row = {"rank": r, **model_state_bytes(psi, n, z, bytes_params=mm["params"],
+                                              bytes_grads=mm["grads"],
+                                              bytes_optimizer=mm["optimizer"])}
+        info = pr[r] if pr else {}
+        row["activations"] = info.get("activations", 0.0)
+        units = [padded(u, n) for u in _units(w, psi, r) or []]
+        row["gathered_unit"], fg = gathered_unit(w, units, mm["params"], mm["grads"])
+        # buffers of paralab's implementation: for a job spec only (a what-if names none)
+        row["recv_buffers"] = info.get("recv_buffers", 0.0) if impl else 0.0
+        row["comm_buffers"], fc = comm_buffers(w, psi, bucket_params, mm["params"], 0) \
+            if impl else (0.0, "not modeled for a what-if (implementation buffers)")
+        row["total"] = sum(row[k] for k in ("params", "grads", "optimizer", "activations",
+                                            "recv_buffers", "gathered_unit", "comm_buffers"))
+        row["peak_inflight_chunks"] = info.get("peak_inflight_chunks")
+        out.append(row)
+        formulas = {"activations": "peak over the rank's schedule of the in-flight "
+                                   "(micro-batch, chunk) bytes; per micro-batch "
+                                   + (info.get("formula") or "not modeled"),
+                    "recv_buffers": "receives posted per step x b*s*h*4 (fp32)",
+                    "gathered_unit": fg, "comm_buffers": fc}
+    return out, formulas
+
+
+def _units(w: dict, psi: float, r: int) -> list[int] | None:
+    """ZeRO-3 units on pipeline rank r: one per block, then the root (the rest)."""
+    if w["layers"] is None or w["hidden"] is None:
+        return None
+    h, tp = w["hidden"], w["tp"]
+    chunks = w["pp"] * w["virtual_stages"]
+    place = schedules.placement_of(w["pp_schedule"]) if w["pp"] > 1 else "loop"
+    nblocks = sum(stage_layers(w["layers"], chunks,
+                               schedules.stage_of(r, c, w["pp"], w["virtual_stages"], place))
+                  for c in range(w["virtual_stages"]))
+    block = (12 * h * h + 6 * h) / tp + 6 * h if w["arch"] == "gpt" else h * h + h
+    return [math.ceil(block)] * nblocks + [max(0, math.ceil(psi - nblocks * block))]
+
+
+def padded(x: float, n: int) -> float:
+    return x + (-x) % n

@@ -1,0 +1,94 @@
+"""Measured peak vs predicted memory, per rank and per component, on real runs of EVERY train
+preset (gloo, CPU, reference engine unless the preset says native): model state, activations
+(the schedule's in-flight micro-batches per pipeline rank), pipeline receive buffers, ZeRO-3's
+gathered unit and the data-parallel collective buffers, each within 5 % of the theory
+(jobs/theory/ranks.py). Two launches: every 2-rank preset in one, the 4-rank cases in another
+(tests/jobs/multirun.py; a few seconds each)."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobs.analysis import analyze_run_dir
+from jobs.spec import PRESETS
+from tests.support.launch import multirun
+
+TOL = 0.05
+STEPS = {"train": {"steps": 2}}
+W4 = {"runtime": {"nproc_per_node": 4}}
+TWO_RANK = [n for n, p in PRESETS.items()
+            if n not in ("3d", "collective-sweep")]  # 3d needs 8 ranks; the sweep has no model
+FOUR_RANK = {
+    "pp-1f1b-p4": {"preset": "pp-1f1b", "parallel": {"pp": 4}, **W4},
+    # the 3d preset's compositions at 4 ranks (tests run at most 4): tp x pp and dp x pp
+    "3d-tp2-pp2": {"preset": "3d", "parallel": {"dp": 1}, **W4},
+    "3d-dp2-pp2": {"preset": "3d", "parallel": {"tp": 1}, **W4},
+    "zero3-dp4": {"preset": "zero3", "parallel": {"dp": 4}, **W4},
+}
+# measured by no counter: FSDP2 gathers inside torch (the prediction is still shown)
+UNMEASURED = {("fsdp", "gathered_unit")}
+
+
+def test_every_train_preset_is_covered():
+    assert {n for n, p in PRESETS.items() if p.overrides.get("kind") != "collective_bench"} \
+        == set(TWO_RANK) | {"3d"}
+
+
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory) -> dict[str, list[dict]]:
+    out = tmp_path_factory.mktemp("mem-presets")
+    multirun(2, [(n, {"preset": n, **STEPS}) for n in TWO_RANK], out / "w2")
+    multirun(4, [(n, {**s, **STEPS}) for n, s in FOUR_RANK.items()], out / "w4")
+    res = {n: analyze_run_dir(out / "w2" / n)["tables"]["memory"] for n in TWO_RANK}
+    res.update({n: analyze_run_dir(out / "w4" / n)["tables"]["memory"] for n in FOUR_RANK})
+    return res
+
+
+def rel_err(m, p) -> float:
+    return abs(m - p) / m if m else abs(p)
+
+
+@pytest.mark.parametrize("name", TWO_RANK + list(FOUR_RANK))
+def test_measured_peak_within_5pct_per_rank_and_component(tables, name):
+    rows = tables[name]
+    world = 4 if name in FOUR_RANK else 2
+    assert {r["rank"] for r in rows} == set(range(world))
+    bad = []
+    for r in rows:
+        m, p = r["measured_bytes"], r["predicted_bytes"]
+        if m is None and (name, r["component"]) in UNMEASURED:
+            continue
+        assert m is not None and p is not None, r
+        if rel_err(m, p) > TOL:
+            bad.append((r["rank"], r["component"], m, p))
+    assert not bad, bad
+    comps = {(r["rank"], r["component"]) for r in rows}
+    for rank in range(world):
+        # (a parameter-server worker holds no optimizer state: no row, both sides 0)
+        assert {(rank, c) for c in ("params", "grads", "activations", "model_state")} \
+            <= comps, name
+
+
+def test_components_that_must_be_there(tables):
+    def comps(name, rank):
+        return {r["component"]: r for r in tables[name] if r["rank"] == rank}
+    for name in ("pp-gpipe", "pp-1f1b", "pp-interleaved", "pp-zb", "pp-zbv", "pp-1f1b-p4"):
+        assert comps(name, 0)["recv_buffers"]["kind"] == "transient"
+    for name in ("zero3", "zero3-dp4"):
+        g = comps(name, 0)["gathered_unit"]
+        assert g["measured_bytes"] > 0 and g["kind"] == "transient"
+    assert comps("fsdp", 0)["gathered_unit"]["predicted_bytes"] > 0
+    assert comps("dp-ps", 0)["comm_buffers"]["measured_bytes"] > 0
+    assert "comm_buffers" not in comps("dp-ps", 1)  # a worker receives into its own buffers
+    for name in ("zero1", "zero2"):
+        assert comps(name, 1)["comm_buffers"]["measured_bytes"] > 0
+
+
+def test_pp4_activations_follow_the_schedule_not_a_flat_figure(tables):
+    """1F1B at p = 4: rank r holds p - r micro-batches in flight, so the ranks differ; the
+    old prediction (one busiest-rank figure on every rank) fails the 5 % check."""
+    acts = {r["rank"]: r for r in tables["pp-1f1b-p4"] if r["component"] == "activations"}
+    measured = [acts[r]["measured_bytes"] for r in range(4)]
+    assert len(set(measured)) == 4, measured
+    flat = max(measured)
+    assert any(rel_err(m, flat) > TOL for m in measured)
