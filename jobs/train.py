@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from jobs.ckpt import archive_previous_attempt, attempt_number, load
+from jobs.ckpt_index import latest_checkpoint
 from jobs.compose import compose
 from jobs.context import RunContext
 from jobs.dims import ParallelDims
@@ -31,23 +33,30 @@ from jobs.summary import summarize
 from jobs.trace import Tracer
 
 
-def run(spec: JobSpec, out: Path) -> None:
+def run(spec: JobSpec, out: Path, resume: Path | None = None) -> None:
     backend = spec.runtime.backend
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend)
     try:
-        run_in_group(spec, out, backend)
+        run_in_group(spec, out, backend, resume=resume)
     finally:
         dist.destroy_process_group()
 
 
-def run_in_group(spec: JobSpec, out: Path, backend: str) -> dict | None:
+def run_in_group(spec: JobSpec, out: Path, backend: str,
+                 resume: Path | None = None) -> dict | None:
     """One run inside an initialised default process group; returns the summary on rank 0.
     With PARALAB_DUMP_PARAMS=1 the final parameters and step-0 gradients are dumped too
-    (jobs/dumps.py)."""
+    (jobs/dumps.py). `resume`: a checkpoint step folder to continue from; on a torchrun
+    restart (attempt > 0) the latest complete checkpoint in `out` (docs/checkpoints.md)."""
     out.mkdir(parents=True, exist_ok=True)
     rank, world = dist.get_rank(), dist.get_world_size()
+    attempt = attempt_number()
+    archive_previous_attempt(out, rank, attempt)
+    if attempt > 0:
+        last = latest_checkpoint(out)
+        resume = Path(last["path"]) if last else None
     device = torch.device("cpu")
     if backend == "nccl":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -55,12 +64,19 @@ def run_in_group(spec: JobSpec, out: Path, backend: str) -> dict | None:
     dims = ParallelDims.from_spec(spec, world)
     mesh = dims.build_mesh(device.type)
     tracer = Tracer(out, rank, world, coords=dims.coords(rank),
-                    meta={"backend": backend, "spec": spec.to_dict(), "strategy": spec.strategy},
+                    meta={"backend": backend, "spec": spec.to_dict(), "strategy": spec.strategy,
+                          "attempt": attempt,
+                          "resume_path": str(resume) if resume is not None else None},
                     cuda_events=device.type == "cuda")
     ctx = RunContext(spec, out, rank, world, backend, device, dims, mesh, tracer)
     summary = None
     try:
         comp = compose(ctx)
+        if resume is not None:
+            ctx.start_step = load(ctx, comp, resume)
+            if attempt == 0 and spec.resume.run_id and ctx.start_step != spec.resume.step:
+                raise ValueError(f"--resume {resume} holds step {ctx.start_step}, the spec's "
+                                 f"resume.step is {spec.resume.step}")
         result = train_loop(ctx, comp)
         if os.environ.get("PARALAB_DUMP_PARAMS") == "1":
             dump_params(ctx, comp)

@@ -1,0 +1,174 @@
+"""What a run's output folder says about its checkpoints and torchrun attempts, read without
+torch (the backend and the worker import this module: standard library only).
+
+    OUT/checkpoints/step-{k:06d}/          k = steps completed when it was saved
+        __{r}_0.distcp, .metadata           torch.distributed.checkpoint's files
+        COMMITTED                           JSON, written by rank 0 last (docs/checkpoints.md)
+    OUT/attempts/{n}/                       attempt n's traces / errors, moved there by the
+                                            ranks of attempt n+1 when torchrun restarted the job
+
+A step folder counts only with its COMMITTED marker and every file the marker lists, at the
+size it lists: anything else is a partial checkpoint (a rank died while saving) and is never
+listed, so it is never offered for resume.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+FORMAT = "paralab-logical-v1"  # full logical tensors by global parameter name (jobs/ckpt.py)
+MARKER = "COMMITTED"
+STEP_DIR = re.compile(r"step-(\d{6,})$")
+# model settings that fix the parameters' names and shapes (timed-layer delays do not)
+MODEL_KEYS = ("arch", "layers", "hidden", "heads", "seq_len", "vocab")
+
+
+def step_dir(out_dir: str | Path, step: int) -> Path:
+    """The one place the folder name of a checkpoint is spelt."""
+    return Path(out_dir) / "checkpoints" / f"step-{step:06d}"
+
+
+def read_commit(path: str | Path) -> dict | None:
+    """The COMMITTED contents of one step folder plus `path`, or None when the checkpoint is
+    partial: no marker, an unreadable marker, or a listed file missing or of another size."""
+    path = Path(path)
+    try:
+        commit = json.loads((path / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(commit, dict) or not isinstance(commit.get("files"), dict):
+        return None
+    for name, size in commit["files"].items():
+        f = path / name
+        if "/" in name or not f.is_file() or f.stat().st_size != size:
+            return None
+    return {**commit, "path": str(path)}
+
+
+def complete_checkpoints(out_dir: str | Path) -> list[dict]:
+    """Every complete checkpoint of a run folder (COMMITTED contents + `path`), by step."""
+    root = Path(out_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = []
+    for d in root.iterdir():
+        m = STEP_DIR.match(d.name)
+        if m and d.is_dir():
+            c = read_commit(d)
+            if c is not None and c.get("step") == int(m.group(1)):
+                found.append(c)
+    return sorted(found, key=lambda c: c["step"])
+
+
+def latest_checkpoint(out_dir: str | Path) -> dict | None:
+    done = complete_checkpoints(out_dir)
+    return done[-1] if done else None
+
+
+def _get(d: dict, *keys, default=None):
+    for k in keys:
+        if not isinstance(d, dict) or k not in d:
+            return default
+        d = d[k]
+    return d
+
+
+# ModelSpec / TrainSpec defaults, for spec dicts that leave a field out (jobs/spec.py holds the
+# definitions; a test checks that these agree with it)
+MODEL_DEFAULTS = {"arch": "mlp", "layers": 4, "hidden": 64, "heads": 4, "seq_len": 16,
+                  "vocab": 128}
+
+
+def resume_problem(commit: dict, spec_dict: dict) -> str | None:
+    """Why the checkpoint `commit` (COMMITTED contents) cannot be loaded into a run of
+    `spec_dict` (a train spec as a dict), or None when it can. The format stores every tensor
+    whole under its model-wide name, so any dp / tp / pp / ZeRO / engine layout of the same
+    model and optimizer can load it, except the layouts listed in docs/checkpoints.md."""
+    if commit.get("format") != FORMAT:
+        return f"checkpoint format {commit.get('format')!r} is not {FORMAT!r}"
+    model = spec_dict.get("model") or {}
+    for k in MODEL_KEYS:
+        have = commit.get("model", {}).get(k)
+        want = model.get(k, MODEL_DEFAULTS[k])
+        if have != want:
+            return (f"model.{k} differs: the checkpoint has {have!r}, this run {want!r} "
+                    "(parameters of another shape cannot be loaded)")
+    opt = _get(spec_dict, "train", "optimizer", default="adam")
+    if commit.get("optimizer") != opt:
+        return (f"train.optimizer differs: the checkpoint holds {commit.get('optimizer')!r} "
+                f"state, this run uses {opt!r}")
+    steps = _get(spec_dict, "train", "steps", default=5)
+    if commit.get("step", 0) >= steps:
+        return (f"the checkpoint is at step {commit.get('step')}, this run has train.steps = "
+                f"{steps}: nothing is left to train")
+    p = spec_dict.get("parallel") or {}
+    dp = p.get("dp", 1)
+    if p.get("engine") == "native" and p.get("zero_stage") == 1 and dp > 1 and \
+            p.get("tp", 1) == 1 and p.get("pp", 1) == 1:
+        return ("native ZeRO-1 (ZeroRedundancyOptimizer) keeps each parameter's optimizer state "
+                "on one owner rank only; loading a checkpoint into it is not supported")
+    return None
+
+
+def _first_error_line(path: Path) -> str:
+    try:
+        for line in path.read_text(errors="replace").splitlines():
+            if line.strip():
+                return line.strip()
+    except OSError:
+        pass
+    return ""
+
+
+def _attempt_of(folder: Path) -> dict:
+    """Steps and failures of one attempt's files (the traces' step spans, error files)."""
+    first = last = None
+    number = None
+    for f in sorted(folder.glob("trace-rank*.jsonl")):
+        try:
+            lines = f.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a crash
+            if rec.get("type") == "meta" and number is None:
+                number = rec.get("attempt")
+            if rec.get("type") == "span" and rec.get("name") == "step" and \
+                    isinstance(rec.get("step"), int) and rec["step"] >= 0:
+                first = rec["step"] if first is None else min(first, rec["step"])
+                last = rec["step"] if last is None else max(last, rec["step"])
+    failed = []
+    for f in sorted(folder.glob("error-rank*.txt"),
+                    key=lambda p: int(re.sub(r"\D", "", p.stem) or 0)):
+        failed.append({"rank": int(re.sub(r"\D", "", f.stem) or 0),
+                       "error": _first_error_line(f)})
+    return {"attempt": number, "first_step": first, "last_step": last,
+            "failed_ranks": failed,
+            "cause": "; ".join(f"rank {e['rank']}: {e['error']}" for e in failed) or None}
+
+
+def attempts(out_dir: str | Path) -> list[dict]:
+    """One entry per torchrun attempt, oldest first: {attempt, first_step, last_step (steps
+    that completed a traced step span), failed_ranks: [{rank, error}], cause}. Earlier
+    attempts lie in OUT/attempts/{n}/, the last in OUT itself; a run never restarted has one."""
+    out_dir = Path(out_dir)
+    found = []
+    root = out_dir / "attempts"
+    if root.is_dir():
+        for d in root.iterdir():
+            if d.is_dir() and d.name.isdigit():
+                found.append((int(d.name), _attempt_of(d)))
+    found.sort(key=lambda x: x[0])
+    rows = []
+    for n, row in found:
+        rows.append({**row, "attempt": n})
+    if any(out_dir.glob("trace-rank*.jsonl")) or any(out_dir.glob("error-rank*.txt")):
+        last = _attempt_of(out_dir)
+        rows.append({**last, "attempt": last["attempt"] if last["attempt"] is not None
+                     else (found[-1][0] + 1 if found else 0)})
+    return rows
