@@ -32,6 +32,7 @@ from jobs.ckpt_index import FORMAT, MARKER, read_commit, resume_problem, step_di
 from jobs.ckpt_state import dp_load, dp_state
 from jobs.dumps import global_name
 from jobs.models import model_module
+from jobs.testbug import injected
 
 CRASH_ENV = "PARALAB_TEST_CRASH_AT_STEP"   # TEST-ONLY, read here only: see test_crash()
 CRASH_RANK_ENV = "PARALAB_TEST_CRASH_RANK"
@@ -186,6 +187,8 @@ def load(ctx, comp, path: Path) -> int:
              for n, t in params.items()}
     new_m = {k: {n: names.split(names.name(n), state[f"optim/{names.name(n)}/{k}"], t.shape)
                  for n, t in by_name.items()} for k, by_name in moments.items()}
+    if injected("ckpt_drop_optimizer"):  # test-only bug (jobs/testbug.py)
+        new_m = {}
     dp_load(comp.strategy, new_p, new_m, float(state["optim/step"]) if step is not None else 0.0)
     if same_world:
         torch.set_rng_state(state[f"rng/cpu/rank{ctx.rank}"])

@@ -54,9 +54,9 @@ def run_in_group(spec: JobSpec, out: Path, backend: str,
     rank, world = dist.get_rank(), dist.get_world_size()
     attempt = attempt_number()
     archive_previous_attempt(out, rank, attempt)
-    if attempt > 0:
-        last = latest_checkpoint(out)
-        resume = Path(last["path"]) if last else None
+    last = latest_checkpoint(out) if attempt > 0 else None
+    if last is not None:  # a restart continues from its own latest complete checkpoint, else
+        resume = Path(last["path"])  # from where the first attempt started (--resume or 0)
     device = torch.device("cpu")
     if backend == "nccl":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
