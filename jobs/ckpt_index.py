@@ -122,39 +122,55 @@ def _first_error_line(path: Path) -> str:
     return ""
 
 
+def _rank_of(path: Path) -> int:
+    return int(re.sub(r"\D", "", path.stem) or 0)
+
+
 def _attempt_of(folder: Path) -> dict:
-    """Steps and failures of one attempt's files (the traces' step spans, error files)."""
-    first = last = None
-    number = None
+    """Steps and failures of one attempt's files (the traces' step spans and `after_step`
+    memory samples, the ranks' error files)."""
+    started, done_by_rank, number = [], [], None
     for f in sorted(folder.glob("trace-rank*.jsonl")):
         try:
             lines = f.read_text(errors="replace").splitlines()
         except OSError:
             continue
+        done = -1
         for line in lines:
             try:
                 rec = json.loads(line)
             except ValueError:
                 continue  # a line cut short by a crash
-            if rec.get("type") == "meta" and number is None:
+            kind, step = rec.get("type"), rec.get("step")
+            if kind == "meta" and number is None:
                 number = rec.get("attempt")
-            if rec.get("type") == "span" and rec.get("name") == "step" and \
-                    isinstance(rec.get("step"), int) and rec["step"] >= 0:
-                first = rec["step"] if first is None else min(first, rec["step"])
-                last = rec["step"] if last is None else max(last, rec["step"])
+            elif not isinstance(step, int) or step < 0:
+                continue
+            elif kind == "span" and rec.get("name") == "step":
+                started.append(step)
+            elif kind == "mem" and rec.get("phase") == "after_step":
+                done = max(done, step)  # the optimizer update of `step` ran on this rank
+        done_by_rank.append(done)
     failed = []
-    for f in sorted(folder.glob("error-rank*.txt"),
-                    key=lambda p: int(re.sub(r"\D", "", p.stem) or 0)):
-        failed.append({"rank": int(re.sub(r"\D", "", f.stem) or 0),
-                       "error": _first_error_line(f)})
-    return {"attempt": number, "first_step": first, "last_step": last,
-            "failed_ranks": failed,
-            "cause": "; ".join(f"rank {e['rank']}: {e['error']}" for e in failed) or None}
+    errors = sorted(folder.glob("error-rank*.txt"), key=lambda p: (p.stat().st_mtime_ns,
+                                                                   _rank_of(p)))
+    for f in errors:  # the first error written is the likeliest cause, the rest followed it
+        failed.append({"rank": _rank_of(f), "error": _first_error_line(f)})
+    last = min(done_by_rank) if done_by_rank else -1
+    cause = None
+    if failed:
+        e = failed[0]
+        cause = e["error"] if e["error"].startswith(f"rank {e['rank']}:") else \
+            f"rank {e['rank']}: {e['error']}"
+    return {"attempt": number, "first_step": min(started) if started else None,
+            "last_step": last if last >= 0 else None, "failed_ranks": failed, "cause": cause}
 
 
 def attempts(out_dir: str | Path) -> list[dict]:
-    """One entry per torchrun attempt, oldest first: {attempt, first_step, last_step (steps
-    that completed a traced step span), failed_ranks: [{rank, error}], cause}. Earlier
+    """One entry per torchrun attempt, oldest first: {attempt, first_step (the first step it
+    began), last_step (the last step every rank completed, its optimizer update included; None
+    if none), failed_ranks: [{rank, error}] in the order the errors were written, cause (the
+    first of them: "rank R: Type: message"; None for an attempt that did not fail)}. Earlier
     attempts lie in OUT/attempts/{n}/, the last in OUT itself; a run never restarted has one."""
     out_dir = Path(out_dir)
     found = []

@@ -37,11 +37,25 @@ def run(spec: JobSpec, out: Path, resume: Path | None = None) -> None:
     backend = spec.runtime.backend
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend)
+    init_group(backend)
     try:
         run_in_group(spec, out, backend, resume=resume)
     finally:
         dist.destroy_process_group()
+
+
+def init_group(backend: str) -> None:
+    """The default process group. After a torchrun restart its keys go under a prefix of
+    their own: torchrun's agent store outlives the attempt, and a restarted rank could read the
+    previous attempt's gloo addresses before their new values were written (seen: "Gloo
+    connectFullMesh failed ... Connection refused" in one restart out of four)."""
+    attempt = attempt_number()
+    if attempt == 0:
+        dist.init_process_group(backend)
+        return
+    store, rank, world = next(dist.rendezvous("env://"))
+    dist.init_process_group(backend, store=dist.PrefixStore(f"paralab/attempt-{attempt}", store),
+                            rank=rank, world_size=world)
 
 
 def run_in_group(spec: JobSpec, out: Path, backend: str,
