@@ -122,6 +122,10 @@ def _first_error_line(path: Path) -> str:
     return ""
 
 
+# what a rank says when another rank died under it (gloo, NCCL): a consequence, not a cause
+PEER_FAILED = ("closed by peer", "reset by peer", "remote worker", "NCCL communicator was aborted")
+
+
 def _rank_of(path: Path) -> int:
     return int(re.sub(r"\D", "", path.stem) or 0)
 
@@ -152,10 +156,13 @@ def _attempt_of(folder: Path) -> dict:
                 done = max(done, step)  # the optimizer update of `step` ran on this rank
         done_by_rank.append(done)
     failed = []
-    errors = sorted(folder.glob("error-rank*.txt"), key=lambda p: (p.stat().st_mtime_ns,
-                                                                   _rank_of(p)))
-    for f in errors:  # the first error written is the likeliest cause, the rest followed it
-        failed.append({"rank": _rank_of(f), "error": _first_error_line(f)})
+    for f in folder.glob("error-rank*.txt"):
+        line = _first_error_line(f)
+        failed.append({"rank": _rank_of(f), "error": line, "_key": (
+            f.stat().st_mtime_ns, any(m in line for m in PEER_FAILED), _rank_of(f))})
+    # the first error written is the likeliest cause, the rest followed it; file times are
+    # coarse (a clock tick), so at a tie an error that reports a lost peer comes later
+    failed.sort(key=lambda e: e.pop("_key"))
     last = min(done_by_rank) if done_by_rank else -1
     cause = None
     if failed:
