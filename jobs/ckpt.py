@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from jobs.ckpt_index import FORMAT, MARKER, read_commit, resume_problem, step_dir
-from jobs.ckpt_state import dp_load, dp_state
+from jobs.ckpt_state import dp_load, dp_state, supported
 from jobs.dumps import global_name
 from jobs.models import model_module
 from jobs.testbug import injected
@@ -118,6 +118,11 @@ def _rng_keys(ctx) -> dict:
     if ctx.device.type == "cuda":
         out[f"rng/cuda/rank{ctx.rank}"] = torch.cuda.get_rng_state(ctx.device)
     return out
+
+
+def check_supported(comp) -> None:
+    """Raise ValueError before training when this run's strategy cannot be checkpointed."""
+    supported(comp.strategy)
 
 
 # --- save ---------------------------------------------------------------------------------------

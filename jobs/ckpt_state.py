@@ -199,6 +199,11 @@ def _io(strategy):
     raise ValueError(f"checkpoints are not supported for strategy {type(strategy).__name__}")
 
 
+def supported(strategy) -> None:
+    """ValueError when `strategy` cannot be checkpointed (the reason in the message)."""
+    _io(strategy)
+
+
 def dp_state(strategy, optimizer: str):
     return _io(strategy).state(MOMENTS[optimizer])
 

@@ -20,7 +20,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from jobs.ckpt import archive_previous_attempt, attempt_number, load
+from jobs.ckpt import (
+    archive_previous_attempt,
+    attempt_number,
+    check_supported,
+    load,
+)
 from jobs.ckpt_index import latest_checkpoint
 from jobs.compose import compose
 from jobs.context import RunContext
@@ -86,6 +91,8 @@ def run_in_group(spec: JobSpec, out: Path, backend: str,
     summary = None
     try:
         comp = compose(ctx)
+        if spec.train.checkpoint_every or resume is not None:
+            check_supported(comp)  # refused before the first step, not at the first save
         if resume is not None:
             ctx.start_step = load(ctx, comp, resume)
             if attempt == 0 and spec.resume.run_id and ctx.start_step != spec.resume.step:
