@@ -21,18 +21,22 @@ SPEC = {"preset": "ddp", "train": {"steps": 6, "checkpoint_every": 2}}
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    out = run_job(tmp_path_factory.mktemp("ref"), SPEC, 2)
-    return json.loads((out / "summary.json").read_text())["loss"]
+def ref_run(tmp_path_factory):
+    return run_job(tmp_path_factory.mktemp("ref"), SPEC, 2)
 
 
-def _restarting(out, env: dict) -> dict:
+@pytest.fixture(scope="module")
+def uninterrupted(ref_run):
+    return json.loads((ref_run / "summary.json").read_text())["loss"]
+
+
+def _restarting(out, env: dict, *args: str) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "spec.json").write_text(json.dumps(SPEC))
     # --standalone (c10d rendezvous on a free port), as worker/launch.py launches jobs
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
             "2", "--max-restarts", "1", "-m", "jobs.train", "--spec", str(out / "spec.json"),
-            "--out", str(out)]
+            "--out", str(out), *args]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
                                **env})
@@ -73,3 +77,13 @@ def test_kill_while_saving_never_resumes_partial(tmp_path, uninterrupted):
     # attempt 1 saved step 4 again, whole this time
     assert [c["step"] for c in complete_checkpoints(tmp_path)] == [2, 4]
     assert complete_checkpoints(tmp_path)[1]["attempt"] == 1
+
+
+def test_resume_from_the_command_line(tmp_path, ref_run, uninterrupted):
+    """`jobs.train --resume` (what the worker passes): no failure, one attempt."""
+    s = _restarting(tmp_path, {}, "--resume", str(ref_run / "checkpoints" / "step-000004"))
+    assert (s["attempt"], s["start_step"], s["resumed_from"]) == (0, 4, 4)
+    assert loss_gap(uninterrupted, s["loss"], 4) <= TOL
+    assert [(a["attempt"], a["first_step"], a["cause"]) for a in attempts(tmp_path)] == \
+        [(0, 4, None)]
+    assert complete_checkpoints(tmp_path) == []  # 4 + 2 = 6 = the last step: nothing saved
