@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from jobs.ckpt_index import FORMAT, MARKER, read_commit, resume_problem, step_dir
+from jobs.ckpt_index import FORMAT, MARKER, MODEL_KEYS, read_commit, resume_problem, step_dir
 from jobs.ckpt_state import dp_load, dp_state, supported
 from jobs.dumps import global_name
 from jobs.models import model_module
@@ -154,8 +154,7 @@ def commit_record(ctx, comp, steps_done: int, files: dict) -> dict:
     return {"format": FORMAT, "step": steps_done, "world_size": ctx.world,
             "strategy": spec.strategy, "dp": d.dp, "tp": d.tp, "pp": d.pp,
             "zero_stage": spec.parallel.zero_stage, "engine": spec.parallel.engine,
-            "arch": m.arch, "model": {k: getattr(m, k) for k in
-                                      ("arch", "layers", "hidden", "heads", "seq_len", "vocab")},
+            "arch": m.arch, "model": {k: getattr(m, k) for k in MODEL_KEYS},
             "optimizer": spec.train.optimizer, "precision": spec.train.precision,
             "seed": spec.train.seed, "global_batch": spec.train.global_batch,
             "attempt": attempt_number(), "files": files}

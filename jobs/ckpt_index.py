@@ -1,5 +1,6 @@
 """What a run's output folder says about its checkpoints and torchrun attempts, read without
-torch (the backend and the worker import this module: standard library only).
+torch (the backend and the worker import this module: the standard library and jobs/spec.py,
+itself standard library only).
 
     OUT/checkpoints/step-{k:06d}/          k = steps completed when it was saved
         __{r}_0.distcp, .metadata           torch.distributed.checkpoint's files
@@ -14,9 +15,12 @@ listed, so it is never offered for resume.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from pathlib import Path
+
+from jobs.spec import parse_spec
 
 FORMAT = "paralab-logical-v1"  # full logical tensors by global parameter name (jobs/ckpt.py)
 MARKER = "COMMITTED"
@@ -67,20 +71,6 @@ def latest_checkpoint(out_dir: str | Path) -> dict | None:
     return done[-1] if done else None
 
 
-def _get(d: dict, *keys, default=None):
-    for k in keys:
-        if not isinstance(d, dict) or k not in d:
-            return default
-        d = d[k]
-    return d
-
-
-# ModelSpec / TrainSpec defaults, for spec dicts that leave a field out (jobs/spec.py holds the
-# definitions; a test checks that these agree with it)
-MODEL_DEFAULTS = {"arch": "mlp", "layers": 4, "hidden": 64, "heads": 4, "seq_len": 16,
-                  "vocab": 128}
-
-
 def resume_problem(commit: dict, spec_dict: dict) -> str | None:
     """Why the checkpoint `commit` (COMMITTED contents) cannot be loaded into a run of
     `spec_dict` (a train spec as a dict), or None when it can. The format stores every tensor
@@ -88,25 +78,26 @@ def resume_problem(commit: dict, spec_dict: dict) -> str | None:
     model and optimizer can load it, except the layouts listed in docs/checkpoints.md."""
     if commit.get("format") != FORMAT:
         return f"checkpoint format {commit.get('format')!r} is not {FORMAT!r}"
-    model = spec_dict.get("model") or {}
+    try:  # presets resolved, defaults filled in: the spec as the run will see it
+        spec = parse_spec(copy.deepcopy(spec_dict), max_world_size=1 << 30).to_dict()
+    except ValueError as exc:
+        return f"the spec is invalid: {exc}"
     for k in MODEL_KEYS:
-        have = commit.get("model", {}).get(k)
-        want = model.get(k, MODEL_DEFAULTS[k])
+        have, want = commit.get("model", {}).get(k), spec["model"][k]
         if have != want:
             return (f"model.{k} differs: the checkpoint has {have!r}, this run {want!r} "
                     "(parameters of another shape cannot be loaded)")
-    opt = _get(spec_dict, "train", "optimizer", default="adam")
+    opt = spec["train"]["optimizer"]
     if commit.get("optimizer") != opt:
         return (f"train.optimizer differs: the checkpoint holds {commit.get('optimizer')!r} "
                 f"state, this run uses {opt!r}")
-    steps = _get(spec_dict, "train", "steps", default=5)
+    steps = spec["train"]["steps"]
     if commit.get("step", 0) >= steps:
         return (f"the checkpoint is at step {commit.get('step')}, this run has train.steps = "
                 f"{steps}: nothing is left to train")
-    p = spec_dict.get("parallel") or {}
-    dp = p.get("dp", 1)
-    if p.get("engine") == "native" and p.get("zero_stage") == 1 and dp > 1 and \
-            p.get("tp", 1) == 1 and p.get("pp", 1) == 1:
+    p = spec["parallel"]
+    if p["engine"] == "native" and p["zero_stage"] == 1 and p["dp"] > 1 and \
+            p["tp"] == 1 and p["pp"] == 1:
         return ("native ZeRO-1 (ZeroRedundancyOptimizer) keeps each parameter's optimizer state "
                 "on one owner rank only; loading a checkpoint into it is not supported")
     return None

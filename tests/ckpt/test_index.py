@@ -14,7 +14,7 @@ import pytest
 from jobs import ckpt
 from jobs.ckpt_index import (
     FORMAT,
-    MODEL_DEFAULTS,
+    MODEL_KEYS,
     attempts,
     complete_checkpoints,
     resume_problem,
@@ -23,7 +23,7 @@ from jobs.ckpt_index import (
 from jobs.spec import ModelSpec, parse_spec
 from tests.support.launch import ROOT
 
-MODEL = dict(MODEL_DEFAULTS)
+MODEL = {k: getattr(ModelSpec(), k) for k in MODEL_KEYS}
 
 
 def _ckpt(out, step: int, *, commit: bool = True, world: int = 2) -> dict:
@@ -77,7 +77,9 @@ def _spec(**over) -> dict:
 def test_resume_problem():
     c = {"format": FORMAT, "step": 5, "model": MODEL, "optimizer": "adam", "world_size": 2}
     assert resume_problem(c, _spec()) is None
-    assert resume_problem(c, {"train": {"steps": 20}}) is None  # defaults filled in
+    assert resume_problem(c, {"train": {"steps": 20}, "runtime": {"nproc_per_node": 1}}) is None
+    assert "model.arch differs" in resume_problem(c, {"preset": "tp"})  # presets resolved
+    assert "invalid" in resume_problem(c, {"train": {"steps": -1}})
     # any layout of the same model
     assert resume_problem(c, _spec(parallel={"dp": 2, "zero_stage": 3})) is None
     assert "model.hidden differs" in resume_problem(c, _spec(model={"hidden": 32}))
@@ -90,11 +92,6 @@ def test_resume_problem():
     z1 = _spec(parallel={"dp": 2, "zero_stage": 1, "engine": "native"})
     assert "ZeroRedundancyOptimizer" in resume_problem(c, z1)
     assert "format" in resume_problem({**c, "format": "other"}, _spec())
-
-
-def test_model_defaults_agree_with_spec():
-    m = ModelSpec()
-    assert MODEL_DEFAULTS == {k: getattr(m, k) for k in MODEL_DEFAULTS}
 
 
 def _trace(path, attempt: int, steps: range, done: range, *, rank: int) -> None:
