@@ -64,7 +64,6 @@ def _fill(full: torch.Tensor, views: list[torch.Tensor], params: list, named_by_
 class _ReplicatedIO:
     def __init__(self, s: Replicated):
         self.s = s
-        self.names = {id(p): n for n, p in s.model.named_parameters()}
 
     def to_named(self, flat):
         return self.s._by_name(flat)

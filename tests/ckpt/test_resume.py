@@ -107,7 +107,12 @@ def test_native_zero1_refused_before_training(two_ranks):
 
 
 def test_3d_resumed_equals_uninterrupted(tmp_path):
-    out = launch(8, trio("3d", spec_of("3d")), tmp_path)
-    full, res = summary(out, "3d-full"), summary(out, "3d-resumed")
-    assert res["start_step"] == AT
-    assert loss_gap(full["loss"], res["loss"], AT) <= TOL
+    """Reference 3d (Megatron TP + reference pipeline + DDP) and native 3d (DTensor TP +
+    torch.distributed.pipelining + FSDP2), one launch of eight ranks."""
+    runs = trio("3d", spec_of("3d")) + trio("3d-native", spec_of("3d", parallel={
+        "engine": "native"}))
+    out = launch(8, runs, tmp_path)
+    for name in ("3d", "3d-native"):
+        full, res = summary(out, f"{name}-full"), summary(out, f"{name}-resumed")
+        assert res["start_step"] == AT
+        assert loss_gap(full["loss"], res["loss"], AT) <= TOL, name
