@@ -25,3 +25,4 @@ class RunContext:
     mesh: object
     tracer: Tracer
     partition: dict | None = None  # pipeline stage split, set by jobs.compose.split_stages
+    start_step: int = 0  # first step to run: steps completed by the checkpoint resumed from

@@ -1,4 +1,5 @@
-"""The command line every job module shares: `--spec SPEC.json --out DIR`, and the failure
+"""The command line every job module shares: `--spec SPEC.json --out DIR` (train jobs also
+`--resume CHECKPOINT_DIR`), and the failure
 report the worker reads (`DIR/error-rank{R}.txt`: the rank's exception, then its traceback)."""
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ def job_main(prog: str, kind: str, run: Callable[[JobSpec, Path], object],
     ap = argparse.ArgumentParser(prog=prog)
     ap.add_argument("--spec", required=True, type=Path)
     ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--resume", type=Path, default=None,
+                    help="a complete checkpoint step folder (OUT/checkpoints/step-NNNNNN) of an "
+                    "earlier run to continue from (train jobs only; docs/checkpoints.md)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     rank = os.environ.get("RANK", "0")
@@ -26,7 +30,12 @@ def job_main(prog: str, kind: str, run: Callable[[JobSpec, Path], object],
         spec = parse_spec(json.loads(args.spec.read_text()), max_world_size=1 << 30)
         if spec.kind != kind:
             raise ValueError(f"spec kind is {spec.kind!r}; {prog} runs {kind!r} specs")
-        run(spec, args.out)
+        if args.resume is not None:
+            if kind != "train":
+                raise ValueError(f"--resume: only train jobs resume, not {kind!r}")
+            run(spec, args.out, resume=args.resume)
+        else:
+            run(spec, args.out)
     except BaseException as exc:  # noqa: BLE001 - any failure is reported, then re-raised
         (args.out / f"error-rank{rank}.txt").write_text(
             f"rank {rank}: {type(exc).__name__}: {exc}\n\n{traceback.format_exc()}")

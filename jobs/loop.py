@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 
+from jobs.ckpt import after_step
 from jobs.context import RunContext
 from jobs.data import local_microbatches
 from jobs.dumps import dump_grads
@@ -45,7 +46,7 @@ def train_loop(ctx: RunContext, comp) -> dict:
         from torch.profiler import ProfilerActivity, profile
         prof = profile(activities=[ProfilerActivity.CPU])
         prof.__enter__()
-    for step in range(spec.train.steps):
+    for step in range(ctx.start_step, spec.train.steps):
         tr.step = step
         mbs = local_microbatches(spec, step, dp_rank, ctx.dims.dp, rounds, ctx.device)
         strategy.zero_grad()
@@ -69,6 +70,7 @@ def train_loop(ctx: RunContext, comp) -> dict:
         if weight:  # a line per step as it ends (the log is live); this rank's own samples
             print(f"step {step} loss {loss:.6f} (this rank's samples) time "
                   f"{step_times[-1] * 1e3:.1f} ms", flush=True)
+        after_step(ctx, comp, step)  # test-only crash, checkpoint (jobs/ckpt.py)
     if prof is not None:
         prof.__exit__(None, None, None)
         counts: dict[str, int] = {}

@@ -57,7 +57,7 @@ def loss_weight(ctx: RunContext, rank: int, schedule: str | None) -> float:
 def global_losses(ctx: RunContext, per_rank: list[dict], schedule: str | None) -> list[float]:
     w = [loss_weight(ctx, r, schedule) for r in range(ctx.world)]
     return [sum(w[r] * (per_rank[r]["losses"][s] or 0.0) for r in range(ctx.world) if w[r])
-            for s in range(ctx.spec.train.steps)]
+            for s in range(ctx.spec.train.steps - ctx.start_step)]
 
 
 def summarize(ctx: RunContext, per_rank: list[dict], comp) -> dict:
@@ -69,7 +69,8 @@ def summarize(ctx: RunContext, per_rank: list[dict], comp) -> dict:
 def summarize_dp(ctx: RunContext, per_rank: list[dict]) -> dict:
     spec, world = ctx.spec, ctx.world
     losses = global_losses(ctx, per_rank, None)
-    step_times = [max(r["step_times"][s] for r in per_rank) for s in range(spec.train.steps)]
+    step_times = [max(r["step_times"][s] for r in per_rank)
+                  for s in range(spec.train.steps - ctx.start_step)]
     steady = step_times[1:] or step_times
     mean_t = sum(steady) / len(steady)
     return {"strategy": spec.strategy, "engine": spec.parallel.engine, "world_size": world,
@@ -80,8 +81,18 @@ def summarize_dp(ctx: RunContext, per_rank: list[dict]) -> dict:
             "ranks": [{"rank": i, **{k: r[k] for k in ("coords", "comm", "memory", "layout",
                                                         "clock_error_ns", "process_memory")}}
                       for i, r in enumerate(per_rank)],
-            "notes": per_rank[0]["notes"], "formula_check": formula_check(spec, per_rank),
-            "provenance": backend_provenance(ctx.backend)}
+            "notes": per_rank[0]["notes"],
+            "formula_check": formula_check(spec, per_rank, ctx.start_step),
+            "provenance": backend_provenance(ctx.backend), **resumed(ctx)}
+
+
+def resumed(ctx: RunContext) -> dict:
+    """Where the losses start: `loss[i]` is global step start_step + i (a resumed run lists
+    its own steps only); resumed_from is the step of the checkpoint it continued from."""
+    from jobs.ckpt import attempt_number
+    return {"start_step": ctx.start_step,
+            "resumed_from": ctx.start_step if ctx.start_step else None,
+            "attempt": attempt_number()}
 
 
 def summarize_mp(ctx: RunContext, per_rank: list[dict], schedule: str) -> dict:
@@ -137,7 +148,7 @@ def _str_keys(obj):
     return obj
 
 
-def formula_check(spec: JobSpec, per_rank: list[dict]) -> dict:
+def formula_check(spec: JobSpec, per_rank: list[dict], start: int = 0) -> dict:
     """Per rank: the seeds' traffic per step and model-state bytes next to what was measured
     (trace records; state after the last step), with the deviation and, for native engines,
     why it deviates. Reference engines match exactly up to the padding shown."""
@@ -152,8 +163,8 @@ def formula_check(spec: JobSpec, per_rank: list[dict]) -> dict:
         f = comm_per_step(label, n, psi * elem, rank=i,
                           rounds=t.grad_accum * spec.parallel.microbatches)
         steps = {int(k): v for k, v in r["comm_by_step"].items() if int(k) >= 0}
-        sent = [steps.get(s, [0.0, 0.0])[0] for s in range(t.steps)]
-        recv = [steps.get(s, [0.0, 0.0])[1] for s in range(t.steps)]
+        sent = [steps.get(s, [0.0, 0.0])[0] for s in range(start, t.steps)]
+        recv = [steps.get(s, [0.0, 0.0])[1] for s in range(start, t.steps)]
         fm = model_state(label, n, psi, t.precision, t.fp32_grads, rank=i)
         last = [x for x in r["memory"]["phases"] if x["phase"] == "after_step"][-1]
         mm = {k: last.get(k, 0) for k in fm}

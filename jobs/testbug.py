@@ -7,6 +7,8 @@ read here and nowhere else, and never set by the service. Bugs:
                       of DDP / all-reduce / parameter server / ZeRO / FSDP2 is dropped)
     drop_mb_average   the loss of each micro-batch / accumulation round is not divided by the
                       number of rounds (the 1/m of gradient accumulation and pipelines)
+    ckpt_drop_optimizer  a resumed run loads the parameters but not the optimizer state
+                      (jobs/ckpt.py): tests/ckpt shows the resume test then fails
 
 tests/jobs/test_gate_can_fail.py runs strategies with each bug and asserts the gate fails.
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-BUGS = ("drop_dp_average", "drop_mb_average")
+BUGS = ("drop_dp_average", "drop_mb_average", "ckpt_drop_optimizer")
 
 
 def injected(name: str) -> bool:

@@ -20,6 +20,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from jobs.ckpt import (
+    archive_previous_attempt,
+    attempt_number,
+    check_supported,
+    load,
+)
+from jobs.ckpt_index import latest_checkpoint
 from jobs.compose import compose
 from jobs.context import RunContext
 from jobs.dims import ParallelDims
@@ -31,23 +38,44 @@ from jobs.summary import summarize
 from jobs.trace import Tracer
 
 
-def run(spec: JobSpec, out: Path) -> None:
+def run(spec: JobSpec, out: Path, resume: Path | None = None) -> None:
     backend = spec.runtime.backend
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend)
+    init_group(backend)
     try:
-        run_in_group(spec, out, backend)
+        run_in_group(spec, out, backend, resume=resume)
     finally:
         dist.destroy_process_group()
 
 
-def run_in_group(spec: JobSpec, out: Path, backend: str) -> dict | None:
+def init_group(backend: str) -> None:
+    """The default process group. After a torchrun restart its keys go under a prefix of
+    their own: torchrun's agent store outlives the attempt, and a restarted rank could read the
+    previous attempt's gloo addresses before their new values were written (seen: "Gloo
+    connectFullMesh failed ... Connection refused" in one restart out of four)."""
+    attempt = attempt_number()
+    if attempt == 0:
+        dist.init_process_group(backend)
+        return
+    store, rank, world = next(dist.rendezvous("env://"))
+    dist.init_process_group(backend, store=dist.PrefixStore(f"paralab/attempt-{attempt}", store),
+                            rank=rank, world_size=world)
+
+
+def run_in_group(spec: JobSpec, out: Path, backend: str,
+                 resume: Path | None = None) -> dict | None:
     """One run inside an initialised default process group; returns the summary on rank 0.
     With PARALAB_DUMP_PARAMS=1 the final parameters and step-0 gradients are dumped too
-    (jobs/dumps.py)."""
+    (jobs/dumps.py). `resume`: a checkpoint step folder to continue from; on a torchrun
+    restart (attempt > 0) the latest complete checkpoint in `out` (docs/checkpoints.md)."""
     out.mkdir(parents=True, exist_ok=True)
     rank, world = dist.get_rank(), dist.get_world_size()
+    attempt = attempt_number()
+    archive_previous_attempt(out, rank, attempt)
+    last = latest_checkpoint(out) if attempt > 0 else None
+    if last is not None:  # a restart continues from its own latest complete checkpoint, else
+        resume = Path(last["path"])  # from where the first attempt started (--resume or 0)
     device = torch.device("cpu")
     if backend == "nccl":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -55,12 +83,21 @@ def run_in_group(spec: JobSpec, out: Path, backend: str) -> dict | None:
     dims = ParallelDims.from_spec(spec, world)
     mesh = dims.build_mesh(device.type)
     tracer = Tracer(out, rank, world, coords=dims.coords(rank),
-                    meta={"backend": backend, "spec": spec.to_dict(), "strategy": spec.strategy},
+                    meta={"backend": backend, "spec": spec.to_dict(), "strategy": spec.strategy,
+                          "attempt": attempt,
+                          "resume_path": str(resume) if resume is not None else None},
                     cuda_events=device.type == "cuda")
     ctx = RunContext(spec, out, rank, world, backend, device, dims, mesh, tracer)
     summary = None
     try:
         comp = compose(ctx)
+        if spec.train.checkpoint_every or resume is not None:
+            check_supported(comp)  # refused before the first step, not at the first save
+        if resume is not None:
+            ctx.start_step = load(ctx, comp, resume)
+            if attempt == 0 and spec.resume.run_id and ctx.start_step != spec.resume.step:
+                raise ValueError(f"--resume {resume} holds step {ctx.start_step}, the spec's "
+                                 f"resume.step is {spec.resume.step}")
         result = train_loop(ctx, comp)
         if os.environ.get("PARALAB_DUMP_PARAMS") == "1":
             dump_params(ctx, comp)
