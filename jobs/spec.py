@@ -541,6 +541,11 @@ def _engine_checks(s: JobSpec) -> list[dict]:
         if p.dp_mode == "ps" and not p.zero_stage:
             e.append(_err(("parallel", "engine"), "dp_mode 'ps' has no native PyTorch "
                           "component: it runs on the reference engine only"))
+        if p.zero_stage == 1 and not mp and (t.checkpoint_every or s.resume.run_id):
+            e.append(_err(("train", "checkpoint_every") if t.checkpoint_every else
+                          ("resume",), "native ZeRO-1 (ZeroRedundancyOptimizer) keeps each "
+                          "parameter's optimizer state on its owner rank only and cannot be "
+                          "checkpointed here; use engine 'reference' (docs/checkpoints.md)"))
         if t.precision == "bf16" and p.zero_stage < 2:
             e.append(_err(("train", "precision"), "on the native engine bf16 needs FSDP2 "
                           "(zero_stage 2 or 3); DistributedDataParallel and "

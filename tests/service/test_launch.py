@@ -23,6 +23,17 @@ def test_argv_is_a_list_running_torchrun_on_the_job_module():
     assert not any("rm -rf" in a for a in argv)
 
 
+def test_restarts_and_resume_reach_torchrun_and_the_job():
+    spec = parse_spec({"preset": "ddp", "runtime": {"max_restarts": 2}})
+    argv = build_argv(spec.to_dict(), python="/py", spec_path=Path("/r/spec.json"),
+                      out_dir=Path("/r/out"), log_dir=Path("/r/logs"),
+                      resume_dir=Path("/r/resume/checkpoints/step-000002"))
+    assert argv[argv.index("--max-restarts") + 1] == "2"
+    assert argv[-2:] == ["--resume", "/r/resume/checkpoints/step-000002"]
+    assert _argv(parse_spec({"preset": "ddp"}))[_argv(parse_spec({"preset": "ddp"})).index(
+        "--max-restarts") + 1] == "0"
+
+
 def test_collective_kind_runs_its_own_module():
     spec = parse_spec({"preset": "collective-sweep", "runtime": {"nproc_per_node": 4}})
     argv = _argv(spec)
