@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from jobs import faults
 from jobs.compose import compose
 from jobs.context import RunContext
 from jobs.dims import ParallelDims
@@ -57,10 +58,12 @@ def run_in_group(spec: JobSpec, out: Path, backend: str) -> dict | None:
     tracer = Tracer(out, rank, world, coords=dims.coords(rank),
                     meta={"backend": backend, "spec": spec.to_dict(), "strategy": spec.strategy},
                     cuda_events=device.type == "cuda")
+    injector = faults.install(spec, out, rank, world, dims, tracer)  # docs/faults.md
     ctx = RunContext(spec, out, rank, world, backend, device, dims, mesh, tracer)
     summary = None
     try:
         comp = compose(ctx)
+        injector.attach(comp)
         result = train_loop(ctx, comp)
         if os.environ.get("PARALAB_DUMP_PARAMS") == "1":
             dump_params(ctx, comp)
