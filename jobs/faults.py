@@ -38,6 +38,10 @@ TORCH_FNS = {"all_reduce": ("all_reduce",), "broadcast": ("broadcast",), "reduce
              "all_gather": ("all_gather_into_tensor",),
              "reduce_scatter": ("reduce_scatter_tensor",),
              "all_to_all": ("all_to_all_single",), "barrier": ("barrier",)}
+def name_op(fn_name: str) -> str:
+    return next(op for op, names in TORCH_FNS.items() if fn_name in names)
+
+
 ESIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4}
 _STACK_FILES: list = []  # kept open: faulthandler writes to the descriptor
 
@@ -50,6 +54,7 @@ def install_stack_dump(out, rank: int) -> None:
     f = open(os.path.join(out, f"stack-rank{rank}.txt"), "a")  # noqa: SIM115 - kept open
     _STACK_FILES.append(f)
     faulthandler.register(signal.SIGUSR1, file=f, all_threads=True, chain=False)
+    faulthandler.enable(file=f, all_threads=True)  # SIGABRT / SIGSEGV: the stack as last words
 
 
 def group_ranks(dims, rank: int, world: int) -> dict[str, list[int]]:
@@ -210,10 +215,17 @@ class Injector:
                 self.tr.write_flight()
                 _hang_forever()
             if f.kind == "skip_collective":
-                self._patch_once(op, lambda name, fn, a, k: _done_work(k.get("async_op", False)))
+                self.tr.write_flight()  # a backend may abort on what follows
+                self._patch_once(op, self._skip)
                 return "skip"
             return self._mismatch(f, op, payload, group_size, args)
         return None
+
+    def _skip(self, name, fn, a, k):
+        """The skipped call: nothing issued. The rank's next call of that op (the others'
+        previous one: what the backend may abort on) writes the flight file first."""
+        self._patch_once(name_op(name), lambda _n, f, a2, k2: f(*a2, **k2))
+        return _done_work(k.get("async_op", False))
 
     def _patch_once(self, op: str, replacement) -> None:
         """The next call of op's torch.distributed function(s) runs `replacement(name,
@@ -227,6 +239,7 @@ class Injector:
         for name, fn in originals.items():
             def patched(*a, _name=name, _fn=fn, **k):
                 restore()
+                self.tr.write_flight()  # the altered record on disk: the backend may abort
                 return replacement(_name, _fn, a, k)
             setattr(dist, name, patched)
 

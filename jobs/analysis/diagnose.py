@@ -168,6 +168,14 @@ def _error_line(text: str) -> str:
     return re.sub(r"^rank \d+: ", "", first)
 
 
+# errors a rank gets because a peer failed first (gloo / NCCL wording)
+PEER_ERROR = re.compile(r"closed by peer|reset by peer|remote worker|Broken pipe|"
+                        r"NCCL communicator was aborted|Timed out|timeout", re.I)
+STOPPED = (-15, -9)  # SIGTERM / SIGKILL: torchrun (or the worker) stopped the rank
+SIGNALS = {6: "SIGABRT", 11: "SIGSEGV", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 15: "SIGTERM"}
+_FATAL = re.compile(r"^Fatal Python error: (.+)$", re.M)
+
+
 def _fail_time(r: int, flights: dict, out_dir: Path) -> float:
     f = flights.get(r) or {}
     for k in ("exit", "closed"):
@@ -211,12 +219,15 @@ def diagnose(out_dir, *, status: str, exit_codes: dict[int, int] | None = None) 
         if ex and code is None:
             code = ex.get("code")
         err = errors.get(r)
+        fatal = _FATAL.findall(stacks.get(r, ""))
+        signal_words = (f"killed by signal {-code} ({SIGNALS.get(-code, '?')})"
+                        + (f": {fatal[-1]}" if fatal else "")) if code and code < 0 else None
         if err:
             state = f"crashed: {_error_line(err)}"
         elif code is not None and code > 0:
             state = f"exited with code {code}"
         elif code is not None and code < 0:
-            state = f"stopped by signal {-code}"
+            state = signal_words if code not in STOPPED else f"stopped by signal {-code}"
         elif waits:
             k, e = waits[0]
             state = f"waiting in {_coll(e, by_key.get((k, r), k))}"
@@ -226,11 +237,16 @@ def diagnose(out_dir, *, status: str, exit_codes: dict[int, int] | None = None) 
             state = "finished"
         else:
             state = "running"
-        if err or (code is not None and code > 0):
-            tb = ST.repo_frame(ST.traceback_frames(err or ""))
-            left.append({"rank": r, "exit_code": code, "last_words": _error_line(err) if err
-                         else (ex or {}).get("reason"), "where": ST.where(tb),
-                         "step": (f or {}).get("step"), "t": _fail_time(r, flights, out_dir)})
+        if err or (code is not None and code not in STOPPED and code != 0):
+            if err:
+                tb = ST.repo_frame(ST.traceback_frames(err))
+            else:  # a fatal signal: faulthandler's dump (if any) says where
+                tb = (summ.get(r) or {}).get("frame") if fatal else None
+            words = _error_line(err) if err else (ex or {}).get("reason") or signal_words
+            left.append({"rank": r, "exit_code": code, "last_words": words,
+                         "where": ST.where(tb), "step": (f or {}).get("step"),
+                         "raised": bool(err), "peer_error": bool(err and PEER_ERROR.search(
+                             _error_line(err))), "t": _fail_time(r, flights, out_dir)})
         groups_r = {}
         for k, g in ((f or {}).get("groups") or {}).items():
             groups_r[k] = {"issued": g["issued"], "completed": g["completed"],
@@ -241,11 +257,12 @@ def diagnose(out_dir, *, status: str, exit_codes: dict[int, int] | None = None) 
                       "steps_completed": (f or {}).get("steps_completed"),
                       "groups": groups_r, "stack": (summ.get(r) or {}).get("where"),
                       "stack_innermost": (summ.get(r) or {}).get("innermost")})
-    left.sort(key=lambda x: (x["t"], x["rank"]))
+    left.sort(key=lambda x: (x["peer_error"], x["t"], x["rank"]))
     nonfinite = {r: f["nonfinite"] for r, f in flights.items() if f.get("nonfinite")}
     sentence, waited_for = _sentence(flights, groups, left, nonfinite, summ, by_key, status)
     for x in left:
-        x.pop("t", None)
+        for k in ("t", "raised", "peer_error"):
+            x.pop(k, None)
     return {"status": status, "sentence": sentence, "waited_for": waited_for,
             "ranks": ranks, "groups": groups, "left": left, "nonfinite": nonfinite,
             "stacks": {r: stacks[r] for r in sorted(stacks)},
@@ -280,19 +297,6 @@ def _sentence(flights, groups, left, nonfinite, summ, by_key, status):
             s += (f"; {ranks_text(others)} then held non-finite parameters (their own loss was "
                   "finite: the values came through the gradient reduction)")
         return s, first[0]
-    if left:
-        x = left[0]
-        what = (f"raised {x['last_words']}" if x["last_words"] and x["exit_code"] is None
-                or (x["last_words"] and ":" in (x["last_words"] or "") and x["where"])
-                else f"exited with code {x['exit_code']}"
-                + (f" ({x['last_words']})" if x["last_words"] else ""))
-        s = f"rank {x['rank']} {what}"
-        if x["where"]:
-            s += f" at {x['where']}"
-        if x["step"] is not None:
-            s += f" in step {x['step']}"
-        w = _waiters_text(flights, by_key, {x["rank"]})
-        return s + (f"; {w}" if w else ""), x["rank"]
     mm = next((g for g in groups if g["first_mismatch"]
                and g["first_mismatch"]["kind"] == "content"), None)
     lead = None
@@ -310,9 +314,29 @@ def _sentence(flights, groups, left, nonfinite, summ, by_key, status):
             lead = (f"{mm['label']} disagrees at #{m['seq']}: {ranks_text(odd)} issued "
                     f"{_desc(e)} where {ranks_text(same)} issued {_desc(exp)}")
         waited = (m["skipped"] or odd)[0]
+    crash = None
+    if left:
+        x = left[0]
+        if x["raised"]:
+            what = f"raised {x['last_words']}"
+        elif x["exit_code"] is not None and x["exit_code"] > 0:
+            what = f"exited with code {x['exit_code']}" + (
+                f" ({x['last_words']})" if x["last_words"] else "")
+        else:
+            what = f"was {x['last_words']}"
+        crash = f"rank {x['rank']} {what}"
+        if x["where"]:
+            crash += f" at {x['where']}"
+        if x["step"] is not None:
+            crash += f" in step {x['step']}"
+        w = _waiters_text(flights, by_key, {x["rank"]})
+        crash += f"; {w}" if w else ""
     hang, hang_rank = _hang_sentence(flights, groups, summ, by_key)
     if lead:
-        return lead + (f"; {hang}" if hang else ""), waited
+        then = crash or hang
+        return lead + (f"; then {then}" if then else ""), waited
+    if crash:
+        return crash, left[0]["rank"]
     if hang:
         return hang, hang_rank
     return (f"no rank is waiting in a traced collective (status {status})", None)

@@ -65,7 +65,7 @@ def run_faulty(out: Path, spec_dict: dict, *, limit_s: float = 120.0) -> dict:
         last = last_progress_ns(out)
         now = time.time_ns()
         since = (now - last) / 1e9 if last else time.time() - t_start
-        if timeout and since > timeout and last is not None:
+        if timeout and since > timeout and last is not None and any(map(_alive, pids)):
             status = "hung"
             break
         if time.time() - t_start > limit_s:
@@ -76,9 +76,14 @@ def run_faulty(out: Path, spec_dict: dict, *, limit_s: float = 120.0) -> dict:
             if _alive(pid):
                 os.kill(pid, signal.SIGUSR1)
         time.sleep(1.0)
+        # ranks run in sessions of their own (torchrun) and a rank blocked inside a collective
+        # never runs its Python SIGTERM handler: stop them with SIGKILL, then torchrun
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
     stdout, stderr = proc.communicate(timeout=30)
