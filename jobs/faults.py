@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from jobs.dims import AXES
+from jobs.faultspec import native_refusal
 
 # the torch.distributed functions a traced op may be issued with (patched once, then restored)
 TORCH_FNS = {"all_reduce": ("all_reduce",), "broadcast": ("broadcast",), "reduce": ("reduce",),
@@ -68,6 +69,10 @@ def group_ranks(dims, rank: int, world: int) -> dict[str, list[int]]:
 
 
 def install(spec, out, rank: int, world: int, dims, tracer) -> Injector:
+    for f in spec.faults or ():  # spec validation refuses them too, given the engine
+        why = native_refusal(f) if spec.parallel.engine == "native" else None
+        if why:
+            raise ValueError(f"faults: {why}")
     install_stack_dump(out, rank)
     tracer.group_ranks.update(group_ranks(dims, rank, world))
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
