@@ -133,12 +133,32 @@ def _first_mismatch(per: dict[int, dict | None]) -> dict | None:
             row["expected"] = dict(zip(SIG, common, strict=True))
             nxt = [e for r, e in ((r, rings[r].get(s + 1)) for r in entries if r not in odd)
                    if isinstance(e, dict)]
-            row["skipped"] = sorted(r for r in odd if nxt and _sig(entries[r]) == _sig(nxt[0]))
+            row["skipped"] = sorted(r for r in odd if (nxt and _sig(entries[r]) == _sig(nxt[0]))
+                                    or _skips_by_pattern(rings, r, s, common, known))
         else:
             row["odd_ranks"] = sorted(r for r, e in at.items() if e == "not entered")
             row["expected"] = dict(zip(SIG, common, strict=True)) if common else None
         return row
     return None
+
+
+def _skips_by_pattern(rings, r: int, s: int, common: tuple, known: dict) -> bool:
+    """Rank r skipped #s when the others have not got past it: r's entries of that step from
+    #s on are the others' previous step's pattern shifted by one (steps repeat)."""
+    step = common[-1]
+    other = next((q for q in known if q != r and s in rings[q]), None)
+    if other is None or not isinstance(step, int):
+        return False
+    prev = sorted((e for e in rings[other].values() if e["step"] == step - 1),
+                  key=lambda e: e["seq"])
+    here = [e["seq"] for e in rings[other].values() if e["step"] == step]
+    if not prev or not here:
+        return False
+    pos = s - min(here)
+    pattern = [_sig(e)[:-1] for e in prev]
+    mine = [_sig(e)[:-1] for q, e in sorted(rings[r].items()) if q >= s and e["step"] == step]
+    return (pos + 1 + len(mine) <= len(pattern) and bool(mine) and pattern[pos] == common[:-1]
+            and mine == pattern[pos + 1:pos + 1 + len(mine)])
 
 
 def _errors(out_dir: Path) -> dict[int, str]:
@@ -342,6 +362,20 @@ def _sentence(flights, groups, left, nonfinite, summ, by_key, status):
     return (f"no rank is waiting in a traced collective (status {status})", None)
 
 
+def _next_group(f: dict | None) -> str | None:
+    """The group of the collective a rank would issue next, from its own program order: its
+    previous step's collectives over all groups in time order, at the position it reached in
+    the current one (steps repeat). None when unknown."""
+    if not f:
+        return None
+    ents = sorted(((e["ts_ns"], k, e) for k, g in (f.get("groups") or {}).items()
+                   for e in g.get("ring") or []), key=lambda t: t[0])
+    step = f.get("step")
+    prev = [k for _, k, e in ents if e["step"] == step - 1] if isinstance(step, int) else []
+    done = sum(1 for _, _, e in ents if e["step"] == step)
+    return prev[done] if done < len(prev) else None
+
+
 def _hang_sentence(flights, groups, summ, by_key):
     """The rank the others wait for: a member of a group that never entered the collective
     the others are waiting in (following chains: a laggard itself waiting elsewhere)."""
@@ -357,7 +391,8 @@ def _hang_sentence(flights, groups, summ, by_key):
                and g["per_rank"][r]["issued"] <= seq]
         if lag:
             free = [r for r in lag if not _waiting(flights.get(r))]  # the chain's end
-            cand = (0 if free else 1, g["key"], seq)
+            nxt = _next_group(flights.get((free or lag)[0]))
+            cand = (0 if free else 1, 0 if g["key"] == nxt else 1, g["key"], seq)
             if best is None or cand < best[0]:
                 best = (cand, g, e, lag, free, sorted(waits))
     if best is None:
@@ -373,10 +408,10 @@ def _hang_sentence(flights, groups, summ, by_key):
     s = (f"{ranks_text(who)} never entered {_coll(e, g)} (step {e.get('step')}); "
          f"{ranks_text(waiters)} {'waits' if len(waiters) == 1 else 'wait'} there")
     f = flights.get(root) or {}
-    if f.get("steps_completed") is not None and f["steps_completed"] <= (e.get("step") or 0):
-        s += f"; rank {root} completed {f['steps_completed']} steps"
-        if not _waiting(f) and f.get("step", -1) < (e.get("step") or 0):
-            s += " and left its loop (its data ran out?)"
+    done = f.get("steps_completed")
+    if done is not None and not _waiting(f) and f.get("step", -1) < (e.get("step") or 0):
+        s += (f"; rank {root} completed {done} step{'s' if done != 1 else ''} and left its "
+              "loop (its data ran out?)")
     st = (summ.get(root) or {}).get("frame")
     if st:
         s += f"; rank {root} is in `{st['func']}` at {st['file']}:{st['line']}"

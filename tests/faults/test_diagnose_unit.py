@@ -75,7 +75,7 @@ def test_hang_names_the_rank_that_never_entered(tmp_path):
     d = diagnose(write(tmp_path, fl, stacks={3: STACK}), status="hung")
     assert d["waited_for"] == 3
     assert d["sentence"] == ("rank 3 never entered all_reduce #6 of group dp [0, 1, 2, 3] "
-                             "(step 3); ranks 0-2 wait there; rank 3 completed 3 steps; "
+                             "(step 3); ranks 0-2 wait there; "
                              "rank 3 is in `run_in_group` at jobs/train.py:71")
     g = d["groups"][0]
     assert g["first_mismatch"]["seq"] == 6 and g["first_mismatch"]["odd_ranks"] == [3]

@@ -48,6 +48,26 @@ def test_hang_names_the_rank_that_never_entered(tmp_path):
     assert json.loads((tmp_path / "run" / DIAGNOSIS_FILE).read_text())["waited_for"] == 3
 
 
+def test_hang_in_one_of_two_tp_groups(tmp_path):
+    """tp = 2 x dp = 2 (gpt): rank 3 blocks before a step-1 tensor-parallel all-reduce. Rank 2
+    waits in that tp group, ranks 0 and 1 in their dp groups; the diagnosis picks the group
+    rank 3 would have entered next (its own step-0 order) and the right instance of `tp`."""
+    s = spec(4, [{"kind": "hang", "ranks": [3], "step": 1, "group": "tp"}],
+             parallel={"dp": 2, "tp": 2, "dp_mode": "ddp"}, steps=3)
+    s["model"] = {"arch": "gpt", "layers": 1, "hidden": 16, "heads": 2, "seq_len": 8,
+                  "vocab": 64}
+    r = run_faulty(tmp_path / "run", s)
+    assert r["alive"] == [] and r["status"] == "hung"
+    d = r["diagnosis"]
+    assert d["waited_for"] == 3
+    tp = next(g for g in d["groups"] if g["label"] == "tp [2, 3]")
+    seq = tp["first_mismatch"]["seq"]
+    assert tp["first_mismatch"]["odd_ranks"] == [3]
+    assert d["sentence"].startswith(f"rank 3 never entered all_reduce #{seq} of group tp "
+                                    "[2, 3] (step 1); rank 2 waits there")
+    assert next(g for g in d["groups"] if g["label"] == "tp [0, 1]")["first_mismatch"] is None
+
+
 @pytest.mark.parametrize("mode", ["exception", "exit"])
 def test_crash_names_the_failing_rank_and_where_the_others_waited(tmp_path, mode):
     r, d = _run(tmp_path, 2, [{"kind": "crash", "ranks": [1], "step": STEP, "mode": mode,
@@ -71,7 +91,9 @@ def test_skip_names_the_first_disagreeing_position(tmp_path):
     assert m["seq"] == SEQ and m["kind"] == "content" and m["odd_ranks"] == [1]
     # rank 1's #SEQ is what the others issue as #SEQ+1: the next parameter's (smaller) tensor
     assert m["per_rank"][1]["payload_bytes"] != m["per_rank"][0]["payload_bytes"]
-    assert d["sentence"].startswith(f"dp [0, 1] disagrees at #{SEQ}: rank 1 issued all_reduce")
+    assert m["skipped"] == [1]  # its step-2 sequence is step 1's shifted by one
+    assert d["sentence"].startswith(f"rank 1 skipped all_reduce #{SEQ} of group dp [0, 1] at "
+                                    f"step {STEP}")
     assert d["waited_for"] == 1
 
 
