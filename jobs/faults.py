@@ -170,11 +170,10 @@ class Injector:
         if loss is not None and not math.isfinite(loss):
             what, value = "loss", loss
         else:
-            with torch.no_grad():
-                total = 0.0
-                for p in strategy.model.parameters():
-                    t = p.to_local() if hasattr(p, "to_local") else p
-                    total += float(t.detach().float().sum())  # NaN / Inf survive a sum
+            with torch.no_grad():  # NaN / Inf survive a sum; one device sync per step
+                sums = [(p.to_local() if hasattr(p, "to_local") else p).detach().float().sum()
+                        for p in strategy.model.parameters()]
+                total = float(torch.stack(sums).sum()) if sums else 0.0
             if not math.isfinite(total):
                 what, value = "params", total
         if what is None:
