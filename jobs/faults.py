@@ -77,14 +77,15 @@ def install(spec, out, rank: int, world: int, dims, tracer) -> Injector:
     tracer.group_ranks.update(group_ranks(dims, rank, world))
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     inj = Injector(spec.faults or (), rank, attempt, tracer)
-    tracer.fault = inj
+    tracer.fault = inj if inj.faults else None  # no faults here: no per-collective call
     return inj
 
 
 def of(tracer) -> Injector:
-    """The rank's injector (a no-fault one where none was installed, e.g. benchmarks)."""
+    """The rank's injector (a no-fault one where this rank has none: the loop's non-finite
+    check still runs)."""
     inj = getattr(tracer, "fault", None)
-    return inj if inj is not None else Injector((), 0, 0, tracer)
+    return inj if inj is not None else Injector((), getattr(tracer, "rank", 0), 0, tracer)
 
 
 class InjectedCrash(RuntimeError):

@@ -457,6 +457,12 @@ class NullTracer:
     def record(self, type, **fields):
         pass
 
+    def flight_note(self, key, value):
+        pass
+
+    def write_flight(self):
+        pass
+
     def now(self) -> int:
         return time.perf_counter_ns()
 
