@@ -79,33 +79,43 @@ def straggler_of_run(straggler_rows: list[dict]) -> dict:
 
 def straggler_ranks_table(coll_rows: list[dict], step_rows: list[dict]) -> list[dict]:
     """Per rank, over the steady steps' collectives: how often it arrived last, the delay it
-    alone caused (Σ late_s, and per step: `cost_per_step_s`, the step-time cost), the
-    rank-seconds the others waited for it (Σ others_wait_s) and its share of all such waits."""
+    alone caused (`late_s` = Σ late_s; `cost_per_step_s` = that over the steady steps;
+    `cost_median_s` = the median over the `late_steps` steps where it was late at all: what
+    one of its late steps costs in step time), the rank-seconds the others waited for it
+    (Σ others_wait_s) and its share of all such waits."""
     ranks = {r["rank"] for r in step_rows} | {k for c in coll_rows for k in c["ranks"]}
     use = set(rules.steady(r["step"] for r in coll_rows if r["step"] >= 0))
     times: dict[int, int] = defaultdict(int)
-    late: dict[int, float] = defaultdict(float)
+    late: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     others: dict[int, float] = defaultdict(float)
     for r in _collective_rows(coll_rows):
         if r["step"] in use:
             times[r["last_rank"]] += 1
-            late[r["last_rank"]] += r.get("late_s", 0.0)
+            late[r["last_rank"]][r["step"]] += r.get("late_s", 0.0)
             others[r["last_rank"]] += r.get("others_wait_s", 0.0)
     total = sum(others.values())
     n = len(use)
-    return [{"rank": k, "times_last": times[k], "late_s": late[k],
-             "cost_per_step_s": late[k] / n if n else None, "others_wait_s": others[k],
-             "wait_share": others[k] / total if total else None, "steps": n}
-            for k in sorted(ranks)]
+    rows = []
+    for k in sorted(ranks):
+        per_step = [v for v in late[k].values() if v > 0]
+        tot = sum(late[k].values())
+        rows.append({"rank": k, "times_last": times[k], "late_s": tot,
+                     "cost_per_step_s": tot / n if n else None,
+                     "late_steps": len(per_step),
+                     "cost_median_s": statistics.median(per_step) if per_step else None,
+                     "others_wait_s": others[k],
+                     "wait_share": others[k] / total if total else None, "steps": n})
+    return rows
 
 
 def straggler_cost(rank: int | None, ranks_rows: list[dict]) -> dict:
-    """The headline's cost of the run's straggler: its late_s per steady step (what the step
-    time would lose were it on time with the next-latest rank) and the others' wait for it."""
+    """The headline's cost of the run's straggler: the step time one of its late steps loses
+    (`cost_median_s`: what the step would gain were it on time with the next-latest rank),
+    the others' total wait for it and that wait's share."""
     row = next((r for r in ranks_rows if r["rank"] == rank), None)
     if row is None:
         return {"straggler_cost_s": None, "straggler_others_wait_s": None,
                 "straggler_wait_share": None}
-    return {"straggler_cost_s": row["cost_per_step_s"],
+    return {"straggler_cost_s": row["cost_median_s"],
             "straggler_others_wait_s": row["others_wait_s"],
             "straggler_wait_share": row["wait_share"]}

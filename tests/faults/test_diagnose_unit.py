@@ -167,6 +167,7 @@ def test_stragglers_late_and_caused_wait():
     per = {r["rank"]: r for r in a["tables"]["straggler_ranks"]}
     assert per[2]["times_last"] == 2 and per[2]["late_s"] == approx(60e-6)  # steps 1-2
     assert per[2]["wait_share"] == 1.0 and per[0]["others_wait_s"] == 0
+    assert per[2]["cost_per_step_s"] == approx(30e-6) and per[2]["late_steps"] == 2
     h = a["headline"]
     assert h["straggler_rank"] == 2 and h["straggler_cost_s"] == approx(30e-6)
     assert h["straggler_others_wait_s"] == approx(220e-6)

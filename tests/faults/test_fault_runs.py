@@ -143,5 +143,5 @@ def test_slow_rank_is_the_straggler(tmp_path, mode):
     per = {x["rank"]: x for x in a["tables"]["straggler_ranks"]}
     # the delay is large against noise: who is late, never how fast anything is
     assert per[1]["late_s"] > per[0]["late_s"] and per[1]["times_last"] >= 3
-    assert h["straggler_cost_s"] == per[1]["cost_per_step_s"]
+    assert h["straggler_cost_s"] == per[1]["cost_median_s"] and per[1]["late_steps"] >= 3
     assert per[1]["others_wait_s"] > per[0]["others_wait_s"]
