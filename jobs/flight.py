@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections import deque
 from pathlib import Path
 
@@ -85,7 +86,9 @@ class FlightRecorder:
         else:  # pragma: no cover
             self.dirty = True
             return
-        tmp = self.path.with_name(self.path.name + ".tmp")
+        # one temporary per thread: the flusher and the main thread (a fault's last words, a
+        # signal handler's close) may write at once; each rename is whole, the last one wins
+        tmp = self.path.with_name(f"{self.path.name}.{threading.get_ident()}.tmp")
         with open(tmp, "w") as f:
             f.write(text)
         os.replace(tmp, self.path)
