@@ -8,13 +8,24 @@ run only, so an automatic restart from a checkpoint gets past it).
 
     kind             what the rank does                                 fields it reads
     crash            raises (mode "exception") or exits hard ("exit")    step, mode, exit_code
-    hang             enters a collective and never leaves it            step, op, group
+    hang             blocks at the entry of a collective, forever: it   step, op, group
+                     never enters it, its peers wait inside theirs
     skip_collective  does not issue one collective the others issue    step, op, group
-    mismatch         issues a different op ("op") or size ("size")      step, op, group, mode
+                     (no trace record either, as a real bug leaves none)
+    mismatch         issues a different op ("op": all_reduce becomes    step, op, group, mode
+                     broadcast, others all_reduce) or size ("size": half
+                     the elements) to torch.distributed
     slow             sleeps delay_s before a collective ("comm") or in  step, delay_s, mode,
                      its compute ("compute"): the seed's late rank       op, group, steps
     data_exhausted   its data ends after `step` steps (it stops early)  step
     nonfinite        its loss, hence its gradients, become NaN / Inf    step, mode
+                     (the model output is multiplied by NaN / Inf); every
+                     rank checks its local loss and parameters after each
+                     step and fails the run naming the step
+
+skip_collective and mismatch target collectives (not send / recv); the native engine takes
+crash, data_exhausted, nonfinite and slow (compute) only (`native_refusal`). Injection:
+jobs/faults.py; what paralab shows for each: docs/faults.md.
 """
 
 from __future__ import annotations
@@ -143,10 +154,30 @@ def parse_faults(value, check_scalar, errors: list) -> tuple:
     return tuple(out)
 
 
-def fault_cross_checks(faults: tuple, world: int, steps: int) -> list[dict]:
-    """Rules that need the rest of the spec: ranks inside the world, steps inside the run."""
+# what the native engine (torch DDP / FSDP2 / DTensor) can take: its collectives are issued
+# from C++ or recorded after the fact, so the collective faults cannot intercept them
+NATIVE_KINDS = ("crash", "data_exhausted", "nonfinite", "slow")
+
+
+def native_refusal(f: FaultSpec) -> str | None:
+    """Why engine native cannot inject `f` (None: it can)."""
+    if f.kind not in NATIVE_KINDS or (f.kind == "slow" and f.resolved_mode == "comm"):
+        return (f"{f.kind}{' (comm)' if f.kind == 'slow' else ''} needs the reference engine: "
+                "it intercepts collectives the native engine issues from C++ (DDP) or records "
+                "after the fact (DTensor); native takes crash, data_exhausted, nonfinite and "
+                "slow (compute)")
+    return None
+
+
+def fault_cross_checks(faults: tuple, world: int, steps: int,
+                       engine: str | None = None) -> list[dict]:
+    """Rules that need the rest of the spec: ranks inside the world, steps inside the run,
+    and (given `engine`) the kinds the native engine can take."""
     e = []
     for i, f in enumerate(faults):
+        why = native_refusal(f) if engine == "native" else None
+        if why:
+            e.append(_err(("faults", i, "kind"), why))
         bad = [r for r in f.ranks if r >= world]
         if bad:
             e.append(_err(("faults", i, "ranks"), f"rank {bad[0]} does not exist: the world "
@@ -162,9 +193,9 @@ def fault_cross_checks(faults: tuple, world: int, steps: int) -> list[dict]:
                 and world > 1 and f.kind != "crash":
             e.append(_err(("faults", i, "ranks"), f"{f.kind} on every rank is no mismatch: "
                           "leave at least one rank out"))
-        if f.kind == "mismatch" and f.resolved_mode == "op" and f.op in ("send", "recv"):
-            e.append(_err(("faults", i, "op"), "mismatch 'op' needs a collective (point-to-point "
-                          "send / recv cannot change op); use mode 'size'"))
+        if f.kind in ("mismatch", "skip_collective") and f.op in ("send", "recv"):
+            e.append(_err(("faults", i, "op"), f"{f.kind} targets collectives, not "
+                          "point-to-point send / recv (use hang or slow there)"))
     return e
 
 

@@ -19,6 +19,7 @@ from jobs.ckpt import after_step
 from jobs.context import RunContext
 from jobs.data import local_microbatches
 from jobs.dumps import dump_grads
+from jobs.faults import of as faults_of
 from jobs.memory import MemoryBook, process_memory
 from jobs.summary import loss_weight
 
@@ -46,12 +47,16 @@ def train_loop(ctx: RunContext, comp) -> dict:
         from torch.profiler import ProfilerActivity, profile
         prof = profile(activities=[ProfilerActivity.CPU])
         prof.__enter__()
+    faults = faults_of(tr)  # injected faults and the non-finite check (jobs/faults.py)
     for step in range(ctx.start_step, spec.train.steps):
+        if faults.data_ends(step):
+            break
         tr.step = step
         mbs = local_microbatches(spec, step, dp_rank, ctx.dims.dp, rounds, ctx.device)
         strategy.zero_grad()
         with tr.span("step", cat="step") as rec, strategy.comm_context(), \
                 comp.loss_context():
+            faults.at_step(step)
             loss = runner.run(mbs, sample)
             if loss is not None and weight:  # the live page's loss (jobs.summary.loss_weight)
                 rec.update(loss=loss, loss_weight=weight)
@@ -60,6 +65,7 @@ def train_loop(ctx: RunContext, comp) -> dict:
             sample("after_backward")
             strategy.step()
             sample("after_step", **runner.memory())
+        faults.after_step(step, loss, strategy)
         if step == 0 and dump:  # outside the traced step: the gathers are not the run's
             dump_grads(ctx, comp)  # (the optimizer step leaves the reduced gradients alone)
         losses.append(loss)

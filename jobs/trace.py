@@ -16,6 +16,11 @@ Bytes: every communication record carries the op and its logical payload S (nccl
 convention); `bytes_sent` / `bytes_recv` are derived from it here, once, with the factors in
 `jobs.commbytes`. Where the backend moves more than the logical op needs (gloo runs
 reduce-scatter as a full all-reduce) the record also names `backend_op` and its bytes.
+
+Flight recorder (jobs/flight.py; docs/faults.md): per process group, what was issued, completed
+and entered but not completed, written as `flight-rank{R}.json` by the flusher thread whenever
+it changed, even while the main thread is blocked inside a collective. `last_progress_ns` (the
+last completed collective or step) is what the worker's hang detector reads.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import weakref
 from pathlib import Path
 
 from jobs import commbytes
+from jobs.flight import FlightRecorder
 
 SCHEMA_VERSION = 1
 _ENCODER = json.JSONEncoder(default=str, separators=(",", ":"))
@@ -94,10 +100,11 @@ def _install_handlers() -> None:
 class _CommHandle:
     """An issued, possibly asynchronous communication; `done()` records its completion."""
 
-    __slots__ = ("tracer", "rec", "t0", "ev0", "closed")
+    __slots__ = ("tracer", "rec", "t0", "ev0", "closed", "entry")
 
-    def __init__(self, tracer: Tracer, rec: dict, t0: int, ev0):
+    def __init__(self, tracer: Tracer, rec: dict, t0: int, ev0, entry: dict):
         self.tracer, self.rec, self.t0, self.ev0, self.closed = tracer, rec, t0, ev0, False
+        self.entry = entry
 
     def done(self, **extra) -> None:
         if self.closed:
@@ -107,6 +114,7 @@ class _CommHandle:
         rec = self.rec
         g = rec["group"]
         self.tracer._done[g] = max(self.tracer._done.get(g, -1), rec["seq"])
+        self.tracer.last_progress_ns = self.tracer.flight.done(g, self.entry, self.tracer.now())
         totals = self.tracer.comm_totals
         key = g + "/" + rec["op"]
         tot = totals.get(key)
@@ -153,6 +161,10 @@ class Tracer:
         self._pending_cuda: list[tuple] = []
         self.backend = meta.get("backend") if meta else None
         self.stats = {"records": 0}
+        self.fault = None  # jobs.faults.Injector on a rank with injected faults
+        self.group_ranks: dict[str, list[int]] = {}  # group key -> global ranks (if known)
+        self.flight = FlightRecorder(Path(out_dir) / f"flight-rank{rank}.json")
+        self.steps_completed = 0
         self._offset = time.time_ns() - time.perf_counter_ns()
         self.clock_error_ns = 0
         if sync_clock:
@@ -166,6 +178,7 @@ class Tracer:
             self._ref_ev.record()
             self._ref_ev.synchronize()
             self._ref_ns = self.now()
+        self.last_progress_ns = self.now()
         self._emit({"type": "meta", "schema": SCHEMA_VERSION, "world_size": world_size,
                     "coords": self.coords, "pid": os.getpid(), "t0_ns": self.now(),
                     "clock": "cuda_event" if self.cuda else "host",
@@ -234,6 +247,10 @@ class Tracer:
     def _finish(self, rec: dict, t0: int, ev0) -> None:
         t1 = self.now()
         rec["ts_ns"], rec["dur_ns"] = t0, t1 - t0
+        if rec.get("cat") == "step":  # a completed step: progress for the hang detector
+            self.steps_completed += 1
+            self.last_progress_ns = t1
+            self.flight.dirty = True
         if ev0 is not None:
             self._pending_cuda.append((rec, ev0, self._event()))
             rec["host_ts_ns"], rec["host_dur_ns"] = t0, t1 - t0
@@ -257,6 +274,12 @@ class Tracer:
                    device: bool = True, **args) -> _CommHandle:
         """Record the issue of a (possibly async) op; call `.done()` on completion."""
         gkey = group or axis
+        if self.fault is not None:  # injected faults (jobs/faults.py): delay, block, skip, alter
+            act = self.fault.on_comm(op, gkey, axis, int(payload_bytes), group_size, args)
+            if act == "skip":  # a skipped collective leaves no record, as a real bug would not
+                return _NullHandle()
+            if act:
+                op, payload_bytes = act.get("op", op), act.get("payload_bytes", payload_bytes)
         seq = self._seq.get(gkey, 0)
         self._seq[gkey] = seq + 1
         sent, recv = _bytes(op, int(payload_bytes), group_size, bool(is_root))
@@ -276,7 +299,12 @@ class Tracer:
             rec["backend_bytes_sent"] = _bytes(backend_op, int(bp), group_size,
                                                bool(is_root))[0]
         ev0 = self._event() if (self.cuda and device) else None  # async: host timing
-        return _CommHandle(self, rec, self.now(), ev0)
+        t0 = self.now()
+        entry = self.flight.enter(gkey, {
+            "seq": seq, "op": op, "payload_bytes": rec["payload_bytes"],
+            "dtype": args.get("dtype"), "group_size": group_size, "ts_ns": t0,
+            "step": self.step, "end_ns": None})
+        return _CommHandle(self, rec, t0, ev0, entry)
 
     @contextlib.contextmanager
     def comm(self, op: str, *, payload_bytes: int, group_size: int, axis: str = "dp",
@@ -309,6 +337,14 @@ class Tracer:
     def record(self, type: str, **fields) -> None:
         """Any other record type (e.g. `summary`-like facts another module wants kept)."""
         self._emit({"type": type, "ts_ns": self.now(), **fields})
+
+    def flight_note(self, key: str, value) -> None:
+        """A fact the diagnosis reads from the flight file (`exit`, `nonfinite`)."""
+        self.flight.extra[key] = value
+        self.flight.dirty = True
+
+    def write_flight(self) -> None:
+        self.flight.write(self)
 
     # --- output --------------------------------------------------------------------------------
     def _resolve_cuda(self) -> None:
@@ -349,6 +385,8 @@ class Tracer:
     def _flusher(self, interval: float) -> None:
         while not self._stop.wait(interval):
             try:
+                if self.flight.dirty:
+                    self.flight.write(self)
                 self.flush()
             except Exception:  # noqa: BLE001 - never take the run down from the flusher
                 pass
@@ -362,6 +400,11 @@ class Tracer:
             self._thread.join(timeout=5)
         self._emit({"type": "end", "ts_ns": self.now(), "reason": reason,
                     "issued": dict(self._seq), "last_completed_seq": dict(self._done)})
+        self.flight.extra["closed"] = {"reason": reason, "ts_ns": self.now()}
+        try:
+            self.flight.write(self)
+        except OSError:  # pragma: no cover - the trace below still gets its end record
+            pass
         try:
             self.flush()
         finally:
@@ -383,6 +426,7 @@ class NullTracer:
     microbatch = None
     backend = None
     clock_error_ns = 0
+    fault = None
 
     def __init__(self):
         self.comm_totals: dict = {}
@@ -390,7 +434,12 @@ class NullTracer:
 
     @contextlib.contextmanager
     def span(self, name, cat="compute", **args):
-        yield {}
+        rec = {}  # the loop reads a step's duration from its span record
+        t0 = time.perf_counter_ns()
+        try:
+            yield rec
+        finally:
+            rec["dur_ns"] = time.perf_counter_ns() - t0
 
     @contextlib.contextmanager
     def comm(self, op, **kw):
@@ -406,6 +455,12 @@ class NullTracer:
         pass
 
     def record(self, type, **fields):
+        pass
+
+    def flight_note(self, key, value):
+        pass
+
+    def write_flight(self):
         pass
 
     def now(self) -> int:

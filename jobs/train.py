@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from jobs import faults
 from jobs.ckpt import (
     archive_previous_attempt,
     attempt_number,
@@ -87,6 +88,7 @@ def run_in_group(spec: JobSpec, out: Path, backend: str,
                           "attempt": attempt,
                           "resume_path": str(resume) if resume is not None else None},
                     cuda_events=device.type == "cuda")
+    injector = faults.install(spec, out, rank, world, dims, tracer)  # docs/faults.md
     ctx = RunContext(spec, out, rank, world, backend, device, dims, mesh, tracer)
     summary = None
     try:
@@ -98,6 +100,7 @@ def run_in_group(spec: JobSpec, out: Path, backend: str,
             if attempt == 0 and spec.resume.run_id and ctx.start_step != spec.resume.step:
                 raise ValueError(f"--resume {resume} holds step {ctx.start_step}, the spec's "
                                  f"resume.step is {spec.resume.step}")
+        injector.attach(comp)
         result = train_loop(ctx, comp)
         if os.environ.get("PARALAB_DUMP_PARAMS") == "1":
             dump_params(ctx, comp)

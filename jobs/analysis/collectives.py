@@ -1,5 +1,6 @@
 """Per logical collective: bytes, duration, algbw / busbw (nccl-tests factors from
-jobs.commbytes), waiting for the last rank vs transfer; the straggler rank per step.
+jobs.commbytes), waiting for the last rank vs transfer; the straggler rank per step
+(stragglers.py).
 
 Matching across ranks (docs/analysis.md):
   collectives  (group, seq) inside one process group; ranks of a group share every mesh
@@ -10,6 +11,9 @@ Matching across ranks (docs/analysis.md):
 
 For one instance with arrival (issue) times a_r and completion times e_r:
   last_rank   argmax a_r;  wait_s = a_last − min a_r  (the first rank's wait for the last)
+  late_s      a_last − the second-latest arrival: what the last rank alone delayed the
+              instance by (had it arrived with the next-latest, the op starts that much sooner)
+  others_wait_s  Σ_{r ≠ last} (a_last − a_r): rank-seconds the others spent waiting for it
   duration_s  e_last − a_last: the transfer, timed on the last-arriving rank; for send / recv
               max e_r − a_last (an isend completes at issue on the sender)
   algbw       payload / duration;  busbw = algbw · busbw_factor(op, n)
@@ -90,6 +94,7 @@ def instance_row(parts: list[tuple[int, dict]], clock_err: dict[int, int]) -> di
     end = {rank: r["ts_ns"] + r.get("dur_ns", 0) for rank, r in parts}
     last = max(arrive, key=lambda k: (arrive[k], k))
     a_last = arrive[last]
+    others = [a for k, a in arrive.items() if k != last]
     dur_ns = (max(end.values()) if p2p else end[last]) - a_last
     payload = int(first.get("payload_bytes") or 0)
     dur = max(dur_ns, 0) / NS
@@ -101,7 +106,9 @@ def instance_row(parts: list[tuple[int, dict]], clock_err: dict[int, int]) -> di
            "bytes_sent": max(float(r.get("bytes_sent", 0.0)) for r in recs),
            "backend_op": first.get("backend_op"),
            "start_ns": min(arrive.values()), "last_rank": last,
-           "wait_s": (a_last - min(arrive.values())) / NS, "duration_s": dur,
+           "wait_s": (a_last - min(arrive.values())) / NS,
+           "late_s": (a_last - max(others)) / NS if others else 0.0,
+           "others_wait_s": sum(a_last - a for a in others) / NS, "duration_s": dur,
            "span_s": (max(end.values()) - min(arrive.values())) / NS,
            "clock_error_s": max(clock_err.get(k, 0) for k in arrive) / NS,
            "algbw_GBps": None, "busbw_GBps": None}
@@ -127,59 +134,6 @@ def collectives_table(tr: Traces) -> list[dict]:
         tr.warnings.append(f"{incomplete} communication instance(s) seen on fewer ranks than "
                            "their group size (missing ranks, or a cancelled run)")
     return rows
-
-
-def stragglers_table(coll_rows: list[dict], step_rows: list[dict]) -> list[dict]:
-    """Per step with multi-rank collectives: the rank that arrived last at the instances that
-    made the others wait longest (sum of `wait_s` over the step's instances where it was last),
-    and whether that wait passes the straggler threshold (rules.RULES["straggler"])."""
-    caused: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
-    times_last: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
-    clock: dict[int, float] = defaultdict(float)
-    for r in coll_rows:
-        # point-to-point is left out: a receive posted ahead of its send (every pipeline step)
-        # makes the sender "last" by design; that wait is the pipeline's bubble
-        if r["step"] >= 0 and len(r["ranks"]) >= 2 and r["op"] != "send_recv":
-            caused[r["step"]][r["last_rank"]] += r["wait_s"]
-            times_last[r["step"]][r["last_rank"]] += 1
-            clock[r["step"]] = max(clock[r["step"]], r["clock_error_s"])
-    step_s: dict[int, float] = defaultdict(float)
-    for r in step_rows:
-        step_s[r["step"]] = max(step_s[r["step"]], r["step_s"])
-    rows = []
-    for step in sorted(caused):
-        c = caused[step]
-        rank = max(c, key=lambda k: (c[k], -k))
-        frac = c[rank] / step_s[step] if step_s.get(step) else None
-        flagged = (frac is not None and frac >= rules.STRAGGLER_MIN_WAIT_FRACTION
-                   and c[rank] > clock[step])
-        rows.append({"step": step, "rank": rank, "caused_wait_s": c[rank],
-                     "times_last": times_last[step][rank], "step_s": step_s.get(step),
-                     "wait_fraction": frac, "clock_error_s": clock[step],
-                     "flagged": bool(flagged)})
-    return rows
-
-
-def straggler_of_run(straggler_rows: list[dict]) -> dict:
-    """The run's straggler (rules.RULES["straggler"]): {"rank", "flagged_steps", "steps",
-    "caused_wait_median_s"}; rank None when no rank is flagged often enough."""
-    use = set(rules.steady(r["step"] for r in straggler_rows))
-    rows = [r for r in straggler_rows if r["step"] in use]
-    flagged: dict[int, list[float]] = defaultdict(list)
-    for r in rows:
-        if r["flagged"]:
-            flagged[r["rank"]].append(r["caused_wait_s"])
-    out = {"rank": None, "flagged_steps": 0, "steps": len(rows), "caused_wait_median_s": None}
-    if not flagged:
-        return out
-    rank = max(flagged, key=lambda k: (len(flagged[k]), -k))
-    n = len(flagged[rank])
-    if n >= rules.STRAGGLER_MIN_STEP_SHARE * len(rows):
-        out.update(rank=rank, flagged_steps=n,
-                   caused_wait_median_s=statistics.median(flagged[rank]))
-    else:
-        out["flagged_steps"] = n
-    return out
 
 
 def bandwidth_table(coll_rows: list[dict]) -> list[dict]:
@@ -230,3 +184,6 @@ def axis_bytes_table(tr: Traces) -> list[dict]:
                      "bytes_sent_per_step": sent / n if n else None,
                      "bytes_recv_per_step": recv / n if n else None})
     return rows
+
+
+from .stragglers import straggler_of_run, stragglers_table  # noqa: E402,F401 - moved there

@@ -18,11 +18,13 @@ from . import pipeline as PL
 from . import predicted as P
 from . import rules
 from . import steps as S
+from . import stragglers as SG
 from .export import to_perfetto
 from .load import Traces, load_run_dir
 
 SCHEMA = 2  # 2: headline/ranks/bandwidth tables, bubble_s in step_rank, rules
-TABLES = ("headline", "step_rank", "ranks", "throughput", "stragglers", "collectives",
+TABLES = ("headline", "step_rank", "ranks", "throughput", "stragglers", "straggler_ranks",
+          "collectives",
           "bandwidth", "axis_bytes", "memory", "stage_bubbles")
 ANALYSIS_FILE = "analysis.json"
 PERFETTO_FILE = "trace.perfetto.json"
@@ -65,7 +67,7 @@ def _headline(tables: dict, pred: dict | None, pp: int, peak: int | None) -> dic
     sent: dict[int, float] = defaultdict(float)
     for r in tables["axis_bytes"]:
         sent[r["rank"]] += r["bytes_sent_per_step"] or 0.0
-    strag = C.straggler_of_run(tables["stragglers"])
+    strag = SG.straggler_of_run(tables["stragglers"])
     errs = [abs(r["error_pct"]) for r in tables["memory"]
             if r["error_pct"] is not None and r["component"] in M.STATE + ("model_state",)]
     bub = tables["stage_bubbles"] if pp > 1 else []
@@ -88,6 +90,7 @@ def _headline(tables: dict, pred: dict | None, pp: int, peak: int | None) -> dic
         "straggler_rank": strag["rank"],
         "straggler_flagged_steps": strag["flagged_steps"],
         "straggler_wait_s": strag["caused_wait_median_s"],
+        **SG.straggler_cost(strag["rank"], tables["straggler_ranks"]),
         "memory_error_pct": max(errs) if errs else None,
         "predicted_comm_bytes_per_rank": ((pred or {}).get("comm") or {}).get("bytes_per_rank"),
         "predicted_bubble_fraction": (((pred or {}).get("pipeline") or {}).get("bubble_fraction")
@@ -136,7 +139,9 @@ def analyze(tr: Traces, spec=None) -> dict:
     t["collectives"] = _safe(tr, "collectives", lambda: C.collectives_table(tr), [])
     t["ranks"] = _safe(tr, "ranks", lambda: S.ranks_table(t["step_rank"]), [])
     t["stragglers"] = _safe(tr, "stragglers",
-                            lambda: C.stragglers_table(t["collectives"], t["step_rank"]), [])
+                            lambda: SG.stragglers_table(t["collectives"], t["step_rank"]), [])
+    t["straggler_ranks"] = _safe(tr, "straggler_ranks", lambda: SG.straggler_ranks_table(
+        t["collectives"], t["step_rank"]), [])
     t["bandwidth"] = _safe(tr, "bandwidth", lambda: C.bandwidth_table(t["collectives"]), [])
     t["axis_bytes"] = _safe(tr, "axis_bytes", lambda: C.axis_bytes_table(tr), [])
     _safe(tr, "axis_bytes predictions",

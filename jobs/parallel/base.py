@@ -32,6 +32,11 @@ def tensor_bytes(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.numel() * t.element_size()
 
 
+def dtype_name(t: torch.Tensor) -> str:
+    """'float32', 'bfloat16', ...: the dtype a comm record carries (flight recorder)."""
+    return str(t.dtype).removeprefix("torch.")
+
+
 def full_fp32(t: torch.Tensor) -> torch.Tensor:
     """A detached fp32 copy, gathered to full shape when `t` is a DTensor (a collective)."""
     if hasattr(t, "full_tensor"):
@@ -138,15 +143,17 @@ class Strategy:
     def all_reduce(self, t: torch.Tensor, *, async_op=False, **kw):
         return self._comm("all_reduce", lambda a: dist.all_reduce(t, group=self.group,
                                                                   async_op=a),
-                          tensor_bytes(t), async_op=async_op, **kw)
+                          tensor_bytes(t), async_op=async_op, dtype=dtype_name(t), **kw)
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, *, async_op=False, **kw):
         return self._comm("reduce_scatter", lambda a: dist.reduce_scatter_tensor(
-            out, inp, group=self.group, async_op=a), tensor_bytes(inp), async_op=async_op, **kw)
+            out, inp, group=self.group, async_op=a), tensor_bytes(inp), async_op=async_op,
+            dtype=dtype_name(inp), **kw)
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, *, async_op=False, **kw):
         return self._comm("all_gather", lambda a: dist.all_gather_into_tensor(
-            out, inp, group=self.group, async_op=a), tensor_bytes(out), async_op=async_op, **kw)
+            out, inp, group=self.group, async_op=a), tensor_bytes(out), async_op=async_op,
+            dtype=dtype_name(inp), **kw)
 
 
 class _WaitRecorded:

@@ -31,7 +31,8 @@ def _comm(tracer, op, t: torch.Tensor, group, payload_elems: int, region: str, p
     n = dist.get_world_size(group)
     extra = {"recompute": True} if recomputing() else {}  # activation checkpointing
     return tracer.comm(op, payload_bytes=payload_elems * t.element_size(), group_size=n,
-                       axis="tp", group="tp", region=region, phase=phase, **extra)
+                       axis="tp", group="tp", region=region, phase=phase,
+                       dtype=str(t.dtype).removeprefix("torch."), **extra)
 
 
 def _all_reduce(x, group, tracer, region, phase):
