@@ -422,7 +422,7 @@ def _cross_checks(s: JobSpec, max_world_size: int) -> list[dict]:
     if s.faults and s.kind != "train":
         e.append(_err(("faults",), "faults are injected into train jobs only"))
     elif s.faults:
-        e += fault_cross_checks(s.faults, world, s.train.steps)
+        e += fault_cross_checks(s.faults, world, s.train.steps, engine=s.parallel.engine)
     if s.resume.run_id:
         if not _RUN_ID_RE.match(s.resume.run_id):
             e.append(_err(("resume", "run_id"), "must be a run ID ([A-Za-z0-9_-]{1,32})"))

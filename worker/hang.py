@@ -18,7 +18,6 @@ from collections import deque
 from pathlib import Path
 
 from jobs.analysis.diagnose import exit_codes_from_log, last_progress_ns, write_diagnosis
-
 from worker.procs import pids_with_env
 
 log = logging.getLogger(__name__)

@@ -11,6 +11,7 @@ ID); the job gets a parent-death signal so it also stops when this worker is kil
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ from jobs.ckpt_index import attempts
 from jobs.spec import parse_spec
 from worker.app import TASK_NAME
 from worker.client import BackendClient
-from worker.hang import HangWatch, LogTail, dump_stacks, post_mortem
+from worker.hang import HangWatch, LogTail, dump_stacks, post_mortem, rank_pids
 from worker.launch import build_argv, build_env, job_timeout_s, supervised
 from worker.live import LogShipper, OutputFilter, TraceShipper
 from worker.procs import kill_run_processes, pdeathsig_preexec
@@ -217,11 +218,18 @@ class JobSupervisor:
             if now - start > timeout:
                 self._stop(proc, f"timeout of {timeout:g} s reached")
                 return "timed_out", f"timed out after {timeout:g} s (runtime.timeout_s)"
-            if (stalled := self.hang.stalled_s()) is not None:
+            if (stalled := self.hang.stalled_s()) is not None and rank_pids(self.run_id):
+                # (no rank alive: they failed and torchrun is winding down, not a hang)
                 self.say(f"no rank completed a step or a collective for {stalled:.0f} s "
                          "(runtime.hang_timeout_s): dumping every rank's stack")
                 asked = dump_stacks(self.run_id, self.out)
                 self.say(f"stacks of {asked} ranks in stack-rank*.txt")
+                # A rank blocked inside a collective never runs its Python SIGTERM handler:
+                # SIGKILL the ranks now (their flushers wrote traces and flight files up to
+                # the last 0.25 s), then stop torchrun as for a timeout.
+                for pid in rank_pids(self.run_id):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
                 self._stop(proc, "hung")
                 return "hung", (f"hung: no progress on any rank for {stalled:.0f} s "
                                 "(runtime.hang_timeout_s)")

@@ -34,7 +34,9 @@ def test_start_up_and_restarts_do_not_count(tmp_path):
     flight(tmp_path, 0, 59 * S)  # the tracer's first file: its creation is the first progress
     now[0] = 61 * S
     assert w.stalled_s() is None
-    now[0] = 62 * S
+    now[0] = 62 * S  # 2 s since the watchdog last saw no file: not more than the timeout
+    assert w.stalled_s() is None
+    now[0] = 63 * S
     assert w.stalled_s() is not None
     (tmp_path / "flight-rank0.json").unlink()  # torchrun restarts: the ranks moved the files
     now[0] = 100 * S
