@@ -61,6 +61,13 @@ def _fill(full: torch.Tensor, views: list[torch.Tensor], params: list, named_by_
     return full
 
 
+def _flat_of(s, named: dict):
+    """A flat-buffer strategy's whole fp32 buffer filled from full tensors by name."""
+    full = torch.zeros(s.bk.total, dtype=torch.float32, device=s.flat.device)
+    by_id = {id(p): named[n] for n, p in s.model.named_parameters()}
+    return _fill(full, s.bk.views(full), s.bk.params, by_id)
+
+
 class _ReplicatedIO:
     def __init__(self, s: Replicated):
         self.s = s
@@ -69,10 +76,7 @@ class _ReplicatedIO:
         return self.s._by_name(flat)
 
     def from_named(self, named):
-        s = self.s
-        full = torch.zeros(s.bk.total, dtype=torch.float32, device=s.flat.device)
-        by_id = {id(p): named[n] for n, p in s.model.named_parameters()}
-        return _fill(full, s.bk.views(full), s.bk.params, by_id)
+        return _flat_of(self.s, named)
 
     def state(self, keys):
         s = self.s
@@ -97,10 +101,7 @@ class _Zero12IO:
         self.s = s
 
     def full_flat(self, named):
-        s = self.s
-        full = torch.zeros(s.bk.total, dtype=torch.float32, device=s.flat.device)
-        by_id = {id(p): named[n] for n, p in s.model.named_parameters()}
-        return _fill(full, s.bk.views(full), s.bk.params, by_id)
+        return _flat_of(self.s, named)
 
     def shards(self, full):
         return [self.s.bk.shard(full, b, self.s.r).clone() for b in range(len(self.s.bk.groups))]

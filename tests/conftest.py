@@ -214,10 +214,10 @@ class Service:
             raise AssertionError(f"run {run_id}: {self.run(run_id)}\n{self.logs()}") from None
 
 
-def embedded_service(tmp: Path):
+def embedded_service(tmp: Path, extra_env: dict | None = None):
     """Body of a fixture: backend + worker on the embedded default (SQLite, filesystem
     broker), started and stopped around the tests that share it."""
-    svc = Service(tmp, db_url=f"sqlite:///{tmp / 'p.db'}", redis_url=None)
+    svc = Service(tmp, db_url=f"sqlite:///{tmp / 'p.db'}", redis_url=None, extra_env=extra_env)
     try:
         svc.start_backend()
         svc.start_worker()

@@ -64,3 +64,25 @@ def test_the_new_run_form_adds_faults_in_one_click_and_names_bad_ones(svc, page)
                                                           "exist")
     page.fill("#f-faults", "[{")
     expect(page.locator("#f-faults-msg")).to_contain_text("not valid JSON")
+
+
+def test_a_restarted_run_shows_each_attempt_and_its_cause(svc, page):
+    """A real crash fault on attempt 0 (faults fire on the attempt they name): torchrun restarts
+    the job (runtime.max_restarts), which continues from its last complete checkpoint."""
+    rid = svc.submit({"preset": "ddp", "name": "crash then restart",
+                      "model": {"arch": "mlp", "hidden": 8, "layers": 2},
+                      "train": {"steps": 5, "global_batch": 8, "checkpoint_every": 1},
+                      "runtime": {"max_restarts": 1},
+                      "faults": [{"kind": "crash", "ranks": [1], "step": 3}]})["id"]
+    done = svc.wait_status(rid, ("succeeded", "failed", "hung"), 240)
+    assert done["status"] == "succeeded", done["error"]
+    run = wait_for(lambda: (r := svc.run(rid))["summary"] is not None and r, 60, "summary")
+    tries = run["summary"]["attempts"]
+    assert [t["attempt"] for t in tries] == [0, 1]
+    assert run["summary"]["start_step"] == 3  # attempt 1 loaded the checkpoint of 3 steps
+    page.goto(f"{svc.url}/runs/{rid}")
+    items = page.locator("#attempts li")
+    expect(items).to_have_count(2)
+    expect(items.nth(0)).to_contain_text("attempt 0: rank 1: InjectedCrash")
+    expect(items.nth(1)).to_contain_text("attempt 1: completed")
+    expect(page.locator("#diagnosis-section")).to_be_visible()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import Service, embedded_service, wait_for
+from tests.conftest import embedded_service, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -91,15 +91,8 @@ def crashing(tmp_path_factory):
     """A service whose jobs' rank 1 dies (os._exit) after writing its shard of the step-4
     checkpoint, before the commit marker: a partial checkpoint, on attempt 0 only
     (PARALAB_TEST_CRASH_BEFORE_COMMIT, test-only, jobs/ckpt.py)."""
-    tmp = tmp_path_factory.mktemp("crash-save")
-    svc = Service(tmp, db_url=f"sqlite:///{tmp / 'p.db'}", redis_url=None,
-                  extra_env={"PARALAB_TEST_CRASH_BEFORE_COMMIT": "4"})
-    try:
-        svc.start_backend()
-        svc.start_worker()
-        yield svc
-    finally:
-        svc.close()
+    yield from embedded_service(tmp_path_factory.mktemp("crash-save"),
+                                {"PARALAB_TEST_CRASH_BEFORE_COMMIT": "4"})
 
 
 def test_a_partial_checkpoint_is_never_offered_and_a_restart_resumes_the_last_complete(

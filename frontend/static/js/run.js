@@ -83,7 +83,9 @@ function renderCards() {
     card("straggler_rank", "straggler", strag, strag === null || strag === undefined ? "none"
       : `rank ${strag}`, strag === null || strag === undefined ? "no rank kept the others waiting"
       : `last to arrive in ${h.straggler_flagged_steps} steps, median wait ` +
-        `${fmtSeconds(h.straggler_wait_s)}`, rule(a, "straggler")));
+        `${fmtSeconds(h.straggler_wait_s)}` + (h.straggler_cost_s === null ||
+        h.straggler_cost_s === undefined ? "" : `; costs ${fmtSeconds(h.straggler_cost_s)} ` +
+        "of step time in its late steps"), rule(a, "straggler")));
   $("#cards").title = a ? rule(a, "steady_steps") : "";
 }
 
