@@ -19,9 +19,8 @@ STRAGGLER_MIN_WAIT_FRACTION = 0.05
 STRAGGLER_MIN_STEP_SHARE = 0.5
 
 RULES = {
-    "steady_steps": f"aggregates skip the run's first {WARMUP_STEPS} step (warm-up: allocator, "
-                    "connection set-up, lazy optimizer state; step 0, or a resumed run's "
-                    "first step); with a single step, that step",
+    "steady_steps": f"aggregates cover steps >= {WARMUP_STEPS} (step 0 is warm-up: allocator, "
+                    "connection set-up, lazy optimizer state); with a single step, that step",
     "step_time": "per step: the slowest rank's `step` span; run figure: the median over the "
                  "steady steps",
     "overlap": "100 * |compute ∩ comm| / |comm|, summed over the steady steps and every rank "
@@ -44,11 +43,9 @@ RULES = {
 
 
 def steady(steps) -> list[int]:
-    """The steps aggregates cover (sorted): those after the warm-up, or all if none are. The
-    warm-up is the first steps this run's processes ran: step 0, or the first step after a
-    resume from a checkpoint (a fresh process pays the same first-step costs there)."""
+    """The steps aggregates cover (sorted): those after the warm-up, or all if none are."""
     steps = sorted(set(steps))
-    later = [s for s in steps if s >= steps[0] + WARMUP_STEPS] if steps else []
+    later = [s for s in steps if s >= WARMUP_STEPS]
     return later or steps
 
 
