@@ -18,6 +18,8 @@ TEMPLATES = Path(__file__).resolve().parents[2] / "frontend" / "templates"
 # tests look these up); the base template adds only "content". Since then: the runs list's
 # peak-memory filter (f-mem-max) and the device-memory explanation (device-gb-help).
 IDS = {
+    "/cluster": ["cluster-error", "cluster-updated", "hosts", "hosts-empty", "queued",
+                 "queued-empty", "queues", "unseen"],
     "/collectives": ["coll-chart", "coll-error", "coll-time", "sweeps"],
     "/compare": ["cmp-axis", "cmp-base", "cmp-loss", "cmp-memory", "cmp-steps", "cmp-table",
                  "cmp-timelines", "compare-error", "compare-form", "compare-ids", "config-diff",
@@ -38,8 +40,8 @@ IDS = {
                    "s-v", "sched-actions", "sched-cards", "sched-convention", "sched-error",
                    "sched-form", "sched-gantt", "sched-results", "sched-status"],
 }
-SCRIPTS = {"/collectives": "collectives.js", "/compare": "compare.js", "/": "runs.js",
-           "/new": "new.js", "/runs/abc": "run.js", "/schedules": "schedules.js"}
+SCRIPTS = {"/cluster": "cluster.js", "/collectives": "collectives.js", "/compare": "compare.js",
+           "/": "runs.js", "/new": "new.js", "/runs/abc": "run.js", "/schedules": "schedules.js"}
 
 
 @pytest.fixture
@@ -57,12 +59,12 @@ def test_every_page_keeps_its_ids_and_shares_the_base(client, path):
     ids = re.findall(r'\bid="([^"]+)"', r.text)
     assert len(ids) == len(set(ids)), "duplicate ids"
     assert sorted(set(ids) - {"content"}) == IDS["/runs/abc" if path.startswith("/runs/") else path]
-    assert r.text.count("<nav") == 1 and r.text.count('data-nav="') == 5
+    assert r.text.count("<nav") == 1 and r.text.count('data-nav="') == 6
     assert '<a class="skip-link" href="#content">Skip to content</a>' in r.text
     assert r.text.count('<main id="content"') == 1
     script = SCRIPTS["/runs/abc" if path.startswith("/runs/") else path]
     assert f'<script type="module" src="/static/js/{script}"></script>' in r.text
-    assert ("/static/vendor/plotly.min.js" in r.text) == (path != "/")
+    assert ("/static/vendor/plotly.min.js" in r.text) == (path not in ("/", "/cluster"))
     assert "{%" not in r.text and "{{" not in r.text
 
 
@@ -74,7 +76,7 @@ def test_an_unknown_run_is_an_html_404(client):
 
 def test_the_nav_bar_is_written_once_in_the_templates():
     pages = sorted(p for p in TEMPLATES.glob("*.html") if p.name != "base.html")
-    assert len(pages) == 8  # the seven pages and the 404 page
+    assert len(pages) == 9  # the eight pages and the 404 page
     for page in pages:
         text = page.read_text()
         assert text.startswith('{% extends "base.html" %}'), page.name
