@@ -12,7 +12,7 @@ import subprocess
 import pytest
 from playwright.sync_api import expect
 
-from tests.conftest import wait_for
+from tests.conftest import Service, wait_for
 from tests.frontend.browser import shot
 
 HOST_B = "host-b-" + secrets.token_hex(2)
@@ -89,3 +89,32 @@ def test_hosts_slots_running_and_waiting_runs(svc, second_worker, page):
     svc.wait_status(run["id"], ("cancelled", "failed", "succeeded"), timeout=120)
     expect(a.locator(".host-runs a")).to_have_count(0, timeout=60_000)
     expect(page.locator("#queued-empty")).to_have_text("No run is waiting.")
+
+
+@pytest.fixture(scope="module")
+def lone_backend(tmp_path_factory):
+    """The backend without any worker: the page's empty states."""
+    tmp = tmp_path_factory.mktemp("cluster-empty")
+    svc = Service(tmp, db_url=f"sqlite:///{tmp / 'p.db'}", redis_url=None)
+    try:
+        svc.start_backend()
+        yield svc
+    finally:
+        svc.close()
+
+
+def test_empty_states_without_workers(lone_backend, page):
+    page.goto(f"{lone_backend.url}/cluster")
+    page.wait_for_selector("body[data-ready='1']")
+    expect(page.locator("#hosts tbody tr")).to_have_count(0)
+    expect(page.locator("#hosts-empty")).to_be_visible()
+    expect(page.locator("#hosts-empty")).to_contain_text("No live worker")
+    expect(page.locator("#queued-empty")).to_have_text("No run is waiting.")
+    # a run submitted now waits for a worker, and the page says so on its next refresh
+    r = lone_backend.http.post("/api/runs", json={"preset": "ddp", "name": "alone"})
+    assert r.status_code == 201, r.text
+    row = page.locator(f"#queued tbody tr[data-run-id='{r.json()['id']}']")
+    expect(row.locator(".reason")).to_contain_text("no live worker serves queue 'default'",
+                                                   timeout=30_000)
+    expect(page.locator("#queued-empty")).to_be_hidden()
+    expect(page.locator("#cluster-error")).to_have_text("")
