@@ -16,7 +16,8 @@ from backend.main import create_app
 TEMPLATES = Path(__file__).resolve().parents[2] / "frontend" / "templates"
 # Element ids of each page as served before the pages shared base.html (the JS and the browser
 # tests look these up); the base template adds only "content". Since then: the runs list's
-# peak-memory filter (f-mem-max) and the device-memory explanation (device-gb-help).
+# peak-memory filter (f-mem-max), the device-memory explanation (device-gb-help), the run
+# page's hang diagnosis and resume (#15), and the cluster page (#16).
 IDS = {
     "/cluster": ["cluster-error", "cluster-updated", "hosts", "hosts-empty", "queued",
                  "queued-empty", "queues", "unseen"],
@@ -31,10 +32,12 @@ IDS = {
              "pred-cards", "pred-comm", "pred-formulas", "pred-memory", "pred-status",
              "prediction", "preset", "preset-title", "submit", "tags"],
     "/runs/abc": ["cancel-btn", "cards", "clone-link", "comm-axis", "comm-busbw",
-                  "comm-overlap", "comm-section", "curves-section", "downloads", "gantt",
+                  "comm-overlap", "comm-section", "curves-section", "diagnosis",
+                  "diagnosis-section", "downloads", "gantt",
                   "gantt-detail", "gantt-info", "gantt-reset", "gantt-search", "gantt-section",
                   "gantt-step", "log", "log-info", "log-rank", "log-section", "loss-chart",
-                  "memory-chart", "memory-section", "memory-table", "run-error", "run-head",
+                  "memory-chart", "memory-section", "memory-table", "resume", "resume-section",
+                  "run-error", "run-head",
                   "run-meta", "run-status", "run-title", "throughput-chart"],
     "/schedules": ["s-m", "s-p", "s-schedule", "s-t_b_input", "s-t_b_weight", "s-t_comm", "s-t_f",
                    "s-v", "sched-actions", "sched-cards", "sched-convention", "sched-error",
