@@ -22,6 +22,7 @@ from backend import crud, storage
 from backend.api.middleware import AuthMiddleware
 from backend.api.routes import auth as auth_routes
 from backend.api.routes import (
+    cluster,
     history,
     internal,
     meta,
@@ -244,6 +245,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.include_router(runs.router)  # every /api/runs/... (routes/runs/)
     app.include_router(meta.router)
+    app.include_router(cluster.router)
     app.include_router(internal.router)
     app.include_router(predict.router)
     app.include_router(sweeps.router)

@@ -408,6 +408,27 @@ def test_workers_have_gpus_and_distinct_queues(compose):
                    for d in devices), f"{name}: no nvidia GPU reservation"
 
 
+def test_two_host_layout_one_worker_per_host(compose):
+    """The cluster page groups workers by PARALAB_WORKER_HOST: each worker-<host> service
+    names itself and its host, distinctly, and keeps its own scratch volume (replicas of one
+    service would share the name, the label and the volume)."""
+    seen: dict[str, dict[str, str]] = {"PARALAB_WORKER_NAME": {}, "PARALAB_WORKER_HOST": {}}
+    volumes: dict[str, str] = {}
+    for name, worker in workers(compose).items():
+        env = env_of(worker)
+        for key, taken in seen.items():
+            assert env.get(key), f"{name}: {key} not set"
+            assert env[key] not in taken, f"{name} and {taken.get(env[key])} share {key}"
+            taken[env[key]] = name
+        scratch = dict(map(reversed, named_volume_mounts(worker))).get("/var/lib/paralab")
+        assert scratch and scratch not in volumes, f"{name}: no scratch volume of its own"
+        volumes[scratch] = name
+        assert "deploy" in worker and not worker["deploy"].get("replicas", 1) > 1, name
+    assert len(seen["PARALAB_WORKER_HOST"]) >= 2, "the file shows two hosts"
+    default = [n for n, w in workers(compose).items() if not w.get("profiles")]
+    assert default, "`docker compose up` (no profile) starts no worker"
+
+
 def test_workers_talk_to_backend_not_db(compose):
     services = compose["services"]
     for name, worker in workers(compose).items():

@@ -51,13 +51,17 @@ _busy = 0
 _busy_lock = threading.Lock()
 
 
+def worker_host(settings: Settings) -> str:
+    return settings.worker_host or socket.gethostname()
+
+
 def worker_name(settings: Settings) -> str:
-    return settings.worker_name or f"{settings.queue}@{socket.gethostname()}"
+    return settings.worker_name or f"{settings.queue}@{worker_host(settings)}"
 
 
 def _client(settings: Settings) -> BackendClient:
     return BackendClient(settings.url, settings.resolved_worker_token(),
-                         worker=worker_name(settings), host=socket.gethostname())
+                         worker=worker_name(settings), host=worker_host(settings))
 
 
 @shared_task(name=TASK_NAME, bind=True, acks_late=True)
@@ -313,7 +317,7 @@ def _worker_heartbeat_loop(settings: Settings, pool: str) -> None:
             busy = _busy
         try:  # worker_heartbeat never raises; whatever else fails must not end the thread
             client.worker_heartbeat(
-                name=worker_name(settings), host=socket.gethostname(), queue=settings.queue,
+                name=worker_name(settings), host=worker_host(settings), queue=settings.queue,
                 slots=settings.worker_slots, busy=busy, devices=devices(),
                 info={"pid": os.getpid(), "pool": pool, "python": sys.version.split()[0]})
         except Exception:  # noqa: BLE001

@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     queue: str = "default"
     worker_slots: int = Field(1, ge=1, le=64)
     worker_name: str | None = None
+    # The host a worker reports (the cluster page groups workers by it); default the hostname,
+    # which inside a container is the container's ID, not the machine's.
+    worker_host: str | None = None
     worker_token: str | None = None
     max_world_size: int = Field(8, ge=1)
     max_job_timeout_s: float = 7 * 86400.0

@@ -2,6 +2,7 @@
 function here and return; `from backend import crud; crud.get_run(...)` reaches them all."""
 
 from backend.crud.audit import audit, list_audit
+from backend.crud.cluster import count_queued, queued_runs, running_runs
 from backend.crud.history import (
     create_comparison,
     delete_comparison,
@@ -67,4 +68,6 @@ __all__ = [
     "revoke_credential", "set_password", "sweeps", "update_user", "upsert_worker",
     # the reconciler and health (backend/services/reconcile.py, health.py)
     "fail_unclaimed", "list_rejections", "mark_enqueued", "record_rejection", "unclaimed_runs",
+    # the cluster page (backend/services/cluster.py)
+    "count_queued", "queued_runs", "running_runs",
 ]

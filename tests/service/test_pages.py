@@ -16,8 +16,11 @@ from backend.main import create_app
 TEMPLATES = Path(__file__).resolve().parents[2] / "frontend" / "templates"
 # Element ids of each page as served before the pages shared base.html (the JS and the browser
 # tests look these up); the base template adds only "content". Since then: the runs list's
-# peak-memory filter (f-mem-max) and the device-memory explanation (device-gb-help).
+# peak-memory filter (f-mem-max), the device-memory explanation (device-gb-help), the run
+# page's hang diagnosis and resume (#15), and the cluster page (#16).
 IDS = {
+    "/cluster": ["cluster-error", "cluster-updated", "hosts", "hosts-empty", "queued",
+                 "queued-empty", "queues", "unseen"],
     "/collectives": ["coll-chart", "coll-error", "coll-time", "sweeps"],
     "/compare": ["cmp-axis", "cmp-base", "cmp-loss", "cmp-memory", "cmp-steps", "cmp-table",
                  "cmp-timelines", "compare-error", "compare-form", "compare-ids", "config-diff",
@@ -29,17 +32,19 @@ IDS = {
              "pred-cards", "pred-comm", "pred-formulas", "pred-memory", "pred-status",
              "prediction", "preset", "preset-title", "submit", "tags"],
     "/runs/abc": ["cancel-btn", "cards", "clone-link", "comm-axis", "comm-busbw",
-                  "comm-overlap", "comm-section", "curves-section", "downloads", "gantt",
+                  "comm-overlap", "comm-section", "curves-section", "diagnosis",
+                  "diagnosis-section", "downloads", "gantt",
                   "gantt-detail", "gantt-info", "gantt-reset", "gantt-search", "gantt-section",
                   "gantt-step", "log", "log-info", "log-rank", "log-section", "loss-chart",
-                  "memory-chart", "memory-section", "memory-table", "run-error", "run-head",
+                  "memory-chart", "memory-section", "memory-table", "resume", "resume-section",
+                  "run-error", "run-head",
                   "run-meta", "run-status", "run-title", "throughput-chart"],
     "/schedules": ["s-m", "s-p", "s-schedule", "s-t_b_input", "s-t_b_weight", "s-t_comm", "s-t_f",
                    "s-v", "sched-actions", "sched-cards", "sched-convention", "sched-error",
                    "sched-form", "sched-gantt", "sched-results", "sched-status"],
 }
-SCRIPTS = {"/collectives": "collectives.js", "/compare": "compare.js", "/": "runs.js",
-           "/new": "new.js", "/runs/abc": "run.js", "/schedules": "schedules.js"}
+SCRIPTS = {"/cluster": "cluster.js", "/collectives": "collectives.js", "/compare": "compare.js",
+           "/": "runs.js", "/new": "new.js", "/runs/abc": "run.js", "/schedules": "schedules.js"}
 
 
 @pytest.fixture
@@ -57,12 +62,12 @@ def test_every_page_keeps_its_ids_and_shares_the_base(client, path):
     ids = re.findall(r'\bid="([^"]+)"', r.text)
     assert len(ids) == len(set(ids)), "duplicate ids"
     assert sorted(set(ids) - {"content"}) == IDS["/runs/abc" if path.startswith("/runs/") else path]
-    assert r.text.count("<nav") == 1 and r.text.count('data-nav="') == 5
+    assert r.text.count("<nav") == 1 and r.text.count('data-nav="') == 6
     assert '<a class="skip-link" href="#content">Skip to content</a>' in r.text
     assert r.text.count('<main id="content"') == 1
     script = SCRIPTS["/runs/abc" if path.startswith("/runs/") else path]
     assert f'<script type="module" src="/static/js/{script}"></script>' in r.text
-    assert ("/static/vendor/plotly.min.js" in r.text) == (path != "/")
+    assert ("/static/vendor/plotly.min.js" in r.text) == (path not in ("/", "/cluster"))
     assert "{%" not in r.text and "{{" not in r.text
 
 
@@ -74,7 +79,7 @@ def test_an_unknown_run_is_an_html_404(client):
 
 def test_the_nav_bar_is_written_once_in_the_templates():
     pages = sorted(p for p in TEMPLATES.glob("*.html") if p.name != "base.html")
-    assert len(pages) == 8  # the seven pages and the 404 page
+    assert len(pages) == 9  # the eight pages and the 404 page
     for page in pages:
         text = page.read_text()
         assert text.startswith('{% extends "base.html" %}'), page.name

@@ -101,3 +101,8 @@ def page_collectives(request: Request) -> Response:
 @router.get("/schedules")
 def page_schedules(request: Request) -> Response:
     return _page(request, "schedules.html")
+
+
+@router.get("/cluster")
+def page_cluster(request: Request) -> Response:
+    return _page(request, "cluster.html")

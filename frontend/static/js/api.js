@@ -35,6 +35,7 @@ export const api = {
   presets: () => request("GET", "/api/presets"),
   specFields: () => request("GET", "/api/spec"),
   workers: () => request("GET", "/api/workers"),
+  cluster: () => request("GET", "/api/cluster"),
   runs: (params = {}) => request("GET", "/api/runs" + qs(params)),
   run: (id) => request("GET", `/api/runs/${enc(id)}`),
   submit: (spec) => request("POST", "/api/runs", spec),

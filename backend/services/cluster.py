@@ -1,0 +1,176 @@
+"""The cluster as the page /cluster shows it (GET /api/cluster): live hosts grouped from the
+workers' heartbeats, their devices and slots, the runs running on each, and the queued runs
+with the reason each one waits.
+
+A host is the `host` a worker reports (PARALAB_WORKER_HOST, else its machine's hostname):
+several workers may share one (one per GPU group, or one per queue). A run is on the host of
+the worker that claimed it (`Run.worker_host` holds the claiming worker's name). Multi-host
+placement (issue #16) will fill `held_by` and `placement`; they are empty today.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from sqlalchemy.orm import Session
+
+from backend import crud
+from backend.core.config import Settings
+from backend.models import Run, Worker, utcnow
+
+
+@dataclass
+class QueueStats:
+    """What one queue's live workers offer, as wait_reason needs it."""
+
+    queue: str
+    workers: int = 0
+    hosts: set[str] = field(default_factory=set)
+    slots: int = 0
+    busy: int = 0
+    # the most CUDA devices one live host of the queue reports (0: CPU hosts, no limit)
+    max_gpus_per_host: int = 0
+
+    @property
+    def free(self) -> int:
+        return max(self.slots - self.busy, 0)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def wait_reason(q: QueueStats, *, nnodes: int, ranks_per_host: int, ahead: int,
+                waited_s: float, attempts: int, claim_timeout_s: float,
+                claim_attempts: int) -> str:
+    """Why a queued run has not started, in words: the first of these that holds.
+
+    no live worker on its queue; more hosts than the queue has (a gang run); more ranks per
+    host than the largest GPU host has GPUs; every slot busy; earlier runs of the queue
+    take the free slots; a free slot no worker claimed within the claim bound (the
+    reconciler is on it); else a free slot the worker is about to take."""
+    name = repr(q.queue)
+    if q.workers == 0:
+        return (f"no live worker serves queue {name}: start one with PARALAB_QUEUE={q.queue} "
+                "(docs/deploy.md, adding a GPU host)")
+    if nnodes > len(q.hosts):
+        return (f"needs {_plural(nnodes, 'host')} at once; queue {name} has "
+                f"{_plural(len(q.hosts), 'live host')}")
+    if q.max_gpus_per_host and ranks_per_host > q.max_gpus_per_host:
+        return (f"needs {ranks_per_host} GPUs on one host (nproc_per_node); the largest "
+                f"live host of queue {name} has {q.max_gpus_per_host}")
+    if q.free == 0:
+        return (f"every slot of queue {name} is busy ({q.busy} of {q.slots}, on "
+                f"{', '.join(sorted(q.hosts))}): it starts when one frees")
+    if ahead >= q.free:
+        return (f"behind {_plural(ahead, 'earlier run')} of queue {name} for its "
+                f"{_plural(q.free, 'free slot')}")
+    if waited_s > claim_timeout_s:
+        return (f"a slot of queue {name} is free but no worker claimed the run in "
+                f"{waited_s:.0f} s (published {attempts} of {claim_attempts} times; the "
+                "reconciler publishes it again, then fails it with the reason)")
+    return f"a slot of queue {name} is free: the worker is about to claim it"
+
+
+def queue_stats(workers: Iterable[Worker]) -> dict[str, QueueStats]:
+    out: dict[str, QueueStats] = {}
+    gpus: dict[tuple[str, str], int] = {}
+    for w in workers:
+        q = out.setdefault(w.queue, QueueStats(w.queue))
+        q.workers += 1
+        q.hosts.add(w.host)
+        q.slots += w.slots
+        q.busy += min(w.busy, w.slots)
+        key = (w.queue, w.host)
+        gpus[key] = gpus.get(key, 0) + sum(1 for d in w.devices if d.get("type") == "cuda")
+    for (queue, _), n in gpus.items():
+        out[queue].max_gpus_per_host = max(out[queue].max_gpus_per_host, n)
+    return out
+
+
+def _devices(workers: list[Worker]) -> list[dict]:
+    """A host's devices: each worker's, except that workers on one machine report its CPU
+    once each (the same device)."""
+    out, seen = [], set()
+    for w in workers:
+        for d in w.devices:
+            if d.get("type") == "cpu":
+                key = (d.get("name"), d.get("cores"), d.get("memory_bytes"))
+                if key in seen:
+                    continue
+                seen.add(key)
+            out.append({"type": str(d.get("type") or "?"), "name": str(d.get("name") or "?"),
+                        "index": d.get("index") if isinstance(d.get("index"), int) else None,
+                        "memory_bytes": d.get("memory_bytes")
+                        if isinstance(d.get("memory_bytes"), int) else None,
+                        "worker": w.name})
+    return out
+
+
+def _run_brief(run: Run, now) -> dict:
+    return {"id": run.id, "name": run.name, "owner": run.owner, "queue": run.queue,
+            "world_size": run.world_size, "worker": run.worker_host,
+            "started_at": run.started_at,
+            "running_s": round((now - run.started_at).total_seconds(), 1)
+            if run.started_at else None}
+
+
+def _runtime(run: Run) -> tuple[int, int]:
+    rt = (run.spec or {}).get("runtime") or {}
+    nnodes = rt.get("nnodes") if isinstance(rt.get("nnodes"), int) else 1
+    per_host = rt.get("nproc_per_node")
+    return nnodes, per_host if isinstance(per_host, int) else run.world_size
+
+
+def cluster_view(db: Session, settings: Settings) -> dict:
+    now = utcnow()
+    workers = crud.list_workers(db, seen_within_s=settings.worker_alive_s)
+    by_host: dict[str, list[Worker]] = {}
+    for w in workers:
+        by_host.setdefault(w.host, []).append(w)
+    host_of = {w.name: w.host for w in workers}
+    running: dict[str, list[dict]] = {}
+    unseen = []
+    for run in crud.running_runs(db):
+        host = host_of.get(run.worker_host or "")
+        if host is None and run.worker_host in by_host:  # a worker that reported its host
+            host = run.worker_host
+        (running.setdefault(host, []) if host else unseen).append(_run_brief(run, now))
+    hosts = []
+    for host, ws in sorted(by_host.items()):
+        slots = sum(w.slots for w in ws)
+        busy = sum(min(w.busy, w.slots) for w in ws)
+        hosts.append({
+            "host": host, "queues": sorted({w.queue for w in ws}),
+            "slots": slots, "busy": busy, "free": slots - busy,
+            "devices": _devices(ws), "runs": running.get(host, []), "held_by": [],
+            "workers": [{"name": w.name, "queue": w.queue, "slots": w.slots, "busy": w.busy,
+                         "free": max(w.slots - w.busy, 0), "last_seen": w.last_seen}
+                        for w in ws]})
+    stats = queue_stats(workers)
+    queued = []
+    ahead: dict[str, int] = {}
+    for run in crud.queued_runs(db):
+        nnodes, per_host = _runtime(run)
+        waited = (now - run.created_at).total_seconds()
+        queued.append({
+            "id": run.id, "name": run.name, "owner": run.owner, "queue": run.queue,
+            "world_size": run.world_size, "nnodes": nnodes, "waiting_since": run.created_at,
+            "waited_s": round(waited, 1), "placement": [],
+            "reason": wait_reason(
+                stats.get(run.queue) or QueueStats(run.queue), nnodes=nnodes,
+                ranks_per_host=per_host, ahead=ahead.get(run.queue, 0), waited_s=waited,
+                attempts=run.enqueue_attempts, claim_timeout_s=settings.queue_claim_timeout_s,
+                claim_attempts=settings.queue_claim_attempts)})
+        ahead[run.queue] = ahead.get(run.queue, 0) + 1
+    names = sorted(set(stats) | set(ahead))
+    queues = [{"queue": n, "hosts": sorted(stats[n].hosts) if n in stats else [],
+               "workers": stats[n].workers if n in stats else 0,
+               "slots": stats[n].slots if n in stats else 0,
+               "busy": stats[n].busy if n in stats else 0,
+               "free": stats[n].free if n in stats else 0,
+               "queued": ahead.get(n, 0)} for n in names]
+    return {"hosts": hosts, "queues": queues, "queued": queued,
+            "queued_total": crud.count_queued(db), "running_unseen": unseen,
+            "worker_alive_s": settings.worker_alive_s, "generated_at": now}
