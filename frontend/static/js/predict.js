@@ -31,6 +31,29 @@ function formulaRows(pred) {
   return rows;
 }
 
+// comm.links: each mesh axis's bytes per rank per step, the link its groups cross (intra- or
+// inter-host) and the time on that link's bus bandwidth (jobs/theory/links.py).
+function linkRows(links) {
+  return (links?.per_axis || []).filter((r) => r.group_size > 1).map((r) =>
+    el("tr", { dataset: { axis: r.axis, link: r.link }, title: r.bandwidth_source },
+      el("td", { text: r.axis }), el("td", { text: r.link }),
+      el("td", { class: "num", text: `${r.groups_crossing} of ${r.groups}` }),
+      el("td", { class: "num", text: fmtBytes(r.bytes_per_rank) }),
+      el("td", { class: "num", text: fmt(r.busbw_GBps * 1e9, "B/s") }),
+      el("td", { class: "num", text: fmtSeconds(r.time_s) })));
+}
+
+export function renderLinks(links) {
+  const tbl = $("#pred-links");
+  if (!tbl) return;
+  const rows = linkRows(links);
+  $("#pred-links-caption").textContent = links
+    ? `${links.nnodes} host${links.nnodes > 1 ? "s" : ""} × ${links.nproc_per_node} ranks; ` +
+      links.convention : "";
+  tbl.querySelector("tbody").replaceChildren(...rows);
+  tbl.hidden = !rows.length;
+}
+
 export function renderPrediction(pred, deviceBytes) {
   const mem = pred.memory || {};
   const perRank = mem.per_rank_bytes;
@@ -90,5 +113,6 @@ export function renderPrediction(pred, deviceBytes) {
   } else {
     $("#pred-comm").replaceChildren();
   }
+  renderLinks(comm?.links);
   $("#pred-formulas tbody").replaceChildren(...formulaRows(pred));
 }
