@@ -118,5 +118,6 @@ def links_table(tr: Traces, spec, coll_rows: list[dict], pred: dict | None) -> l
             "busbw_GBps": statistics.median(x["busbw_GBps"] for x in rs) if rs else None,
             "hosts": len(set(hosts.values()) - {None}), "hosts_source": source,
             "predicted_link": t.get("link"), "predicted_bytes": t.get("bytes_per_rank"),
-            "predicted_busbw_GBps": t.get("busbw_GBps"), "predicted_time_s": t.get("time_s")})
+            "predicted_busbw_GBps": t.get("busbw_GBps"), "predicted_time_s": t.get("time_s"),
+            "predicted_bandwidth_source": t.get("bandwidth_source")})
     return rows

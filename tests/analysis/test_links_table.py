@@ -102,3 +102,4 @@ def test_analysis_has_the_links_table_with_the_prediction_next_to_it():
             (t["link"], t["bytes_per_rank"], t["time_s"]) == ("intra", t["bytes_per_rank"],
                                                               t["time_s"])
         assert r["predicted_bytes"] > 0
+        assert r["predicted_bandwidth_source"].startswith("default")  # a run gives no bandwidth

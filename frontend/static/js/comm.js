@@ -90,7 +90,8 @@ export function linksTable(tbl, rows) {
   tbl.replaceChildren(el("caption", { class: "muted small", text: rows.length
     ? `Per link; hosts: ${rows[0].hosts_source}` : "Per link: no communication" }),
   el("thead", {}, el("tr", {}, ...head.map((h) => el("th", { text: h })))),
-  el("tbody", {}, ...rows.map((r) => el("tr", { dataset: { axis: r.axis, link: r.link } },
+  el("tbody", {}, ...rows.map((r) => el("tr", { dataset: { axis: r.axis, link: r.link },
+    title: r.predicted_bandwidth_source ? `predicted busbw: ${r.predicted_bandwidth_source}` : null },
     el("td", { text: r.axis }), el("td", { text: r.link }), num(r.ranks, String),
     num(r.bytes_sent_per_step, fmtBytes), num(r.busbw_GBps, (v) => fmt(v * 1e9, "B/s")),
     num(r.instances, String), el("td", { text: r.predicted_link ?? "–" }),
