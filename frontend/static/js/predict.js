@@ -43,6 +43,20 @@ function linkRows(links) {
       el("td", { class: "num", text: fmtSeconds(r.time_s) })));
 }
 
+// The panel's what-if inputs as POST /api/predict `assumptions` (null when none is set): the
+// spec's world split over `nnodes` hosts, and each link's bus bandwidth.
+export const WHATIF_INPUTS = { nnodes: "#whatif-nnodes", intra_bandwidth_GBps: "#whatif-intra",
+  inter_bandwidth_GBps: "#whatif-inter" };
+
+export function whatIfAssumptions() {
+  const out = {};
+  for (const [key, sel] of Object.entries(WHATIF_INPUTS)) {
+    const v = $(sel)?.value;
+    if (v !== undefined && v !== "") out[key] = Number(v);
+  }
+  return Object.keys(out).length ? out : null;
+}
+
 export function renderLinks(links) {
   const tbl = $("#pred-links");
   if (!tbl) return;
