@@ -157,16 +157,25 @@ def bandwidth_table(coll_rows: list[dict]) -> list[dict]:
     return rows
 
 
+def step_spans(tr: Traces) -> dict[int, set]:
+    """rank -> the training steps (>= 0) it has a `step` span of. A rank's steps for a per-step
+    figure are these and those of its comm records (axis_bytes, links)."""
+    steps: dict[int, set] = defaultdict(set)
+    for rank, recs in tr.ranks.items():
+        for r in recs:
+            if r.get("type") == "span" and r.get("cat") == "step" and r.get("step", -1) >= 0:
+                steps[rank].add(r["step"])
+    return steps
+
+
 def axis_bytes_table(tr: Traces) -> list[dict]:
     """Per rank and mesh axis: bytes sent / received over the training steps (setup, step -1,
     apart), and per step."""
     acc: dict[tuple, list] = {}
-    steps: dict[int, set] = defaultdict(set)
+    steps = step_spans(tr)
     for rank, recs in sorted(tr.ranks.items()):
         for r in recs:
             st = r.get("step", -1)
-            if r.get("type") == "span" and r.get("cat") == "step" and st >= 0:
-                steps[rank].add(st)
             if r.get("type") != "comm":
                 continue
             a = acc.setdefault((rank, r.get("axis", "?")), [0.0, 0.0, 0.0, set()])

@@ -13,6 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from . import collectives as C
+from . import links as LK
 from . import memory as M
 from . import pipeline as PL
 from . import predicted as P
@@ -25,7 +26,7 @@ from .load import Traces, load_run_dir
 SCHEMA = 2  # 2: headline/ranks/bandwidth tables, bubble_s in step_rank, rules
 TABLES = ("headline", "step_rank", "ranks", "throughput", "stragglers", "straggler_ranks",
           "collectives",
-          "bandwidth", "axis_bytes", "memory", "stage_bubbles")
+          "bandwidth", "axis_bytes", "links", "memory", "stage_bubbles")
 ANALYSIS_FILE = "analysis.json"
 PERFETTO_FILE = "trace.perfetto.json"
 
@@ -146,6 +147,7 @@ def analyze(tr: Traces, spec=None) -> dict:
     t["axis_bytes"] = _safe(tr, "axis_bytes", lambda: C.axis_bytes_table(tr), [])
     _safe(tr, "axis_bytes predictions",
           lambda: _axis_predictions(t["axis_bytes"], pred, tr.summary), None)
+    t["links"] = _safe(tr, "links", lambda: LK.links_table(tr, sp, t["collectives"], pred), [])
     t["memory"] = _safe(tr, "memory", lambda: M.memory_table(tr, sp, pred), [])
     t["stage_bubbles"] = _safe(tr, "stage_bubbles", lambda: PL.stage_bubbles_table(
         tr, sp, P.pipeline(pred), t["step_rank"]), [])

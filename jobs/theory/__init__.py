@@ -15,7 +15,8 @@ predict(obj, **overrides) -> dict
     comm_convention ("ring-exact" | "asymptotic" | "seed000-table"), and for activation / TP / PP
     traffic arch, layers, hidden, heads, seq_len, micro_batch_size, grad_accum,
     sequence_parallel, activation_checkpointing, act_bytes, and per-stage pipeline times t_f,
-    t_b_input, t_b_weight (seconds per model stage and micro-batch). See whatif.FIELDS.
+    t_b_input, t_b_weight (seconds per model stage and micro-batch); for two links nnodes,
+    nproc_per_node, intra_bandwidth_GBps, inter_bandwidth_GBps (links.py). See whatif.FIELDS.
     overrides (JobSpec / spec dict only): the same optional what-if fields.
     Invalid input raises jobs.spec.SpecError (a ValueError) whose `.errors` are
     [{"loc": ["dp"], "msg": "must be >= 1", "type": "greater_than_equal"}, ...].
@@ -37,6 +38,8 @@ predict(obj, **overrides) -> dict
                            {"0".."3": model-state bytes}, "memory_model", "explain"}
       comm                {"bytes_per_rank", "GB_per_rank", "time_lower_bound_s" (None without
                            bandwidth), "components": {"dp", "tp", "pp"} per step,
+                           "links": each axis's link (intra / inter host), bytes and time on
+                           it, and per-link sums (links.py, docs/conventions.md "Two links"),
                            "per_microbatch": {"tp", "pp"}, "convention", "dp_ops",
                            "tp_ops_per_microbatch", "pp_ops_per_microbatch", "dp_by_zero_stage",
                            "allreduce_algorithms", "explain"}

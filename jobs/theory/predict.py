@@ -5,13 +5,13 @@ from __future__ import annotations
 from jobs import schedules
 from jobs.spec import JobSpec, SpecError, parse_spec
 
-from . import comm as C
+from .comm_section import comm_label, comm_section
+from .figures import GB, fig
 from .memory import MEMORY_MODELS, ZERO_FORMULAS, model_state_bytes, zero_table
 from .model import gpt_activation_bytes_per_layer, simple_activation_bytes_per_layer
 from .ranks import rank_memory
 from .whatif import inputs_from_spec, parse_whatif
 
-GB = 1e9
 UNITS = "decimal GB = 1e9 bytes; bandwidth in GB/s = 1e9 bytes/s (as the seeds use)"
 MAX_SIM_ACTIONS = 200_000
 TRANSIENT = {  # labelled next to the model states (jobs/theory/ranks.py)
@@ -19,11 +19,6 @@ TRANSIENT = {  # labelled next to the model states (jobs/theory/ranks.py)
     "gathered_unit": "ZeRO-3 / FSDP transient gather (seed 003: check the temporary peak)",
     "comm_buffers": "data-parallel collective buffers the implementation allocates",
 }
-
-
-def fig(value, unit: str, formula: str, inputs: dict, convention: str) -> dict:
-    return {"value": value, "unit": unit, "formula": formula, "inputs": inputs,
-            "convention": convention}
 
 
 def predict(obj, **overrides) -> dict:
@@ -78,23 +73,16 @@ def _collective(spec: JobSpec) -> dict:
 def _predict(w: dict, kind: str) -> dict:
     pipe = _pipeline(w)
     mem = _memory(w, pipe)
-    com = _comm(w)
+    com = comm_section(w)
     step = _step(w, pipe, com)
     conv = {"memory_model": MEMORY_MODELS[w["memory_model"]]["label"],
-            "bubble": pipe["convention"], "comm": _comm_label(w["comm_convention"]),
+            "bubble": pipe["convention"], "comm": comm_label(w["comm_convention"]),
             "units": UNITS}
     inputs = {k: v for k, v in w.items() if k != "rank_params"}
     return {"kind": kind, "inputs": inputs, "conventions": conv,
             "params": {"total": w["params"], "per_rank": max(w["rank_params"]),
                        "per_pipeline_rank": w["rank_params"]},
             "memory": mem, "comm": com, "step": step, "pipeline": pipe}
-
-
-def _comm_label(c: str) -> str:
-    return {"ring-exact": "bytes each rank sends, exact nccl-tests factors (jobs/commbytes.py): "
-            "DDP and ZeRO-1/2 2(N-1)/N*Ψ*b, ZeRO-3 1.5x",
-            "asymptotic": "N -> inf limit: 2Ψ*b (DDP, ZeRO-1/2), 3Ψ*b (ZeRO-3)",
-            "seed000-table": "seed 000's table: 2M baseline, 4M every ZeRO stage"}[c]
 
 
 # --- pipeline ------------------------------------------------------------------------------------
@@ -251,65 +239,6 @@ def _memory(w: dict, pipe: dict) -> dict:
             "memory_model": w["memory_model"], "explain": explain}
 
 
-# --- communication -------------------------------------------------------------------------------
-
-def _comm(w: dict) -> dict:
-    psi = max(w["rank_params"])
-    gb = w["grad_bytes"] or MEMORY_MODELS[w["memory_model"]]["params"]
-    conv = w["comm_convention"]
-    label = _comm_label(conv)
-    dp = C.dp_bytes_per_rank(psi, w["dp"], w["zero_stage"], gb, w["dp_mode"], conv)
-    table = C.allreduce_algorithms(w["dp"], psi * gb)
-    algo = w["allreduce_algorithm"]
-    if w["zero_stage"] == 0 and w["dp_mode"] != "ps" and algo != "ring" and w["dp"] > 1:
-        row = next(r for r in table if r["algorithm"] == algo)
-        dp = {**dp, "value": row["max_per_worker"],
-              "formula": f"{algo} all-reduce, busiest worker (seed 000 table)"}
-    rounds = w["microbatches"] * w["grad_accum"]
-    act_bytes = w["act_bytes"] or (4 if w["memory_model"] == "fp32" else 2)
-    tp = pp = {"value": 0.0, "formula": "0", "ops": []}
-    s = w["seq_len"] or 1
-    if w["tp"] > 1 and None not in (w["hidden"], w["micro_batch_size"], w["layers"]):
-        tp = C.tp_bytes_per_microbatch(s, w["micro_batch_size"], w["hidden"],
-                                       w["layers"] // w["pp"], w["tp"], act_bytes,
-                                       w["sequence_parallel"], w["activation_checkpointing"])
-    elif w["tp"] > 1:
-        tp = {"value": 0.0, "formula": "not modeled: give hidden, micro_batch_size, layers "
-              "(and seq_len)", "ops": []}
-    if w["pp"] > 1 and None not in (w["hidden"], w["micro_batch_size"]):
-        elems = s * w["micro_batch_size"] * w["hidden"] / \
-            (w["tp"] if w["sequence_parallel"] else 1)
-        pp = C.pp_bytes_per_microbatch(elems, act_bytes, w["pp"], w["virtual_stages"])
-    elif w["pp"] > 1:
-        pp = {"value": 0.0, "formula": "not modeled: give hidden, micro_batch_size (and seq_len)",
-              "ops": []}
-    comps = {"dp": dp["value"], "tp": tp["value"] * rounds, "pp": pp["value"] * rounds}
-    total = sum(comps.values())
-    bw = w["bandwidth_GBps"]
-    t = total / (bw * GB) if bw else None
-    by_stage = {str(z): C.dp_bytes_per_rank(psi, w["dp"], z, gb, "ddp", conv)["value"]
-                for z in range(4)}
-    explain = {
-        "bytes_per_rank": fig(total, "bytes", "dp + tp + pp", comps, label),
-        "components.dp": fig(dp["value"], "bytes", dp["formula"], dp["inputs"], label),
-        "components.tp": fig(comps["tp"], "bytes", f"microbatches*grad_accum x [{tp['formula']}]",
-                             {"rounds": rounds}, label),
-        "components.pp": fig(comps["pp"], "bytes", f"microbatches*grad_accum x [{pp['formula']}]",
-                             {"rounds": rounds}, label),
-        "time_lower_bound_s": fig(t, "s", "bytes_per_rank / (bandwidth_GBps*1e9)" if bw else
-                                  "needs bandwidth_GBps", {"bytes_per_rank": total,
-                                                           "bandwidth_GBps": bw},
-                                  "one effective unidirectional bandwidth; latency ignored"),
-    }
-    return {"bytes_per_rank": total, "GB_per_rank": total / GB, "time_lower_bound_s": t,
-            "components": comps, "convention": conv,
-            "per_microbatch": {"tp": tp["value"], "pp": pp["value"],
-                               "tp_recompute": tp.get("recompute_value", 0.0)},
-            "dp_ops": [list(o) for o in dp["ops"]], "tp_ops_per_microbatch":
-            [list(o) for o in tp["ops"]], "pp_ops_per_microbatch": [list(o) for o in pp["ops"]],
-            "dp_by_zero_stage": by_stage, "allreduce_algorithms": table, "explain": explain}
-
-
 # --- step time -----------------------------------------------------------------------------------
 
 def _step(w: dict, pipe: dict, com: dict) -> dict:
@@ -352,7 +281,8 @@ def _step(w: dict, pipe: dict, com: dict) -> dict:
                                                  conv)
                 explain[f"efficiency_{mode}"] = fig(out[f"efficiency_{mode}"], "fraction",
                                                     f"speedup_{mode} / (dp*tp*pp)", ins, conv)
-    missing = [k for k in ("compute_ms", "bandwidth_GBps") if w[k] is None]
+    missing = ["compute_ms"] if w["compute_ms"] is None else []
+    missing += [] if t is not None else ["bandwidth_GBps"]
     if missing:
         explain["note"] = "step times need " + " and ".join(missing)
     out["explain"] = explain

@@ -10,6 +10,7 @@ from .memory import MEMORY_MODELS, memory_model_of_spec
 from .model import param_count, stage_params
 
 BUBBLE_CONVENTIONS = ("total", "ideal")
+MAX_NPROC_PER_NODE = 1024  # the spec's bound (runtime.nproc_per_node); links.py loops over it
 ARCHS = ("gpt", "mlp", "timed")
 
 # name: (type, required, default, rule)   rule: ("ge", x) | ("gt", x) | ("range", lo, hi) | enum
@@ -22,6 +23,12 @@ FIELDS: dict[str, tuple] = {
     "memory_model": ("str", True, None, tuple(MEMORY_MODELS)),
     "grad_bytes": ("float", False, None, ("gt", 0)),
     "bandwidth_GBps": ("float", False, None, ("gt", 0)),
+    # two links (links.py): hosts, ranks per host (default dp*tp*pp / nnodes), and the busbw of
+    # each link (default bandwidth_GBps, else links.DEFAULT_INTRA_GBPS / DEFAULT_INTER_GBPS)
+    "nnodes": ("int", False, 1, ("ge", 1)),
+    "nproc_per_node": ("int", False, None, ("range", 1, MAX_NPROC_PER_NODE)),
+    "intra_bandwidth_GBps": ("float", False, None, ("gt", 0)),
+    "inter_bandwidth_GBps": ("float", False, None, ("gt", 0)),
     "compute_ms": ("float", False, None, ("ge", 0)),
     "microbatches": ("int", False, 1, ("ge", 1)),
     "virtual_stages": ("int", False, 1, ("ge", 1)),
@@ -112,6 +119,19 @@ def parse_whatif(data: dict) -> dict:
 
 
 def _cross(w: dict, errors: list) -> None:
+    world = w["dp"] * w["tp"] * w["pp"]
+    if w["nproc_per_node"] is None:
+        if world % w["nnodes"]:
+            errors.append(_err("nnodes", f"nnodes = {w['nnodes']} must divide dp*tp*pp = "
+                               f"{world} (ranks per host = dp*tp*pp / nnodes)"))
+        elif w["nnodes"] > 1 and world // w["nnodes"] > MAX_NPROC_PER_NODE:
+            errors.append(_err("nnodes", f"dp*tp*pp / nnodes = {world // w['nnodes']} ranks "
+                               f"per host; at most {MAX_NPROC_PER_NODE}"))
+        else:
+            w["nproc_per_node"] = world // w["nnodes"]
+    elif w["nnodes"] * w["nproc_per_node"] != world:
+        errors.append(_err("nproc_per_node", f"nnodes*nproc_per_node = {w['nnodes']}*"
+                           f"{w['nproc_per_node']} must equal dp*tp*pp = {world}"))
     if w["pp_schedule"] == "zbv":
         if w["virtual_stages"] != 2:
             errors.append(_err("virtual_stages", f"virtual_stages = {w['virtual_stages']} must "
@@ -158,12 +178,17 @@ def inputs_from_spec(spec: JobSpec, overrides: dict | None = None) -> dict:
         seq_len=m.seq_len if m.arch == "gpt" else 1,
         micro_batch_size=max(1, t.global_batch // (p.dp * p.microbatches * t.grad_accum)),
         grad_accum=t.grad_accum, sequence_parallel=p.sequence_parallel,
-        activation_checkpointing=t.activation_checkpointing)
+        activation_checkpointing=t.activation_checkpointing,
+        nnodes=spec.runtime.nnodes, nproc_per_node=spec.runtime.nproc_per_node)
     if m.arch == "timed":  # seconds per model stage = layers per chunk x seconds per layer
         w.update(stage_times(spec))
     if overrides:
-        checked = parse_whatif({**{k: v for k, v in w.items() if v is not None}, **overrides})
+        base = {k: v for k, v in w.items() if v is not None}
+        if "nproc_per_node" not in overrides:  # re-derived: dp*tp*pp / nnodes (a what-if
+            del base["nproc_per_node"]         # host count or degree re-splits the world)
+        checked = parse_whatif({**base, **overrides})
         w.update({k: checked[k] for k in overrides})
+        w["nproc_per_node"] = checked["nproc_per_node"]
     w["rank_params"] = stage_params(m, p.pp, p.virtual_stages, p.tp,
                                     placement_of(p.pp_schedule))
     w["strategy"] = derive_strategy(spec)

@@ -82,6 +82,19 @@ def test_submit_from_form_reaches_succeeded_live(svc, pp_run, page):
     page.fill("#f-train-steps", "3")
     expect(steps).to_have_attribute("aria-invalid", "false")
     page.wait_for_selector("#pred-formulas tbody tr")
+    # per link (one host: the dp all-reduce stays intra-host, at its bus bandwidth)
+    expect(page.locator("#pred-links tbody tr[data-axis='dp'][data-link='intra']")).to_have_count(1)
+    # a what-if of two hosts moves the dp all-reduce onto the inter-host link; the spec (one
+    # host) stays submittable, and an impossible what-if is explained without blocking submit
+    page.fill("#whatif-nnodes", "2")
+    expect(page.locator("#pred-links tbody tr[data-axis='dp'][data-link='inter']")).to_have_count(1)
+    expect(page.locator("#pred-links-caption")).to_contain_text("2 hosts")
+    expect(page.locator("#submit")).to_be_enabled()
+    page.fill("#whatif-nnodes", "3")
+    expect(page.locator("#pred-status")).to_contain_text("what-if: nnodes")
+    expect(page.locator("#submit")).to_be_enabled()
+    page.fill("#whatif-nnodes", "")
+    expect(page.locator("#pred-links tbody tr[data-axis='dp'][data-link='intra']")).to_have_count(1)
     shot(page, "new-run")
     page.click("#submit")
     page.wait_for_function("() => location.pathname.startsWith('/runs/') || "
@@ -110,6 +123,10 @@ def test_submit_from_form_reaches_succeeded_live(svc, pp_run, page):
         assert seen.get((f"rank {r}", "measured"), 0) > 0, seen
         assert seen.get((f"rank {r}", "predicted"), 0) > 0, seen
     expect(page.locator("#memory-table tbody tr")).not_to_have_count(0)
+    # the per-link table next to the per-axis chart: the dp bytes, measured on the one host
+    dp_link = page.locator("#comm-links tbody tr[data-axis='dp'][data-link='intra']")
+    expect(dp_link).to_have_count(1)
+    expect(page.locator("#comm-links tbody tr[data-link='inter']")).to_have_count(0)
     page.wait_for_selector("#gantt[data-ready='1']")
     assert page.locator("#gantt").get_attribute("data-rows") == "2"
     shot(page, "run-ddp")

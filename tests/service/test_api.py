@@ -237,3 +237,29 @@ def test_predict_endpoint_whatif_spec_and_errors(client):
     bad = client.post("/api/predict", json={"spec": {"preset": "ddp",
                                                      "parallel": {"dp": 3}}})
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][:2] == ["body", "spec"]
+
+
+def test_predict_endpoint_two_hosts_what_if_and_submit_refuses_them(client):
+    """A what-if may place ranks on several hosts (issue #16 part 4); a submitted run may not."""
+    r = client.post("/api/predict", json={
+        "params": 1e9, "dp": 2, "tp": 4, "pp": 1, "zero_stage": 0, "memory_model": "16psi",
+        "layers": 4, "hidden": 1024, "heads": 16, "seq_len": 512, "micro_batch_size": 2,
+        "nnodes": 2, "intra_bandwidth_GBps": 100, "inter_bandwidth_GBps": 10})
+    assert r.status_code == 200, r.text
+    links = r.json()["comm"]["links"]
+    per_axis = {row["axis"]: row for row in links["per_axis"]}
+    assert links["nnodes"] == 2 and links["nproc_per_node"] == 4
+    assert per_axis["tp"]["link"] == "intra" and per_axis["dp"]["link"] == "inter"
+    assert per_axis["dp"]["time_s"] == pytest.approx(per_axis["dp"]["bytes_per_rank"] / 10e9)
+    r = client.post("/api/predict", json={"spec": {"preset": "ddp"},
+                                          "assumptions": {"nnodes": 2}})
+    assert r.status_code == 200, r.text
+    assert r.json()["comm"]["links"]["per_axis"][1]["link"] == "inter"  # tp, dp, pp
+    bad = client.post("/api/predict", json={"spec": {"preset": "ddp"},
+                                            "assumptions": {"nnodes": 3}})
+    assert bad.status_code == 422
+    assert bad.json()["detail"][0]["loc"] == ["body", "assumptions", "nnodes"]
+    r = client.post("/api/runs", json={"preset": "ddp", "parallel": {"dp": 4},
+                                       "runtime": {"nnodes": 2}})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "runtime", "nnodes"]
+    assert count_runs(client) == 0

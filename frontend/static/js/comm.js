@@ -3,7 +3,7 @@
 // of the run's analysis tables (axis_bytes, bandwidth, ranks) or its headline.
 import { table, headlineOf, rule, stepsLabel } from "./analysis.js";
 import { COMPONENT_COLORS, PALETTE, emptyChart, layout, plot } from "./charts.js";
-import { $, esc, fmtBytes, fmtPct, fmtSeconds } from "./dom.js";
+import { $, el, esc, fmtBytes, fmtPct, fmtSeconds } from "./dom.js";
 import { axisUnit, fmt, logAxis } from "./units.js";
 
 // log-log bandwidth axes: message size in bytes, busbw in B/s (from the tables' GB/s)
@@ -68,6 +68,7 @@ export async function mountComm(analysis, sweep) {
     layout("Bytes sent per step, per mesh axis", "rank", u.title("sent per step"),
       { barmode: "group" }));
   } else emptyChart($("#comm-axis"), "no communication in this run");
+  linksTable($("#comm-links"), table(analysis, "links"));
   const bwRows = table(analysis, "bandwidth");
   const ops = new Set(bwRows.map((c) => c.op));
   const bw = [...busbwTraces(bwRows), ...sweepTraces(sweep, ops)];
@@ -77,6 +78,25 @@ export async function mountComm(analysis, sweep) {
   } else emptyChart($("#comm-busbw"), "no collectives");
   const rankRows = table(analysis, "ranks");
   if (rankRows.length) await overlapChart($("#comm-overlap"), rankRows, h, analysis);
+}
+
+// The links table: per mesh axis and link (intra- / inter-host, from the ranks' hosts), the
+// busiest rank's bytes per step and the median busbw, next to the theory's link and time.
+export function linksTable(tbl, rows) {
+  if (!tbl) return;
+  const num = (v, f) => el("td", { class: "num", text: v === null || v === undefined ? "–" : f(v) });
+  const head = ["axis", "link", "ranks", "bytes / step (busiest rank)", "busbw (median)",
+    "instances", "predicted link", "predicted bytes", "predicted busbw", "predicted time"];
+  tbl.replaceChildren(el("caption", { class: "muted small", text: rows.length
+    ? `Per link; hosts: ${rows[0].hosts_source}` : "Per link: no communication" }),
+  el("thead", {}, el("tr", {}, ...head.map((h) => el("th", { text: h })))),
+  el("tbody", {}, ...rows.map((r) => el("tr", { dataset: { axis: r.axis, link: r.link },
+    title: r.predicted_bandwidth_source ? `predicted busbw: ${r.predicted_bandwidth_source}` : null },
+    el("td", { text: r.axis }), el("td", { text: r.link }), num(r.ranks, String),
+    num(r.bytes_sent_per_step, fmtBytes), num(r.busbw_GBps, (v) => fmt(v * 1e9, "B/s")),
+    num(r.instances, String), el("td", { text: r.predicted_link ?? "–" }),
+    num(r.predicted_bytes, fmtBytes), num(r.predicted_busbw_GBps, (v) => fmt(v * 1e9, "B/s")),
+    num(r.predicted_time_s, fmtSeconds)))));
 }
 
 // The ranks table: per rank, the mean step over the steady steps split into compute, exposed

@@ -3,7 +3,7 @@
 // invalid combinations inline before submit.
 import { api, formatErrors } from "./api.js";
 import { $, el } from "./dom.js";
-import { renderPrediction } from "./predict.js";
+import { WHATIF_INPUTS, renderPrediction, whatIfAssumptions } from "./predict.js";
 
 const SECTIONS = [["", "Job"], ["model", "Model"], ["parallel", "Parallel layout"],
   ["train", "Training"], ["runtime", "Runtime"], ["collective", "Collective sweep"]];
@@ -188,9 +188,10 @@ function schedulePredict() {
 
 async function predictNow() {
   const mine = ++seq;
-  const body = { ...spec, name: $("#name").value || "run" };
+  const own = { ...spec, name: $("#name").value || "run" };
+  const assumptions = whatIfAssumptions();
   try {
-    const pred = await api.predict(body);
+    const pred = await api.predict(own, assumptions);
     if (mine !== seq) return;
     valid = true;
     $("#prediction").classList.remove("stale");
@@ -199,6 +200,16 @@ async function predictNow() {
     renderPrediction(pred, Number($("#device-gb").value) * 1e9);
   } catch (e) {
     if (mine !== seq) return;
+    const detail = e.status === 422 && Array.isArray(e.detail) ? e.detail : [];
+    if (detail.length && detail.every((x) => x.loc?.[1] === "assumptions")) {
+      // the spec parsed (its errors come first): only the panel's what-if is wrong
+      valid = true;
+      showErrors([]);
+      $("#pred-status").textContent = "what-if: " + detail.map((x) =>
+        `${x.loc[x.loc.length - 1]} ${x.msg}`).join("; ");
+      $("#submit").disabled = false;
+      return;
+    }
     valid = e.status !== 422;
     $("#prediction").classList.add("stale");
     showErrors(e.status === 422 && Array.isArray(e.detail) ? e.detail : []);
@@ -237,6 +248,7 @@ async function init() {
   }
   sel.addEventListener("change", () => usePreset(sel.value));
   $("#device-gb").addEventListener("input", schedulePredict);
+  for (const sel of Object.values(WHATIF_INPUTS)) $(sel)?.addEventListener("input", schedulePredict);
   $("#name").addEventListener("input", schedulePredict);
   const clone = params.get("clone");
   if (clone) {

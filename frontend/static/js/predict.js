@@ -31,6 +31,43 @@ function formulaRows(pred) {
   return rows;
 }
 
+// comm.links: each mesh axis's bytes per rank per step, the link its groups cross (intra- or
+// inter-host) and the time on that link's bus bandwidth (jobs/theory/links.py).
+function linkRows(links) {
+  return (links?.per_axis || []).filter((r) => r.group_size > 1).map((r) =>
+    el("tr", { dataset: { axis: r.axis, link: r.link }, title: r.bandwidth_source },
+      el("td", { text: r.axis }), el("td", { text: r.link }),
+      el("td", { class: "num", text: `${r.groups_crossing} of ${r.groups}` }),
+      el("td", { class: "num", text: fmtBytes(r.bytes_per_rank) }),
+      el("td", { class: "num", text: fmt(r.busbw_GBps * 1e9, "B/s") }),
+      el("td", { class: "num", text: fmtSeconds(r.time_s) })));
+}
+
+// The panel's what-if inputs as POST /api/predict `assumptions` (null when none is set): the
+// spec's world split over `nnodes` hosts, and each link's bus bandwidth.
+export const WHATIF_INPUTS = { nnodes: "#whatif-nnodes", intra_bandwidth_GBps: "#whatif-intra",
+  inter_bandwidth_GBps: "#whatif-inter" };
+
+export function whatIfAssumptions() {
+  const out = {};
+  for (const [key, sel] of Object.entries(WHATIF_INPUTS)) {
+    const v = $(sel)?.value;
+    if (v !== undefined && v !== "") out[key] = Number(v);
+  }
+  return Object.keys(out).length ? out : null;
+}
+
+export function renderLinks(links) {
+  const tbl = $("#pred-links");
+  if (!tbl) return;
+  const rows = linkRows(links);
+  $("#pred-links-caption").textContent = links
+    ? `${links.nnodes} host${links.nnodes > 1 ? "s" : ""} × ${links.nproc_per_node} ranks; ` +
+      links.convention : "";
+  tbl.querySelector("tbody").replaceChildren(...rows);
+  tbl.hidden = !rows.length;
+}
+
 export function renderPrediction(pred, deviceBytes) {
   const mem = pred.memory || {};
   const perRank = mem.per_rank_bytes;
@@ -90,5 +127,6 @@ export function renderPrediction(pred, deviceBytes) {
   } else {
     $("#pred-comm").replaceChildren();
   }
+  renderLinks(comm?.links);
   $("#pred-formulas tbody").replaceChildren(...formulaRows(pred));
 }
