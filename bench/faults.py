@@ -45,6 +45,8 @@ def one(svc: Service, fault: dict | None, hang_s: float) -> dict:
     run = svc.submit(body)
     run = svc.wait_status(run["id"], ("succeeded", "failed", "hung", "timed_out"), 300)
     wall = time.perf_counter() - t0
+    while svc.run(run["id"])["summary"] is None:  # a stopped run reports first, uploads after
+        time.sleep(0.2)
     flights = [json.loads(p.read_text()) for p in
                (svc.tmp / "var" / "runs" / run["id"]).glob("flight-rank*.json")]
     last = max((f.get("last_progress_ns") or 0) for f in flights) if flights else 0
