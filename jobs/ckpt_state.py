@@ -68,6 +68,13 @@ def _flat_of(s, named: dict):
     return _fill(full, s.bk.views(full), s.bk.params, by_id)
 
 
+def _gathered_state(s, keys):
+    """(full params, full moments, step) of a strategy holding fp32 master / optimizer shards
+    (reference ZeRO 1-3): every shard gathered."""
+    mom = {k: s._gather(v) for k, v in _flat_moments(s.opt, keys).items()}
+    return s._gather(s.master), mom, _flat_step(s.opt)
+
+
 class _ReplicatedIO:
     def __init__(self, s: Replicated):
         self.s = s
@@ -107,9 +114,7 @@ class _Zero12IO:
         return [self.s.bk.shard(full, b, self.s.r).clone() for b in range(len(self.s.bk.groups))]
 
     def state(self, keys):
-        s = self.s
-        mom = {k: s._gather(v) for k, v in _flat_moments(s.opt, keys).items()}
-        return s._gather(s.master), mom, _flat_step(s.opt)
+        return _gathered_state(self.s, keys)
 
     def load(self, params, moments, step):
         s = self.s
@@ -137,9 +142,7 @@ class _Zero3IO:
         return out
 
     def state(self, keys):
-        s = self.s
-        mom = {k: s._gather(v) for k, v in _flat_moments(s.opt, keys).items()}
-        return s._gather(s.master), mom, _flat_step(s.opt)
+        return _gathered_state(self.s, keys)
 
     def load(self, params, moments, step):
         s = self.s

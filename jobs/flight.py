@@ -41,6 +41,14 @@ class FlightRecorder:
         self.extra: dict = {"closed": None, "exit": None, "nonfinite": None}
         self.dirty = True
 
+    def next_seq(self, key: str) -> int:
+        """The sequence number the next collective of group `key` gets (issued so far)."""
+        g = self.groups.get(key)
+        return 0 if g is None else g.issued
+
+    def issued(self) -> dict[str, int]:
+        return {k: g.issued for k, g in self.groups.items()}
+
     def enter(self, key: str, entry: dict) -> dict:
         g = self.groups.get(key)
         if g is None:

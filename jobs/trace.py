@@ -153,7 +153,6 @@ class Tracer:
         self._f = open(self.path, "w")  # noqa: SIM115 - closed in close()
         self._buf: list[dict] = []
         self._lock = threading.Lock()
-        self._seq: dict[str, int] = {}
         self._done: dict[str, int] = {}
         self.comm_totals: dict[str, dict] = {}  # "group/op" -> counts and bytes, this rank
         self.comm_by_step: dict[str, dict] = {}  # axis -> step -> [bytes sent, bytes received]
@@ -280,8 +279,7 @@ class Tracer:
                 return _NullHandle()
             if act:
                 op, payload_bytes = act.get("op", op), act.get("payload_bytes", payload_bytes)
-        seq = self._seq.get(gkey, 0)
-        self._seq[gkey] = seq + 1
+        seq = self.flight.next_seq(gkey)  # the flight recorder counts issues (enter below)
         sent, recv = _bytes(op, int(payload_bytes), group_size, bool(is_root))
         rec = {"type": "comm", "op": op, "axis": axis, "group": gkey, "seq": seq,
                "group_size": group_size, "payload_bytes": int(payload_bytes),
@@ -399,7 +397,7 @@ class Tracer:
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
         self._emit({"type": "end", "ts_ns": self.now(), "reason": reason,
-                    "issued": dict(self._seq), "last_completed_seq": dict(self._done)})
+                    "issued": self.flight.issued(), "last_completed_seq": dict(self._done)})
         self.flight.extra["closed"] = {"reason": reason, "ts_ns": self.now()}
         try:
             self.flight.write(self)

@@ -226,6 +226,16 @@ def embedded_service(tmp: Path, extra_env: dict | None = None):
         svc.close()
 
 
+def backend_only_service(tmp: Path):
+    """Body of a fixture: the backend alone (SQLite, embedded broker), no worker."""
+    svc = Service(tmp, db_url=f"sqlite:///{tmp / 'p.db'}", redis_url=None)
+    try:
+        svc.start_backend()
+        yield svc
+    finally:
+        svc.close()
+
+
 @pytest.fixture
 def redis_service(tmp_path, pg_server_url):
     """Backend + worker on real Redis and real PostgreSQL (the team deployment's services)."""

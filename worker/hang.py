@@ -57,15 +57,7 @@ class HangWatch:
 def rank_pids(run_id: str) -> list[int]:
     """The job's rank processes: they carry the run's ID and torchrun's RANK variable (the
     shim and torchrun itself carry only the ID)."""
-    out = []
-    for pid in pids_with_env("PARALAB_RUN_ID", run_id):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(e.startswith(b"RANK=") for e in env):
-            out.append(pid)
-    return out
+    return pids_with_env("PARALAB_RUN_ID", run_id, having="RANK")
 
 
 def dump_stacks(run_id: str, out: Path, wait_s: float = 2.0) -> int:

@@ -26,8 +26,11 @@ def pdeathsig_preexec(sig: int = signal.SIGTERM):
     return _set
 
 
-def pids_with_env(key: str, value: str) -> list[int]:
+def pids_with_env(key: str, value: str, *, having: str | None = None) -> list[int]:
+    """Processes whose environment holds key=value (and, with `having`, also sets that
+    variable to anything)."""
     needle = f"{key}={value}".encode()
+    also = f"{having}=".encode() if having else None
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -36,7 +39,8 @@ def pids_with_env(key: str, value: str) -> list[int]:
             env = (entry / "environ").read_bytes()
         except (OSError, PermissionError):
             continue
-        if needle in env.split(b"\0"):
+        items = env.split(b"\0")
+        if needle in items and (also is None or any(e.startswith(also) for e in items)):
             found.append(int(entry.name))
     return found
 

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 from playwright.sync_api import expect
 
-from tests.conftest import Service, wait_for
+from tests.conftest import backend_only_service, wait_for
 from tests.frontend.browser import shot
 
 HOST_B = "host-b-" + secrets.token_hex(2)
@@ -94,13 +94,7 @@ def test_hosts_slots_running_and_waiting_runs(svc, second_worker, page):
 @pytest.fixture(scope="module")
 def lone_backend(tmp_path_factory):
     """The backend without any worker: the page's empty states."""
-    tmp = tmp_path_factory.mktemp("cluster-empty")
-    svc = Service(tmp, db_url=f"sqlite:///{tmp / 'p.db'}", redis_url=None)
-    try:
-        svc.start_backend()
-        yield svc
-    finally:
-        svc.close()
+    yield from backend_only_service(tmp_path_factory.mktemp("cluster-empty"))
 
 
 def test_empty_states_without_workers(lone_backend, page):

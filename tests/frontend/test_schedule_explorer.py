@@ -8,19 +8,13 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from tests.conftest import Service
+from tests.conftest import backend_only_service
 from tests.frontend.browser import shot
 
 
 @pytest.fixture(scope="module")
 def backend(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("schedules")
-    svc = Service(tmp, db_url=f"sqlite:///{tmp / 'p.db'}", redis_url=None)
-    try:
-        svc.start_backend()
-        yield svc
-    finally:
-        svc.close()
+    yield from backend_only_service(tmp_path_factory.mktemp("schedules"))
 
 
 def gantt_rows(page) -> int:
