@@ -25,6 +25,7 @@ from backend.api.routes import (
     cluster,
     history,
     internal,
+    internal_nodes,
     meta,
     pages,
     predict,
@@ -56,7 +57,11 @@ async def _reaper(app: FastAPI) -> None:
 
     def reap():
         with maker() as db:
-            return crud.reap_lost_runs(db, timeout_s=settings.run_heartbeat_timeout_s)
+            # a multi-host run's silent node first: its run fails as "host X lost" and the
+            # other nodes stop, before the run as a whole could look merely "worker lost"
+            hosts = crud.reap_lost_nodes(db, timeout_s=settings.run_heartbeat_timeout_s)
+            return list(dict.fromkeys([r for r, _, _ in hosts] + crud.reap_lost_runs(
+                db, timeout_s=settings.run_heartbeat_timeout_s)))
 
     while True:
         await asyncio.sleep(min(5.0, settings.run_heartbeat_timeout_s / 3))
@@ -247,6 +252,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(meta.router)
     app.include_router(cluster.router)
     app.include_router(internal.router)
+    app.include_router(internal_nodes.router)
     app.include_router(predict.router)
     app.include_router(sweeps.router)
     app.include_router(schedules.router)

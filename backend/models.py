@@ -88,6 +88,8 @@ class Run(Base):
     tp: Mapped[int] = mapped_column(Integer)
     pp: Mapped[int] = mapped_column(Integer)
     queue: Mapped[str] = mapped_column(String(64))
+    # hosts the run spans (runtime.nnodes; > 1: gang-placed, its nodes in run_nodes)
+    nnodes: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     status: Mapped[str] = mapped_column(String(16), index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
@@ -153,8 +155,46 @@ class RunLog(Base):
     rank: Mapped[int | None] = mapped_column(Integer)
     ts: Mapped[datetime] = mapped_column(UTCDateTime())
     line: Mapped[str] = mapped_column(Text)
+    # A multi-host run's lines: the node that wrote them and its own line number (the backend
+    # gives them run-wide `seq`s in arrival order; migration 0008). NULL on one-host runs.
+    node: Mapped[int | None] = mapped_column(Integer)
+    nseq: Mapped[int | None] = mapped_column(Integer)
 
-    __table_args__ = (UniqueConstraint("run_id", "seq", name="uq_run_logs_run_seq"),)
+    __table_args__ = (UniqueConstraint("run_id", "seq", name="uq_run_logs_run_seq"),
+                      UniqueConstraint("run_id", "node", "nseq",
+                                       name="uq_run_logs_run_node_nseq"))
+
+
+# A node of a gang-placed run: reserved (placed, its worker not started yet), running, or how it
+# ended (a FINISHED status, or `lost`: its worker stopped reporting).
+NODE_ACTIVE = ("reserved", "running")
+
+
+class RunNode(Base):
+    """One node of a multi-host run (runtime.nnodes > 1): the worker it is placed on, and that
+    node's own supervision state (backend/services/placement.py, migration 0008)."""
+
+    __tablename__ = "run_nodes"
+
+    run_id: Mapped[str] = mapped_column(
+        ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    node: Mapped[int] = mapped_column(Integer, primary_key=True)
+    worker: Mapped[str] = mapped_column(String(200))
+    host: Mapped[str] = mapped_column(String(200))
+    ranks: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))
+    # node 0's rendezvous endpoint (address:port), published by its worker when it launches
+    endpoint: Mapped[str | None] = mapped_column(String(300))
+    task_id: Mapped[str | None] = mapped_column(String(200))
+    reserved_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    publish_attempts: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+
+    __table_args__ = (Index("ix_run_nodes_worker_status", "worker", "status"),)
 
 
 class RunFile(Base):

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from jobs.comm import sweep
-from jobs.entry import exit_now, job_main
+from jobs.entry import exit_now, host_meta, job_main
 from jobs.spec import JobSpec
 from jobs.trace import Tracer
 
@@ -95,7 +95,7 @@ def run(spec: JobSpec, out: Path) -> dict | None:
     dtype = sweep.DTYPES[c.dtype]
     t_start = time.perf_counter()
     tracer = Tracer(out, rank, world, meta={"backend": backend, "kind": spec.kind,
-                                            "spec": spec.to_dict()})
+                                            "spec": spec.to_dict(), **host_meta()})
 
     copy_bytes = min(max(c.max_bytes, COPY_MIN_BYTES), COPY_MAX_BYTES)
     host_bw = d2d_bw = None

@@ -7,12 +7,30 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 from jobs.spec import JobSpec, parse_spec
+
+# Set by the worker for each node it launches (worker/launch.py build_env): the host label the
+# cluster page shows, and the node's index in the backend's placement.
+HOST_LABEL_ENV, PLACEMENT_NODE_ENV = "PARALAB_HOST_LABEL", "PARALAB_NODE"
+
+
+def host_meta() -> dict:
+    """Where this rank runs, for the trace meta: the host label, torchrun's node rank
+    (GROUP_RANK: with c10d rendezvous the agents' sorted order, not the placement's), the
+    local rank, and the placement node of the worker that launched it."""
+    env = os.environ
+    meta: dict = {"hostname": env.get(HOST_LABEL_ENV) or socket.gethostname()}
+    for key, name in (("node_rank", "GROUP_RANK"), ("local_rank", "LOCAL_RANK"),
+                      ("placement_node", PLACEMENT_NODE_ENV)):
+        if (env.get(name) or "").isdigit():
+            meta[key] = int(env[name])
+    return meta
 
 
 def job_main(prog: str, kind: str, run: Callable[[JobSpec, Path], object],

@@ -120,7 +120,9 @@ class TrainSpec:
 class RuntimeSpec:
     backend: str = _f("auto", "process-group backend: auto = nccl with CUDA, else gloo",
                       choices=BACKENDS)
-    nnodes: int = _f(1, "hosts (multi-host placement is not available yet)", ge=1, le=1024)
+    nnodes: int = _f(1, "hosts: the run's nodes are placed on this many hosts of the queue at "
+                     "once (gang placement), nproc_per_node ranks each (docs/hosts.md)",
+                     ge=1, le=1024)
     nproc_per_node: int = _f(2, "ranks per host", ge=1, le=1024)
     timeout_s: float = _f(600.0, "wall-clock limit for the whole job", ge=1.0, le=7 * 86400.0)
     queue: str = _f("default", "worker queue (one per GPU host)")
@@ -410,9 +412,6 @@ def _cross_checks(s: JobSpec, max_world_size: int) -> list[dict]:
     e: list[dict] = []
     m, p, t, r = s.model, s.parallel, s.train, s.runtime
     world = s.world_size
-    if r.nnodes > 1:
-        e.append(_err(("runtime", "nnodes"),
-                      "must be 1: multi-host placement is not available yet"))
     if world > max_world_size:
         e.append(_err(("runtime", "nproc_per_node"),
                       f"world size nnodes*nproc_per_node = {world} exceeds the configured cap "

@@ -8,10 +8,8 @@ from __future__ import annotations
 import torch
 
 from jobs import schedules
-from jobs.analysis.collectives import axis_bytes_table
-from jobs.analysis.load import Traces, load_run_dir
-from jobs.analysis.pipeline import stage_bubbles_table
-from jobs.analysis.steps import step_rank_table
+from jobs.analysis.load import load_run_dir
+from jobs.analysis.summary_traces import trace_sections
 from jobs.context import RunContext
 from jobs.parallel.formulas import NATIVE_DEVIATIONS, comm_per_step, model_state
 from jobs.spec import JobSpec
@@ -103,40 +101,16 @@ def summarize_mp(ctx: RunContext, per_rank: list[dict], schedule: str) -> dict:
     out["loss"] = global_losses(ctx, per_rank, schedule)
     # measured from the traces by jobs.analysis (the one trace loader and bubble definition:
     # steady steps, idle / pipeline window, next to the simulator fed this run's stage times)
-    tr = load_run_dir(ctx.out)
-    rows = {r["stage"]: r for r in stage_bubbles_table(tr, spec, None, step_rank_table(tr))}
-    memory = stage_memory(tr)
+    stages, by_axis = trace_sections(load_run_dir(ctx.out), spec)
     out["pipeline"] = {
         "schedule": schedule, "p": dims.pp, "m": p.microbatches, "v": p.virtual_stages,
-        "stages": {str(s): {"idle_fraction": rows.get(s, {}).get("measured_idle_fraction"),
-                            "simulated_idle_fraction": rows.get(s, {}).get("simulated"),
-                            "steps": rows.get(s, {}).get("steps"), **memory.get(s, {})}
-                   for s in range(dims.pp)},
+        "stages": stages,
         "closed_form_bubble": schedules.closed_form_bubble(schedule, dims.pp, p.microbatches,
                                                            p.virtual_stages),
         "convention": schedules.CONVENTION, "partition": ctx.partition}
-    by_axis: dict = {}
-    for r in axis_bytes_table(tr):
-        by_axis.setdefault(str(r["rank"]), {})[r["axis"]] = r["bytes_sent"]
     out["bytes_by_axis"] = by_axis
     out["mesh"] = {"pp": dims.pp, "dp": dims.dp, "tp": dims.tp}
     return out
-
-
-def stage_memory(tr: Traces) -> dict[int, dict]:
-    """pp -> peak in-flight micro-batches (chunks) and activation bytes over the stage's ranks
-    (the pipeline runtimes' `mem` records)."""
-    out: dict = {}
-    for rank, recs in tr.ranks.items():
-        cur = out.setdefault(int(tr.coords(rank).get("pp", rank) or 0),
-                             {"peak_inflight_microbatches": 0, "peak_activation_bytes": 0})
-        for r in recs:
-            if r.get("type") == "mem" and "inflight_microbatches" in r:
-                cur["peak_inflight_microbatches"] = max(cur["peak_inflight_microbatches"],
-                                                        r["inflight_microbatches"])
-                cur["peak_activation_bytes"] = max(cur["peak_activation_bytes"],
-                                                   r.get("activations", 0))
-    return dict(sorted(out.items()))
 
 
 def _str_keys(obj):

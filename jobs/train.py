@@ -32,7 +32,7 @@ from jobs.compose import compose
 from jobs.context import RunContext
 from jobs.dims import ParallelDims
 from jobs.dumps import dump_params
-from jobs.entry import exit_now, job_main
+from jobs.entry import exit_now, host_meta, job_main
 from jobs.loop import train_loop
 from jobs.spec import JobSpec
 from jobs.summary import summarize
@@ -85,7 +85,7 @@ def run_in_group(spec: JobSpec, out: Path, backend: str,
     mesh = dims.build_mesh(device.type)
     tracer = Tracer(out, rank, world, coords=dims.coords(rank),
                     meta={"backend": backend, "spec": spec.to_dict(), "strategy": spec.strategy,
-                          "attempt": attempt,
+                          "attempt": attempt, **host_meta(),
                           "resume_path": str(resume) if resume is not None else None},
                     cuda_events=device.type == "cuda")
     injector = faults.install(spec, out, rank, world, dims, tracer)  # docs/faults.md

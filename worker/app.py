@@ -7,16 +7,26 @@ allowed job, so a message is never redelivered while its job is still legitimate
 
 from __future__ import annotations
 
+import re
+
 from celery import Celery
 
 from backend.core.config import Settings, get_settings
 
 TASK_NAME = "paralab.run"
+# One node of a multi-host run (backend/services/placement.py), sent to the placed worker's
+# own queue: args (run ID, node index), never a payload.
+NODE_TASK_NAME = "paralab.node"
+
+
+def node_queue(worker: str) -> str:
+    """The queue only this worker consumes (beside its pool's queue)."""
+    return "node." + re.sub(r"[^A-Za-z0-9_.-]", "_", worker)
 
 
 def make_celery(settings: Settings) -> Celery:
     app = Celery("paralab", broker=settings.broker_url, backend=settings.result_backend,
-                 include=["worker.tasks"])
+                 include=["worker.tasks", "worker.nodes"])
     conf = {
         "task_acks_late": True,
         "worker_prefetch_multiplier": 1,
@@ -63,6 +73,11 @@ def get_celery(settings: Settings) -> Celery:
 def enqueue_run(settings: Settings, run_id: str, queue: str) -> None:
     get_celery(settings).send_task(TASK_NAME, args=[run_id], queue=queue,
                                    task_id=f"run-{run_id}")
+
+
+def enqueue_node(settings: Settings, run_id: str, node: int, worker: str) -> None:
+    get_celery(settings).send_task(NODE_TASK_NAME, args=[run_id, node], queue=node_queue(worker),
+                                   task_id=f"run-{run_id}-node{node}")
 
 
 def revoke_run(settings: Settings, run_id: str) -> None:

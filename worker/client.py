@@ -118,6 +118,36 @@ class BackendClient:
         return self.call("POST", f"/api/internal/runs/{run_id}/finish", retry_for_s=1800,
                          json=body)
 
+    # -- the nodes of a multi-host run (backend/api/routes/internal_nodes.py) -------------------
+    def claim_node(self, run_id: str, node: int, worker: str, task_id: str | None) -> dict:
+        return self.call("POST", f"/api/internal/runs/{run_id}/nodes/{node}/claim",
+                         retry_for_s=600, json={"worker": worker, "task_id": task_id})
+
+    def node_heartbeat(self, run_id: str, node: int) -> dict | None:
+        try:
+            return self.call("POST", f"/api/internal/runs/{run_id}/nodes/{node}/heartbeat",
+                             retry_for_s=0, timeout=3)
+        except BackendUnavailable:
+            return None
+
+    def set_endpoint(self, run_id: str, node: int, endpoint: str) -> None:
+        self.call("PUT", f"/api/internal/runs/{run_id}/nodes/{node}/endpoint", retry_for_s=120,
+                  json={"endpoint": endpoint})
+
+    def nodes(self, run_id: str) -> dict:
+        return self.call("GET", f"/api/internal/runs/{run_id}/nodes", retry_for_s=60)
+
+    def node_logs(self, run_id: str, node: int, lines: list[dict], retry_for_s: float) -> None:
+        self.call("POST", f"/api/internal/runs/{run_id}/nodes/{node}/logs",
+                  retry_for_s=retry_for_s, json={"lines": lines}, retry_full=False)
+
+    def finish_node(self, run_id: str, node: int, **body) -> dict:
+        return self.call("POST", f"/api/internal/runs/{run_id}/nodes/{node}/finish",
+                         retry_for_s=1800, json=body)
+
+    def run_files(self, run_id: str) -> list[dict]:
+        return self.call("GET", f"/api/internal/runs/{run_id}/files", retry_for_s=300)["files"]
+
     def worker_heartbeat(self, **body) -> None:
         """Never raises: the heartbeat thread must outlive any answer (a refused credential, a
         backend restart, a full disk), so /api/workers shows this worker again as soon as the

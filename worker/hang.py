@@ -18,7 +18,7 @@ from collections import deque
 from pathlib import Path
 
 from jobs.analysis.diagnose import exit_codes_from_log, last_progress_ns, write_diagnosis
-from worker.procs import pids_with_env
+from worker.procs import PROC_KEY, pids_with_env
 
 log = logging.getLogger(__name__)
 POLL_S = 1.0  # how often the flight files are read (a stat and a small JSON per rank)
@@ -54,16 +54,16 @@ class HangWatch:
         return stalled / 1e9 if stalled > self.timeout_ns else None
 
 
-def rank_pids(run_id: str) -> list[int]:
-    """The job's rank processes: they carry the run's ID and torchrun's RANK variable (the
-    shim and torchrun itself carry only the ID)."""
-    return pids_with_env("PARALAB_RUN_ID", run_id, having="RANK")
+def rank_pids(key: str) -> list[int]:
+    """The job's rank processes on this host: they carry the run's key (procs.proc_key) and
+    torchrun's RANK variable (the shim and torchrun itself carry only the key)."""
+    return pids_with_env(PROC_KEY, key, having="RANK")
 
 
-def dump_stacks(run_id: str, out: Path, wait_s: float = 2.0) -> int:
+def dump_stacks(key: str, out: Path, wait_s: float = 2.0) -> int:
     """SIGUSR1 to every rank, then wait (up to `wait_s`) for their stack files; returns how
     many ranks were asked."""
-    pids = rank_pids(run_id)
+    pids = rank_pids(key)
     before = {p: p.stat().st_size for p in out.glob("stack-rank*.txt")}
     for pid in pids:
         try:

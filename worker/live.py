@@ -32,8 +32,11 @@ class LogShipper:
     """Numbers every line and ships batches in the background; a failed batch stays pending
     and is sent again (the backend ignores sequence numbers it already has)."""
 
-    def __init__(self, client: BackendClient, run_id: str, interval: float = 0.5):
+    def __init__(self, client: BackendClient, run_id: str, interval: float = 0.5,
+                 node: int | None = None):
         self._client, self._run_id, self._interval = client, run_id, interval
+        # a node of a multi-host run numbers its own lines; the backend gives them the run's
+        self._node = node
         self._pending: list[dict] = []
         self._seq = 0
         self._lock = threading.Lock()
@@ -54,7 +57,11 @@ class LogShipper:
             if not batch:
                 return True
             try:
-                self._client.logs(self._run_id, batch, retry_for_s=retry_for_s)
+                if self._node is None:
+                    self._client.logs(self._run_id, batch, retry_for_s=retry_for_s)
+                else:
+                    self._client.node_logs(self._run_id, self._node, batch,
+                                           retry_for_s=retry_for_s)
             except BackendUnavailable:
                 return False
             except httpx.HTTPStatusError as exc:  # 4xx: refused for good; the run goes on

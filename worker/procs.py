@@ -2,7 +2,8 @@
 
 torchrun puts each rank in its own process group, so killing torchrun's group misses them,
 and SIGKILL to torchrun orphans them. SIGTERM to torchrun stops all ranks quickly; whatever
-is left is found by the run ID every job process carries in its environment.
+is left is found by the key (PROC_KEY: run ID, and node) every job process carries in its
+environment.
 """
 
 from __future__ import annotations
@@ -45,9 +46,20 @@ def pids_with_env(key: str, value: str, *, having: str | None = None) -> list[in
     return found
 
 
-def kill_run_processes(run_id: str, sig: int = signal.SIGKILL) -> list[int]:
+# What finds the processes of one run on this host: the run ID, and for one node of a multi-host
+# run also the node (the nodes of a run on one machine, as in the loopback tests, are several
+# "hosts": stopping one must not touch the others).
+PROC_KEY = "PARALAB_PROCS"
+
+
+def proc_key(run_id: str, node: int | None = None) -> str:
+    return run_id if node is None else f"{run_id}.node{node}"
+
+
+def kill_run_processes(key: str, sig: int = signal.SIGKILL) -> list[int]:
+    """Every process of the run (or node) `key` (proc_key) but this one."""
     me = os.getpid()
-    pids = [p for p in pids_with_env("PARALAB_RUN_ID", run_id) if p != me]
+    pids = [p for p in pids_with_env(PROC_KEY, key) if p != me]
     for pid in pids:
         try:
             os.kill(pid, sig)

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from worker.procs import kill_run_processes, pdeathsig_preexec
+from worker.procs import PROC_KEY, kill_run_processes, pdeathsig_preexec
 
 
 def main(argv: list[str]) -> int:
@@ -24,7 +24,7 @@ def main(argv: list[str]) -> int:
         sys.stderr.write("usage: python -m worker.shim --grace SECONDS -- COMMAND...\n")
         return 2
     grace, cmd = float(argv[1]), argv[3:]
-    run_id = os.environ.get("PARALAB_RUN_ID", "")
+    key = os.environ.get(PROC_KEY, "")
     parent = os.getppid()
     pdeathsig_preexec(signal.SIGTERM)()  # this process too learns of the worker's death
     stop = []
@@ -42,8 +42,8 @@ def main(argv: list[str]) -> int:
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
-    if run_id:
-        kill_run_processes(run_id)  # ranks left behind by torchrun, and nothing else
+    if key:
+        kill_run_processes(key)  # ranks left behind by torchrun, and nothing else
     rc = child.returncode
     return 128 - rc if rc < 0 else rc
 

@@ -36,7 +36,7 @@ from worker.client import BackendClient
 from worker.hang import HangWatch, LogTail, dump_stacks, post_mortem, rank_pids
 from worker.launch import build_argv, build_env, job_timeout_s, supervised
 from worker.live import LogShipper, OutputFilter, TraceShipper
-from worker.procs import kill_run_processes, pdeathsig_preexec
+from worker.procs import kill_run_processes, pdeathsig_preexec, proc_key
 from worker.provenance import devices, provenance
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,6 @@ def _client(settings: Settings) -> BackendClient:
 
 @shared_task(name=TASK_NAME, bind=True, acks_late=True)
 def run(self, run_id: str) -> str:
-    global _busy
     settings = get_settings()
     client = _client(settings)
     try:
@@ -83,22 +82,48 @@ def run(self, run_id: str) -> str:
         if not claim["launch"]:
             log.info("run %s not launched: %s", run_id, claim["reason"])
             return f"skipped: {claim['reason']}"
-        with _busy_lock:
-            _busy += 1
-        try:
+        with busy():
             return JobSupervisor(run_id, claim["spec"], client, settings).run()
-        finally:
-            with _busy_lock:
-                _busy -= 1
     finally:
         client.close()
 
 
+@contextlib.contextmanager
+def busy():
+    """A job slot of this worker is taken (its heartbeat reports the count)."""
+    global _busy
+    with _busy_lock:
+        _busy += 1
+    try:
+        yield
+    finally:
+        with _busy_lock:
+            _busy -= 1
+
+
 class JobSupervisor:
+    """One run on this worker's host (worker/nodes.py NodeSupervisor: one node of a
+    multi-host run, with the hooks below overridden)."""
+
+    node: int | None = None
+
     def __init__(self, run_id: str, spec: dict, client: BackendClient, settings: Settings):
         self.run_id, self.spec, self.client, self.settings = run_id, spec, client, settings
         self.dir = settings.work_dir / run_id
         self.out = self.dir / "out"
+
+    # -- hooks of a multi-host node ------------------------------------------------------------
+    def _beat(self) -> dict | None:
+        return self.client.heartbeat(self.run_id)
+
+    def _rendezvous(self):
+        """None: a one-host run (torchrun --standalone)."""
+        return None
+
+    @property
+    def key(self) -> str:
+        """What finds this run's (node's) processes on this host (worker/procs.py)."""
+        return proc_key(self.run_id, self.node)
 
     def say(self, msg: str) -> None:
         self.logs.add(f"[paralab] {msg}")
@@ -107,7 +132,7 @@ class JobSupervisor:
         self.out.mkdir(parents=True, exist_ok=True)
         spec_path = self.dir / "spec.json"
         spec_path.write_text(json.dumps(self.spec, indent=1))
-        self.logs = LogShipper(self.client, self.run_id)
+        self.logs = LogShipper(self.client, self.run_id, node=self.node)
         self.tail = LogTail()
         keep = self.logs.add
 
@@ -124,14 +149,23 @@ class JobSupervisor:
             self._finish("failed", -1, f"could not download the checkpoint to resume from: "
                          f"{exc}", None)
             return "failed"
+        try:
+            rdzv = self._rendezvous()
+        except Exception as exc:  # noqa: BLE001 - reported as the run's (node's) failure
+            self.say(f"no rendezvous: {exc}")
+            self.logs.close()
+            self._finish("failed", -1, f"no rendezvous: {exc}", None)
+            return "failed"
         argv = supervised(build_argv(self.spec, python=sys.executable, spec_path=spec_path,
                                      out_dir=self.out, log_dir=self.dir / "torchrun-logs",
-                                     resume_dir=resume_dir),
+                                     resume_dir=resume_dir, rdzv=rdzv),
                           python=sys.executable, grace_s=self.settings.kill_grace_s)
-        env = build_env(os.environ, run_id=self.run_id, omp_threads=self.settings.job_omp_threads)
+        env = build_env(os.environ, run_id=self.run_id, omp_threads=self.settings.job_omp_threads,
+                        host_label=worker_host(self.settings), node=self.node)
         timeout = job_timeout_s(self.spec, self.settings.max_job_timeout_s)
         self.hang = HangWatch(self.out, float(self.spec["runtime"].get("hang_timeout_s", 0)))
-        self.say(f"launching on {socket.gethostname()}: {shlex.join(argv)}")
+        where = worker_host(self.settings) + ("" if self.node is None else f", node {self.node}")
+        self.say(f"launching on {where}: {shlex.join(argv)}")
         proc = subprocess.Popen(argv, env=env, cwd=self.dir, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=pdeathsig_preexec(signal.SIGTERM))
@@ -171,11 +205,16 @@ class JobSupervisor:
         """Heartbeats while the job's results are analysed and uploaded (minutes for big
         traces): the run is still this worker's, not lost."""
         while not done.wait(self.settings.run_heartbeat_s):
-            self.client.heartbeat(self.run_id)
+            self._beat()
 
     def _wrap_up(self, reader, outcome: str | None, reason: str, rc: int) -> str:
+        status, error, diagnosis = self._outcome(reader, outcome, reason, rc)
+        return self._report(status, rc, error, diagnosis, early=bool(outcome))
+
+    def _outcome(self, reader, outcome: str | None, reason: str,
+                 rc: int) -> tuple[str, str | None, dict | None]:
         reader.join(timeout=10)
-        leftovers = kill_run_processes(self.run_id)
+        leftovers = kill_run_processes(self.key)
         if leftovers:
             self.say(f"killed leftover processes {leftovers}")
         status = outcome or ("succeeded" if rc == 0 else "failed")
@@ -187,7 +226,13 @@ class JobSupervisor:
                 self.say(f"diagnosis: {diagnosis['sentence']}")
                 error = f"{diagnosis['sentence']}\n\n{error or ''}".rstrip()
         self.say(f"finished: {status} (exit code {rc})")
-        if outcome:
+        return status, error, diagnosis
+
+    def _report(self, status: str, rc: int, error: str | None, diagnosis: dict | None, *,
+                early: bool) -> str:
+        """Analyse, upload, and report the run's outcome (`early`: a stop someone waits on
+        is reported before the partial trace is analysed; the summary follows)."""
+        if early:
             # Someone is waiting on this stop (cancel, timeout, shutdown): report it before
             # the partial trace is analysed and uploaded; the summary follows.
             self._finish(status, rc, error, None)
@@ -222,16 +267,16 @@ class JobSupervisor:
             if now - start > timeout:
                 self._stop(proc, f"timeout of {timeout:g} s reached")
                 return "timed_out", f"timed out after {timeout:g} s (runtime.timeout_s)"
-            if (stalled := self.hang.stalled_s()) is not None and rank_pids(self.run_id):
+            if (stalled := self.hang.stalled_s()) is not None and rank_pids(self.key):
                 # (no rank alive: they failed and torchrun is winding down, not a hang)
                 self.say(f"no rank completed a step or a collective for {stalled:.0f} s "
                          "(runtime.hang_timeout_s): dumping every rank's stack")
-                asked = dump_stacks(self.run_id, self.out)
+                asked = dump_stacks(self.key, self.out)
                 self.say(f"stacks of {asked} ranks in stack-rank*.txt")
                 # A rank blocked inside a collective never runs its Python SIGTERM handler:
                 # SIGKILL the ranks now (their flushers wrote traces and flight files up to
                 # the last 0.25 s), then stop torchrun as for a timeout.
-                for pid in rank_pids(self.run_id):
+                for pid in rank_pids(self.key):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
                 self._stop(proc, "hung")
@@ -242,7 +287,7 @@ class JobSupervisor:
                 return "failed", "the worker shut down while the run was running"
             if now >= next_beat:
                 next_beat = now + self.settings.run_heartbeat_s
-                beat = self.client.heartbeat(self.run_id)
+                beat = self._beat()
                 if beat and beat.get("cancel"):
                     self._stop(proc, "cancel requested")
                     return "cancelled", "cancelled by user"
@@ -261,7 +306,7 @@ class JobSupervisor:
         except subprocess.TimeoutExpired:
             self.say("the job did not stop: SIGKILL to every process of the run")
             proc.kill()
-        kill_run_processes(self.run_id)
+        kill_run_processes(self.key)
 
     def _error_text(self, rc: int) -> str:
         errs = sorted(self.out.glob("error-rank*.txt"))
@@ -295,9 +340,13 @@ class JobSupervisor:
             return summary
         return {**(summary or {}), "headline": headline}
 
-    def _upload(self) -> None:
+    def _upload(self, skip: set[str] | frozenset = frozenset()) -> None:
+        """Every file of the run folder, except the relative paths in `skip`."""
         files = [self.dir / "spec.json", *sorted(p for p in self.out.rglob("*") if p.is_file())]
         for p in files:
+            if p.relative_to(self.out if p.is_relative_to(self.out) else self.dir).as_posix() \
+                    in skip:
+                continue
             rel = p.relative_to(self.out if p.is_relative_to(self.out) else self.dir)
             try:
                 self.client.upload(self.run_id, rel.as_posix(), p)
@@ -319,7 +368,8 @@ def _worker_heartbeat_loop(settings: Settings, pool: str) -> None:
             client.worker_heartbeat(
                 name=worker_name(settings), host=worker_host(settings), queue=settings.queue,
                 slots=settings.worker_slots, busy=busy, devices=devices(),
-                info={"pid": os.getpid(), "pool": pool, "python": sys.version.split()[0]})
+                info={"pid": os.getpid(), "pool": pool, "python": sys.version.split()[0],
+                      **({"ranks": settings.worker_ranks} if settings.worker_ranks else {})})
         except Exception:  # noqa: BLE001
             log.warning("worker heartbeat round failed", exc_info=True)
         if _hb_stop.wait(settings.worker_heartbeat_s):

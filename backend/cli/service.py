@@ -39,12 +39,14 @@ def cmd_worker(a) -> int:
     if a.slots:
         os.environ["PARALAB_WORKER_SLOTS"] = str(a.slots)
     from backend.core.config import get_settings
-    from worker.app import get_celery
+    from worker.app import get_celery, node_queue
     from worker.tasks import worker_name
     settings = get_settings()
     app = get_celery(settings)
+    # its pool's queue, and its own: the nodes of multi-host runs placed on this worker
+    queues = f"{settings.queue},{node_queue(worker_name(settings))}"
     app.worker_main(["worker", "--pool", "threads", "--concurrency", str(settings.worker_slots),
-                     "--queues", settings.queue, "--hostname", worker_name(settings),
+                     "--queues", queues, "--hostname", worker_name(settings),
                      "--loglevel", "INFO", "--without-gossip", "--without-mingle"])
     return 0
 

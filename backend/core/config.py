@@ -40,6 +40,12 @@ class Settings(BaseSettings):
     # which inside a container is the container's ID, not the machine's.
     worker_host: str | None = None
     worker_token: str | None = None
+    # How many ranks this worker hosts at once on a CPU host (a GPU host: its CUDA devices);
+    # gang placement of multi-host runs counts them (docs/hosts.md). Default: its slots.
+    worker_ranks: int | None = Field(None, ge=1, le=4096)
+    # The address the other hosts reach this one at: node 0 of a multi-host run serves the
+    # rendezvous (and rank 0's store) there. Default: the address the hostname resolves to.
+    worker_address: str | None = None
     max_world_size: int = Field(8, ge=1)
     max_job_timeout_s: float = 7 * 86400.0
     job_omp_threads: int = 1

@@ -12,6 +12,25 @@ from backend.crud.history import (
     starred_ids,
     stars_of,
 )
+from backend.crud.nodes import (
+    HOST_LOST_PREFIX,
+    active_nodes,
+    append_node_logs,
+    cancel_reserved,
+    claim_node,
+    fail_gang,
+    finish_node,
+    host_lost_error,
+    mark_republished,
+    node_heartbeat,
+    nodes_of,
+    reap_lost_nodes,
+    release,
+    reserve,
+    set_endpoint,
+    unclaimed_nodes,
+    waiting_gang_runs,
+)
 from backend.crud.runs import (
     SORT_KEYS,
     RunFilter,
@@ -70,4 +89,9 @@ __all__ = [
     "fail_unclaimed", "list_rejections", "mark_enqueued", "record_rejection", "unclaimed_runs",
     # the cluster page (backend/services/cluster.py)
     "count_queued", "queued_runs", "running_runs",
+    # multi-host runs (backend/services/placement.py, the worker channel's node calls)
+    "HOST_LOST_PREFIX", "active_nodes", "append_node_logs", "cancel_reserved", "claim_node",
+    "fail_gang", "finish_node", "host_lost_error", "mark_republished", "node_heartbeat", "nodes_of",
+    "reap_lost_nodes", "release", "reserve", "set_endpoint", "unclaimed_nodes",
+    "waiting_gang_runs",
 ]

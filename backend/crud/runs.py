@@ -41,7 +41,8 @@ def create_run(db: Session, spec: JobSpec, *, owner: str, tags: list[str], notes
     run = Run(id=new_run_id(), name=spec.name, owner=owner, kind=spec.kind,
               strategy=spec.strategy, spec=spec.to_dict(), spec_version=spec.version,
               world_size=spec.world_size, dp=spec.parallel.dp, tp=spec.parallel.tp,
-              pp=spec.parallel.pp, queue=spec.runtime.queue, status="queued",
+              pp=spec.parallel.pp, queue=spec.runtime.queue, nnodes=spec.runtime.nnodes,
+              status="queued",
               created_at=utcnow(), cancel_requested=False, notes=notes,
               tags=[RunTag(tag=t) for t in dict.fromkeys(tags)],
               parent_id=spec.resume.run_id or None)
@@ -174,6 +175,9 @@ def request_cancel(db: Session, run: Run) -> Run:
         db.execute(update(Run).where(Run.id == run.id, Run.status == "queued").values(
             status="cancelled", finished_at=utcnow(), cancel_requested=True,
             error="cancelled before it started"))
+        if run.nnodes > 1:  # its reserved hosts are free again at once
+            from backend.crud.nodes import cancel_reserved
+            cancel_reserved(db, run.id)
     elif run.status == "running":
         db.execute(update(Run).where(Run.id == run.id).values(cancel_requested=True))
     db.commit()
@@ -254,7 +258,12 @@ def finish(db: Session, run_id: str, *, status: str, exit_code: int | None, erro
                                                              _reaped_as_lost()))
                      .values(**values, finished_at=utcnow()))
     if res.rowcount == 0 and summary is not None:
-        db.execute(update(Run).where(Run.id == run_id, Run.status == status,
+        # the same outcome reported again with the summary; or a multi-host run failed as
+        # "host lost" whose surviving coordinator still analysed what the nodes traced
+        from backend.crud.nodes import HOST_LOST_PREFIX
+        db.execute(update(Run).where(Run.id == run_id, or_(
+            Run.status == status, and_(Run.status == "failed",
+                                       Run.error.like(HOST_LOST_PREFIX + "%"))),
                                      Run.summary.is_(None))
                    .values(summary=summary, metrics=values["metrics"], provenance=provenance))
     db.commit()
@@ -313,9 +322,10 @@ def unclaimed_runs(db: Session, *, older_than_s: float) -> list[Run]:
     """Queued runs whose message was last published more than `older_than_s` ago."""
     cutoff = utcnow() - timedelta(seconds=older_than_s)
     since = func.coalesce(Run.enqueued_at, Run.created_at)
+    # (multi-host runs are the placer's: backend/services/placement.py reconcile_nodes)
     return list(db.scalars(select(Run).options(defer(Run.spec), defer(Run.summary))
                            .where(Run.status == "queued", Run.cancel_requested.is_(False),
-                                  since < cutoff).order_by(since)))
+                                  Run.nnodes == 1, since < cutoff).order_by(since)))
 
 
 def mark_enqueued(db: Session, run_id: str, *, attempts: int, count: bool = True) -> bool:

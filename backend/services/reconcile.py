@@ -29,6 +29,7 @@ from backend import crud
 from backend.core.config import Settings
 from backend.core.db import get_sessionmaker
 from backend.models import Run, utcnow
+from backend.services import placement
 from backend.streams import hub
 from worker.app import enqueue_run
 
@@ -88,7 +89,9 @@ async def reconciler(settings: Settings) -> None:
 
     def round_():
         with maker() as db:
-            return reconcile_once(db, settings)
+            done = reconcile_once(db, settings)
+            placement.reconcile_nodes(db, settings)  # multi-host runs: place, republish
+            return done
 
     while True:
         await asyncio.sleep(interval)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobs.ckpt_index import complete_checkpoints, resume_problem
 from sqlalchemy.orm import Session
 
 from backend import crud
 from backend.core.config import Settings
 from backend.errors import Invalid, NotFound
 from backend.models import FINISHED, Run
+from jobs.ckpt_index import complete_checkpoints, resume_problem
 from jobs.spec import JobSpec, deep_merge
 
 # what a resume request may change over the parent's spec (the model and the optimizer must

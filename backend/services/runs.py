@@ -13,7 +13,7 @@ from backend.core.config import Settings
 from backend.core.identity import Principal
 from backend.errors import Conflict, Invalid, Unavailable
 from backend.models import FINISHED, Run, RunTag
-from backend.services import resume
+from backend.services import placement, resume
 from backend.streams import hub
 from jobs.spec import JobSpec, SpecError, parse_spec, text_problem
 from jobs.theory import predict
@@ -117,7 +117,10 @@ def submit(db: Session, settings: Settings, body: dict[str, Any], *,
         db.rollback()  # a refusal ends the transaction, and with it the lock
         raise
     try:
-        enqueue_run(settings, run.id, run.queue)
+        if run.nnodes > 1:  # gang placement: reserved all-or-nothing, one message per node
+            placement.place_waiting(db, settings)
+        else:
+            enqueue_run(settings, run.id, run.queue)
     except Exception as exc:
         log.exception("enqueue of run %s failed", run.id)
         crud.delete_run(db, run.id)

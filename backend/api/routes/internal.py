@@ -8,7 +8,6 @@ from pathlib import Path
 
 from fastapi import APIRouter, BackgroundTasks, Query, Request
 from fastapi.responses import FileResponse
-from jobs.ckpt_index import complete_checkpoints
 from starlette.concurrency import run_in_threadpool
 
 from backend import crud, run_traces
@@ -18,6 +17,7 @@ from backend.core.db import get_sessionmaker
 from backend.errors import NotFound
 from backend.storage import append_at, resolve_run_path, save_stream
 from backend.streams import hub
+from jobs.ckpt_index import complete_checkpoints
 
 router = APIRouter(prefix="/api/internal", tags=["worker channel"], dependencies=[CheckedParams])
 

@@ -1,0 +1,208 @@
+"""Gang placement of multi-host runs (runtime.nnodes > 1): all of a run's nodes or none.
+
+A run with nnodes = N needs N distinct hosts of its queue, each with one worker that has a free
+job slot and `nproc_per_node` free ranks (a worker's ranks: its CUDA devices, or on a CPU host
+PARALAB_WORKER_RANKS). What is taken is read from the database, not from the workers' last
+heartbeats: the active nodes of other multi-host runs and the one-host runs running there.
+
+All-or-nothing in one transaction, with the queue's worker rows locked (PostgreSQL: SELECT ...
+FOR UPDATE, in name order; SQLite: BEGIN IMMEDIATE, the database's one write lock, the most the
+embedded default can do: one placer at a time, across processes): two runs competing for the same
+hosts can never each hold half and wait for the other. Runs of a queue are placed oldest first,
+and a run that does not fit blocks the younger multi-host runs of its queue (no backfill), so a
+big run is never starved by a stream of smaller ones. Messages go out after the commit, one per
+node, to its worker's own queue (worker/app.py node_queue); the claim of each node is atomic, so
+a redelivered message never launches a node twice (docs/hosts.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from backend import crud
+from backend.core.config import Settings
+from backend.models import Run, Worker
+from worker.app import enqueue_node
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Capacity:
+    """What one live worker has, and what is taken of it."""
+
+    worker: str
+    host: str
+    slots: int
+    ranks: int
+    used_slots: int = 0
+    used_ranks: int = 0
+    held_by: list[str] = field(default_factory=list)
+
+    @property
+    def free_slots(self) -> int:
+        return max(self.slots - self.used_slots, 0)
+
+    @property
+    def free_ranks(self) -> int:
+        return max(self.ranks - self.used_ranks, 0)
+
+
+def worker_ranks(w: Worker) -> int:
+    """How many ranks a worker can host at once: its CUDA devices, else what it reports
+    (PARALAB_WORKER_RANKS), else its job slots."""
+    gpus = sum(1 for d in w.devices if d.get("type") == "cuda")
+    reported = (w.info or {}).get("ranks")
+    return gpus or (reported if isinstance(reported, int) and reported > 0 else w.slots)
+
+
+def capacities(db: Session, settings: Settings, queue: str,
+               workers: list[Worker] | None = None) -> list[Capacity]:
+    if workers is None:
+        workers = [w for w in crud.list_workers(db, seen_within_s=settings.worker_alive_s)
+                   if w.queue == queue]
+    caps = {w.name: Capacity(w.name, w.host, w.slots, worker_ranks(w)) for w in workers}
+    for n in crud.active_nodes(db):
+        if (c := caps.get(n.worker)) is not None:
+            c.used_slots, c.used_ranks = c.used_slots + 1, c.used_ranks + n.ranks
+            c.held_by.append(n.run_id)
+    for run in crud.running_runs(db):
+        if run.nnodes == 1 and (c := caps.get(run.worker_host or "")) is not None:
+            c.used_slots, c.used_ranks = c.used_slots + 1, c.used_ranks + run.world_size
+            c.held_by.append(run.id)
+    return sorted(caps.values(), key=lambda c: (c.host, c.worker))
+
+
+def pick(caps: list[Capacity], nnodes: int, per_node: int) -> list[Capacity] | None:
+    """N distinct hosts, on each the first worker (by name) with a free slot and `per_node`
+    free ranks; None when fewer than N hosts have one."""
+    chosen: dict[str, Capacity] = {}
+    for c in caps:
+        if c.host not in chosen and c.free_slots >= 1 and c.free_ranks >= per_node:
+            chosen[c.host] = c
+    return list(chosen.values())[:nnodes] if len(chosen) >= nnodes else None
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def wait_reason(caps: list[Capacity], run: Run, ahead: list[str]) -> str:
+    """Why a multi-host run is not placed yet, in words: which hosts, what is missing."""
+    rt = (run.spec or {}).get("runtime") or {}
+    n, per = run.nnodes, int(rt.get("nproc_per_node") or 1)
+    q = repr(run.queue)
+    hosts = sorted({c.host for c in caps})
+    if not caps:
+        return (f"needs {_plural(n, 'host')} at once; no live worker serves queue {q}: start "
+                f"one per host with PARALAB_QUEUE={run.queue} (docs/deploy.md)")
+    if len(hosts) < n:
+        return (f"needs {_plural(n, 'host')} at once; queue {q} has "
+                f"{_plural(len(hosts), 'live host')} ({', '.join(hosts)})")
+    if max(c.ranks for c in caps) < per:
+        return (f"needs {per} ranks on each host (nproc_per_node); the largest worker of "
+                f"queue {q} hosts {max(c.ranks for c in caps)}")
+    if ahead:
+        return (f"behind {_plural(len(ahead), 'earlier multi-host run')} of queue {q} "
+                f"({', '.join(ahead[:3])}): runs are placed oldest first")
+    free = "; ".join(
+        f"{c.host}: {c.free_ranks} of {c.ranks} ranks free"
+        + (f", held by {', '.join(dict.fromkeys(c.held_by))}" if c.held_by else "")
+        for c in caps)
+    fit = len({c.host for c in caps if c.free_slots >= 1 and c.free_ranks >= per})
+    return (f"needs {_plural(n, 'host')} with {per} free ranks each at once; "
+            f"{_plural(fit, 'host')} of queue {q} has them now ({free})")
+
+
+def _lock(db: Session, queue: str) -> list[Worker]:
+    if db.get_bind().dialect.name == "sqlite":
+        db.commit()  # BEGIN cannot nest
+        db.connection().exec_driver_sql("BEGIN IMMEDIATE")
+        return list(db.scalars(select(Worker).where(Worker.queue == queue)
+                               .order_by(Worker.name)))
+    return list(db.scalars(select(Worker).where(Worker.queue == queue)
+                           .order_by(Worker.name).with_for_update()))
+
+
+def place_waiting(db: Session, settings: Settings,
+                  publish: Callable[[Settings, str, int, str], None] = enqueue_node
+                  ) -> list[str]:
+    """Place every waiting multi-host run that fits, oldest first per queue; returns their
+    IDs. Their node messages are published after the placement is committed."""
+    placed: list[tuple[str, list[str]]] = []
+    blocked: set[str] = set()
+    for run in crud.waiting_gang_runs(db):
+        if run.queue in blocked:
+            continue
+        rt = (run.spec or {}).get("runtime") or {}
+        per = int(rt.get("nproc_per_node") or 1)
+        try:
+            locked = _lock(db, run.queue)
+            alive = {w.name for w in crud.list_workers(db, seen_within_s=settings.worker_alive_s)}
+            caps = capacities(db, settings, run.queue, [w for w in locked if w.name in alive])
+            still = db.get(Run, run.id)
+            db.refresh(still)
+            if still.status != "queued" or still.cancel_requested or any(
+                    n.status in ("reserved", "running") for n in crud.nodes_of(db, run.id)):
+                db.rollback()
+                continue
+            chosen = pick(caps, run.nnodes, per)
+            if chosen is None:
+                db.rollback()
+                blocked.add(run.queue)
+                continue
+            crud.reserve(db, run.id, [(c.worker, c.host) for c in chosen], per)
+            db.commit()
+        except Exception:
+            db.rollback()
+            raise
+        placed.append((run.id, [c.worker for c in chosen]))
+        log.info("run %s placed on %s", run.id, ", ".join(c.host for c in chosen))
+    for run_id, workers in placed:
+        for node, worker in enumerate(workers):
+            try:
+                publish(settings, run_id, node, worker)
+            except Exception:  # noqa: BLE001 - the reconciler publishes unclaimed nodes again
+                log.warning("publishing node %d of run %s failed", node, run_id, exc_info=True)
+    return [r for r, _ in placed]
+
+
+def reconcile_nodes(db: Session, settings: Settings,
+                    publish: Callable[[Settings, str, int, str], None] = enqueue_node
+                    ) -> dict[str, list[str]]:
+    """Placed nodes no worker claimed within the claim bound: published again while their
+    worker lives; a placement whose worker died before any node started is released (the run
+    is placed again); a running run whose unstarted node's worker died fails as host lost;
+    after `queue_claim_attempts` publications the run fails with the reason."""
+    out: dict[str, list[str]] = {"republished": [], "released": [], "failed": []}
+    alive = {w.name for w in crud.list_workers(db, seen_within_s=settings.worker_alive_s)}
+    for n in crud.unclaimed_nodes(db, older_than_s=settings.queue_claim_timeout_s):
+        run = db.get(Run, n.run_id)
+        if run is None:
+            continue
+        if n.worker not in alive:
+            if run.status == "queued" and crud.release(db, run.id):
+                out["released"].append(run.id)
+            elif run.status == "running" and crud.fail_gang(
+                    db, run.id, crud.host_lost_error(n, settings.worker_alive_s, None)):
+                out["failed"].append(run.id)
+        elif n.publish_attempts >= settings.queue_claim_attempts:
+            if crud.fail_gang(db, run.id, f"node {n.node} of the run, placed on worker "
+                              f"{n.worker} ({n.host}), was not claimed after "
+                              f"{n.publish_attempts} publications: does that worker consume "
+                              f"its own queue (worker/app.py node_queue)?"):
+                out["failed"].append(run.id)
+        elif crud.mark_republished(db, n.run_id, n.node, n.publish_attempts):
+            try:
+                publish(settings, n.run_id, n.node, n.worker)
+            except Exception:  # noqa: BLE001 - counted; health says the broker is down
+                log.warning("republishing node %d of run %s failed", n.node, n.run_id,
+                            exc_info=True)
+            out["republished"].append(n.run_id)
+    place_waiting(db, settings, publish)
+    return out
