@@ -3,8 +3,8 @@
 `docker compose config` cannot run here, so this does what it does: interpolate `${VAR}`
 references the way Compose does, then validate the result against the Compose
 Specification's JSON schema (vendored in tests/data/, see its README), and then checks what
-paralab needs of the file: services, health-gated start-up, one GPU queue per worker, no
-secret with a default, Dockerfiles that exist and build what pyproject.toml declares.
+paralab needs of the file: services, health-gated start-up, a pool of GPU workers on one
+queue, no secret with a default, Dockerfiles that exist and build what pyproject.toml declares.
 """
 
 from __future__ import annotations
@@ -392,20 +392,26 @@ def test_backend_healthcheck(compose):
     assert parse_duration(health.get("start_period", "0s")) >= 10, "migrations need time"
 
 
-def test_workers_have_gpus_and_distinct_queues(compose):
-    queues: dict[str, str] = {}
+def test_workers_have_gpus_and_share_a_pool(compose):
+    """The hosts of the file are one pool (one queue): a multi-host run is placed on several
+    of them at once. Each says where the others reach it (the rendezvous of node 0)."""
+    queues: dict[str, list[str]] = {}
+    addresses: dict[str, str] = {}
     for name, worker in workers(compose).items():
         env = env_of(worker)
         queue = env.get("PARALAB_QUEUE")
         assert queue, f"{name}: PARALAB_QUEUE not set"
-        assert queue not in queues, f"{name} and {queues.get(queue)} share queue {queue}"
-        queues[queue] = name
+        queues.setdefault(queue, []).append(name)
+        addr = env.get("PARALAB_WORKER_ADDRESS")
+        assert addr and addr not in addresses, f"{name}: no address of its own"
+        addresses[addr] = name
         args = argv(worker["command"])
         assert args[:2] == ["paralab", "worker"], args
         assert args[args.index("--queue") + 1] == queue, f"{name}: --queue != PARALAB_QUEUE"
         devices = worker["deploy"]["resources"]["reservations"]["devices"]
         assert any(d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", [])
                    for d in devices), f"{name}: no nvidia GPU reservation"
+    assert max(len(ns) for ns in queues.values()) >= 2, f"no pool of two hosts: {queues}"
 
 
 def test_two_host_layout_one_worker_per_host(compose):

@@ -35,6 +35,20 @@ class ClusterRun(BaseModel):
     running_s: float | None
 
 
+class ClusterHold(BaseModel):
+    run: str
+    node: int
+    ranks: int
+    status: str = Field(description="reserved (its worker not started yet) or running")
+    worker: str
+
+
+class ClusterPlaced(BaseModel):
+    node: int
+    host: str
+    worker: str
+
+
 class ClusterHost(BaseModel):
     host: str
     queues: list[str]
@@ -44,8 +58,8 @@ class ClusterHost(BaseModel):
     devices: list[ClusterDevice]
     workers: list[ClusterWorker]
     runs: list[ClusterRun] = Field(description="runs running on this host's workers")
-    held_by: list[str] = Field(description="multi-host runs reserving this host while their "
-                               "gang assembles (issue #16 placement); empty until then")
+    held_by: list[ClusterHold] = Field(description="the nodes of multi-host runs holding this "
+                                       "host's ranks, reserved or running (gang placement)")
 
 
 class ClusterQueue(BaseModel):
@@ -68,8 +82,8 @@ class ClusterQueued(BaseModel):
     waiting_since: datetime
     waited_s: float
     reason: str = Field(description="why it has not started, in words")
-    placement: list[str] = Field(description="hosts assigned to it (multi-host placement, "
-                                 "issue #16); empty until then")
+    placement: list[ClusterPlaced] = Field(description="the hosts reserved for its nodes once "
+                                           "it is placed (multi-host runs)")
 
 
 class ClusterOut(BaseModel):

@@ -127,6 +127,7 @@ class RunOut(BaseModel):
     tp: int
     pp: int
     queue: str
+    nnodes: int = 1
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None

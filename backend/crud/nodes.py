@@ -195,6 +195,10 @@ def append_node_logs(db: Session, run_id: str, node: int, lines: list[dict],
         db.connection().exec_driver_sql("BEGIN IMMEDIATE")
     else:
         db.execute(select(Run.id).where(Run.id == run_id).with_for_update())
+    row = db.get(RunNode, (run_id, node))
+    # every line says where it came from, whoever reads it (text log, live stream, page);
+    # its rank is read from the job's own prefix behind the tag
+    tag = f"[{row.host if row else '?'} node{node}] "
     want = {int(x["seq"]): x for x in lines}
     have = set(db.scalars(select(RunLog.nseq).where(
         and_(RunLog.run_id == run_id, RunLog.node == node, RunLog.nseq.in_(list(want))))))
@@ -203,7 +207,7 @@ def append_node_logs(db: Session, run_id: str, node: int, lines: list[dict],
     for nseq in sorted(set(want) - have):
         x = want[nseq]
         rows.append(RunLog(run_id=run_id, seq=nxt, node=node, nseq=nseq,
-                           rank=_rank_of(x["line"]), line=x["line"],
+                           rank=_rank_of(x["line"]), line=(tag + x["line"])[:65536],
                            ts=datetime.fromisoformat(x["ts"]) if x.get("ts") else utcnow()))
         nxt += 1
     db.add_all(rows)

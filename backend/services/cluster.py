@@ -5,7 +5,10 @@ with the reason each one waits.
 A host is the `host` a worker reports (PARALAB_WORKER_HOST, else its machine's hostname):
 several workers may share one (one per GPU group, or one per queue). A run is on the host of
 the worker that claimed it (`Run.worker_host` holds the claiming worker's name). Multi-host
-placement (issue #16) will fill `held_by` and `placement`; they are empty today.
+run spans several hosts (runtime.nnodes > 1): it is on each host one of its nodes is placed on
+(run_nodes), and `held_by` lists the multi-host runs holding a host's ranks, reserved or running;
+a queued multi-host run's `placement` is its reserved nodes and its reason is the placer's
+(backend/services/placement.py).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from sqlalchemy.orm import Session
 from backend import crud
 from backend.core.config import Settings
 from backend.models import Run, Worker, utcnow
+from backend.services import placement
 
 
 @dataclass
@@ -132,7 +136,19 @@ def cluster_view(db: Session, settings: Settings) -> dict:
     host_of = {w.name: w.host for w in workers}
     running: dict[str, list[dict]] = {}
     unseen = []
+    gang: dict[str, list] = {}
+    for n in crud.active_nodes(db):
+        gang.setdefault(n.run_id, []).append(n)
+    held: dict[str, list[dict]] = {}
+    for run_id, nodes in gang.items():
+        for n in nodes:
+            held.setdefault(n.host, []).append({"run": run_id, "node": n.node, "ranks": n.ranks,
+                                                "status": n.status, "worker": n.worker})
     for run in crud.running_runs(db):
+        if run.nnodes > 1:  # on every host of its nodes
+            for host in sorted({n.host for n in gang.get(run.id, [])}):
+                running.setdefault(host, []).append(_run_brief(run, now))
+            continue
         host = host_of.get(run.worker_host or "")
         if host is None and run.worker_host in by_host:  # a worker that reported its host
             host = run.worker_host
@@ -144,26 +160,32 @@ def cluster_view(db: Session, settings: Settings) -> dict:
         hosts.append({
             "host": host, "queues": sorted({w.queue for w in ws}),
             "slots": slots, "busy": busy, "free": slots - busy,
-            "devices": _devices(ws), "runs": running.get(host, []), "held_by": [],
+            "devices": _devices(ws), "runs": running.get(host, []),
+            "held_by": held.get(host, []),
             "workers": [{"name": w.name, "queue": w.queue, "slots": w.slots, "busy": w.busy,
                          "free": max(w.slots - w.busy, 0), "last_seen": w.last_seen}
                         for w in ws]})
     stats = queue_stats(workers)
     queued = []
     ahead: dict[str, int] = {}
+    ahead_one: dict[str, int] = {}
     for run in crud.queued_runs(db):
         nnodes, per_host = _runtime(run)
         waited = (now - run.created_at).total_seconds()
         queued.append({
             "id": run.id, "name": run.name, "owner": run.owner, "queue": run.queue,
             "world_size": run.world_size, "nnodes": nnodes, "waiting_since": run.created_at,
-            "waited_s": round(waited, 1), "placement": [],
-            "reason": wait_reason(
+            "waited_s": round(waited, 1),
+            "placement": [{"node": n.node, "host": n.host, "worker": n.worker}
+                          for n in gang.get(run.id, [])],
+            "reason": placement.why_waiting(db, settings, run) if nnodes > 1 else wait_reason(
                 stats.get(run.queue) or QueueStats(run.queue), nnodes=nnodes,
-                ranks_per_host=per_host, ahead=ahead.get(run.queue, 0), waited_s=waited,
+                ranks_per_host=per_host, ahead=ahead_one.get(run.queue, 0), waited_s=waited,
                 attempts=run.enqueue_attempts, claim_timeout_s=settings.queue_claim_timeout_s,
                 claim_attempts=settings.queue_claim_attempts)})
         ahead[run.queue] = ahead.get(run.queue, 0) + 1
+        if nnodes == 1:  # multi-host runs are placed by the placer, not taken by a slot
+            ahead_one[run.queue] = ahead_one.get(run.queue, 0) + 1
     names = sorted(set(stats) | set(ahead))
     queues = [{"queue": n, "hosts": sorted(stats[n].hosts) if n in stats else [],
                "workers": stats[n].workers if n in stats else 0,

@@ -119,6 +119,34 @@ def wait_reason(caps: list[Capacity], run: Run, ahead: list[str]) -> str:
             f"{_plural(fit, 'host')} of queue {q} has them now ({free})")
 
 
+def waiting_ahead(db: Session, run: Run) -> list[str]:
+    """The queued multi-host runs of its queue placed before it (older, not placed)."""
+    ahead = []
+    for r in crud.waiting_gang_runs(db):
+        if r.id == run.id:
+            return ahead
+        if r.queue == run.queue:
+            ahead.append(r.id)
+    return []
+
+
+def why_waiting(db: Session, settings: Settings, run: Run) -> str | None:
+    """The run page's and the cluster page's reason a queued multi-host run waits."""
+    if run.status != "queued" or run.nnodes <= 1:
+        return None
+    if any(n.status == "reserved" for n in crud.nodes_of(db, run.id)):
+        return "placed: waiting for its workers to start their nodes"
+    return wait_reason(capacities(db, settings, run.queue), run, waiting_ahead(db, run))
+
+
+def node_view(db: Session, run_id: str) -> list[dict]:
+    """A multi-host run's nodes as the run page, the API and the workers see them."""
+    return [{"node": n.node, "host": n.host, "worker": n.worker, "ranks": n.ranks,
+             "status": n.status, "endpoint": n.endpoint, "started_at": n.started_at,
+             "finished_at": n.finished_at, "exit_code": n.exit_code, "error": n.error}
+            for n in crud.nodes_of(db, run_id)]
+
+
 def _lock(db: Session, queue: str) -> list[Worker]:
     if db.get_bind().dialect.name == "sqlite":
         db.commit()  # BEGIN cannot nest

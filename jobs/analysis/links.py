@@ -121,3 +121,21 @@ def links_table(tr: Traces, spec, coll_rows: list[dict], pred: dict | None) -> l
             "predicted_busbw_GBps": t.get("busbw_GBps"), "predicted_time_s": t.get("time_s"),
             "predicted_bandwidth_source": t.get("bandwidth_source")})
     return rows
+
+
+def placement_table(tr: Traces, spec) -> list[dict]:
+    """Which rank ran on which host: per rank its host (the trace meta's `hostname`, else the
+    host rank_hosts derives), torch's node rank and local rank, the placement node of the
+    worker that launched it, its mesh coordinates, and the bound of its clock's alignment to
+    rank 0's (ns), which holds across hosts as across ranks."""
+    hosts, _ = rank_hosts(tr, spec)
+    out = []
+    for r in sorted(tr.ranks):
+        meta = tr.meta.get(r) or {}
+        out.append({"rank": r, "host": str(meta.get("hostname") or hosts.get(r)),
+                    "node_rank": meta.get("node_rank"), "local_rank": meta.get("local_rank"),
+                    "placement_node": meta.get("placement_node"),
+                    **{a: tr.coords(r).get(a) for a in AXES},
+                    "clock_error_ns": meta.get("clock_error_ns")})
+    return out
+

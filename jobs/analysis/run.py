@@ -26,7 +26,7 @@ from .load import Traces, load_run_dir
 SCHEMA = 2  # 2: headline/ranks/bandwidth tables, bubble_s in step_rank, rules
 TABLES = ("headline", "step_rank", "ranks", "throughput", "stragglers", "straggler_ranks",
           "collectives",
-          "bandwidth", "axis_bytes", "links", "memory", "stage_bubbles")
+          "bandwidth", "axis_bytes", "links", "placement", "memory", "stage_bubbles")
 ANALYSIS_FILE = "analysis.json"
 PERFETTO_FILE = "trace.perfetto.json"
 
@@ -148,6 +148,7 @@ def analyze(tr: Traces, spec=None) -> dict:
     _safe(tr, "axis_bytes predictions",
           lambda: _axis_predictions(t["axis_bytes"], pred, tr.summary), None)
     t["links"] = _safe(tr, "links", lambda: LK.links_table(tr, sp, t["collectives"], pred), [])
+    t["placement"] = _safe(tr, "placement", lambda: LK.placement_table(tr, sp), [])
     t["memory"] = _safe(tr, "memory", lambda: M.memory_table(tr, sp, pred), [])
     t["stage_bubbles"] = _safe(tr, "stage_bubbles", lambda: PL.stage_bubbles_table(
         tr, sp, P.pipeline(pred), t["step_rank"]), [])

@@ -42,13 +42,14 @@ class Cluster(Service):
         super().close()
 
 
-def cluster_fixture(tmp, pg_server_url, hosts=("hostA", "hostB"), **kw):
+def cluster_fixture(tmp, pg_server_url, hosts=("hostA", "hostB"), *, ranks: int = 2,
+                    slots: int = 2, **kw):
     url, drop = _fresh_pg_database(pg_server_url)
     c = Cluster(tmp, db_url=url, redis_url=REDIS_URL, **kw)
     try:
         c.start_backend()
         for h in hosts:
-            c.start_host(h)
+            c.start_host(h, ranks=ranks, slots=slots)
         yield c
     finally:
         c.close()

@@ -126,13 +126,16 @@ def test_whatif_host_fields_are_validated(extra, loc, fragment):
         exc.value.errors
 
 
-def test_spec_prediction_with_a_host_what_if_and_submit_still_refuses():
+def test_spec_prediction_with_a_host_what_if_and_a_multi_host_spec():
     spec = parse_spec({"preset": "ddp", "parallel": {"dp": 4},
                        "runtime": {"nproc_per_node": 4}})
     assert {r["link"] for r in predict(spec)["comm"]["links"]["per_axis"]} == {"intra"}
     two = predict(spec, nnodes=2, inter_bandwidth_GBps=12.5)
     assert two["inputs"]["nproc_per_node"] == 2 and links_of(two)["dp"]["link"] == "inter"
     assert links_of(two)["dp"]["busbw_GBps"] == 12.5
-    with pytest.raises(SpecError) as exc:  # the submitted spec itself: still one host
-        parse_spec({"preset": "ddp", "parallel": {"dp": 4}, "runtime": {"nnodes": 2}})
+    # a multi-host spec itself (runtime.nnodes = 2): the same attribution, from the spec
+    multi = parse_spec({"preset": "ddp", "parallel": {"dp": 4}, "runtime": {"nnodes": 2}})
+    assert links_of(predict(multi))["dp"]["link"] == "inter"
+    with pytest.raises(SpecError) as exc:
+        parse_spec({"preset": "ddp", "parallel": {"dp": 4}, "runtime": {"nnodes": 0}})
     assert exc.value.errors[0]["loc"] == ["runtime", "nnodes"]

@@ -27,13 +27,6 @@ class NodeFinishIn(Input):
     error: str | None = Field(None, max_length=20_000)
 
 
-def node_rows(db, run_id: str) -> list[dict]:
-    return [{"node": n.node, "host": n.host, "worker": n.worker, "ranks": n.ranks,
-             "status": n.status, "endpoint": n.endpoint, "exit_code": n.exit_code,
-             "error": n.error, "started_at": n.started_at, "finished_at": n.finished_at}
-            for n in crud.nodes_of(db, run_id)]
-
-
 def _node(db, run, node: int):
     row = next((n for n in crud.nodes_of(db, run.id) if n.node == node), None)
     if row is None:
@@ -47,7 +40,7 @@ def claim_node(db: DbDep, run: RunDep, node: int, body: ClaimIn, _: WorkerDep) -
     if ok:
         hub.publish_status(run.id, "running")
     return {"launch": ok, "reason": reason, "spec": run.spec if ok else None,
-            "nnodes": run.nnodes, "nodes": node_rows(db, run.id)}
+            "nnodes": run.nnodes, "nodes": placement.node_view(db, run.id)}
 
 
 @router.post("/runs/{run_id}/nodes/{node}/heartbeat")
@@ -69,7 +62,7 @@ def set_endpoint(db: DbDep, run: RunDep, node: int, body: EndpointIn, _: WorkerD
 @router.get("/runs/{run_id}/nodes")
 def list_nodes(db: DbDep, run: RunDep, _: WorkerDep) -> dict:
     return {"status": run.status, "cancel": run.cancel_requested,
-            "nodes": node_rows(db, run.id)}
+            "nodes": placement.node_view(db, run.id)}
 
 
 @router.post("/runs/{run_id}/nodes/{node}/logs")

@@ -31,8 +31,13 @@ function hostRow(h) {
     ? el("ul", { class: "plain" }, h.runs.map((r) => el("li", {}, runLink(r),
       el("span", { class: "muted", text: ` ${r.world_size} ranks · ${r.worker ?? ""}` }))))
     : el("span", { class: "muted", text: "none" });
+  // the nodes of multi-host runs holding this host's ranks (gang placement)
   const held = h.held_by.length
-    ? el("div", { class: "muted", text: `reserved for ${h.held_by.join(", ")}` }) : null;
+    ? el("ul", { class: "plain held-by" }, h.held_by.map((n) => el("li", {
+      dataset: { runId: n.run, node: String(n.node) } },
+      el("a", { href: `/runs/${encodeURIComponent(n.run)}`, text: n.run }),
+      el("span", { class: "muted", text: ` node ${n.node} · ${n.ranks} ranks · ${n.status}` }))))
+    : null;
   const workers = el("ul", { class: "plain" }, h.workers.map((w) => el("li", {
     text: `${w.name} (${w.queue}): ${w.busy}/${w.slots} busy` })));
   return el("tr", { dataset: { host: h.host } },
@@ -50,7 +55,9 @@ function queuedRow(r) {
     el("td", { text: r.queue }),
     el("td", { text: r.nnodes > 1 ? `${r.world_size} (${r.nnodes} hosts)` : `${r.world_size}` }),
     el("td", { text: `${fmtDate(r.waiting_since)} (${fmtSeconds(r.waited_s)})` }),
-    el("td", { class: "reason", text: r.reason }));
+    el("td", { class: "reason" }, el("span", { text: r.reason }),
+      r.placement.length ? el("div", { class: "muted placement", text: "placed: "
+        + r.placement.map((p) => `node ${p.node} on ${p.host}`).join(", ") }) : null));
 }
 
 function queueRow(q) {

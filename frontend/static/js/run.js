@@ -7,6 +7,7 @@ import { mountCurves } from "./curves.js";
 import { mountDiagnosis, mountResume } from "./diagnosis.js";
 import { $, degrees, el, fmtBytes, fmtDate, fmtPct, fmtSeconds, statusBadge } from "./dom.js";
 import { mountGantt } from "./gantt.js";
+import { mountHosts } from "./hosts.js";
 import { mountMemory } from "./memory.js";
 import { mountSweepChart } from "./sweeps.js";
 
@@ -30,7 +31,8 @@ function renderHead() {
   $("#run-title").textContent = run.name;
   $("#run-status").replaceChildren(statusBadge(run.status));
   $("#run-meta").textContent = [`${run.id}`, run.strategy, `${degrees(run)} = ${run.world_size} ranks`,
-    `owner ${run.owner}`, `queue ${run.queue}`, run.worker_host ? `on ${run.worker_host}` : null,
+    `owner ${run.owner}`, `queue ${run.queue}`, (run.nnodes || 1) > 1 ? `on ${run.nnodes} hosts`
+      : run.worker_host ? `on ${run.worker_host}` : null,
     `created ${fmtDate(run.created_at)}`, run.finished_at ? `finished ${fmtDate(run.finished_at)}`
       : null, run.tags.length ? `tags: ${run.tags.join(", ")}` : null].filter(Boolean).join(" · ");
   $("#run-error").textContent = run.error || "";
@@ -38,6 +40,7 @@ function renderHead() {
   const cancel = $("#cancel-btn");
   cancel.hidden = FINISHED.includes(run.status) || run.can_modify === false;
   renderCards();
+  mountHosts(run, analysis, $("#hosts-section"), $("#hosts"));
   mountDiagnosis(run, $("#diagnosis"));
   if (FINISHED.includes(run.status)) mountResume(run, $("#resume"));
 }
@@ -154,6 +157,7 @@ async function loadCharts() {
     $("#run-error").textContent = e.message;
   }
   renderCards();
+  mountHosts(run, analysis, $("#hosts-section"), $("#hosts"));
   renderDownloads();
   if (run.kind === "collective_bench") {
     $("#memory-section").hidden = true;

@@ -15,6 +15,7 @@ from backend.api.schemas import Input, RunOut, SafeStr
 from backend.core.identity import Principal, client_address
 from backend.errors import Invalid
 from backend.models import METRIC_COLUMNS, Run
+from backend.services import placement
 from jobs.faultspec import describe_all
 from jobs.spec import number_problem
 
@@ -29,6 +30,10 @@ class RunView(RunOut):
     starred: bool = False
     faults: list[str] = Field([], description="the injected faults, one line each "
                               "(jobs.faultspec.describe_all)")
+    nodes: list[dict[str, Any]] = Field([], description="a multi-host run's nodes: host, "
+                                        "worker, ranks, status (docs/hosts.md)")
+    placement_wait: str | None = Field(None, description="why a queued multi-host run is not "
+                                       "placed yet: which hosts, what is missing")
 
 
 class RunViewPage(BaseModel):
@@ -63,7 +68,8 @@ def view(db: Session, user: Principal, run: Run, *, full: bool = True,
         starred = _starred(db, user, [run.id])
     return RunView(**RunOut.of(run, full=full).model_dump(),
                    can_modify=permissions.can_modify_run(user, run), starred=run.id in starred,
-                   faults=describe_all((run.spec or {}).get("faults")) if full else [])
+                   faults=describe_all((run.spec or {}).get("faults")) if full else [],
+                   nodes=placement.node_view(db, run.id) if full and run.nnodes > 1 else [])
 
 
 _SPEC_EXAMPLE = {"preset": "ddp", "name": "my first run", "train": {"steps": 5},
@@ -134,8 +140,11 @@ def list_runs(
 
 
 @router.get("/{run_id}", response_model=RunView)
-def get_run(db: DbDep, run: RunDep, user: UserDep) -> RunView:
-    return view(db, user, run)
+def get_run(db: DbDep, run: RunDep, user: UserDep, settings: SettingsDep) -> RunView:
+    out = view(db, user, run)
+    if run.nnodes > 1 and run.status == "queued":
+        out.placement_wait = placement.why_waiting(db, settings, run)
+    return out
 
 
 @router.patch("/{run_id}", response_model=RunView)
