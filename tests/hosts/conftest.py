@@ -42,6 +42,16 @@ class Cluster(Service):
         super().close()
 
 
+def both_nodes_training(c, run_id: str) -> bool:
+    """Both nodes running and a rank of each host has logged a step."""
+    run = c.run(run_id)
+    if run["status"] != "running" or [n["status"] for n in run["nodes"]] != ["running"] * 2:
+        return False
+    text = c.http.get(f"/api/runs/{run_id}/logs").text
+    return all(f"[{h} node{i}] [default{r}]:step" in text
+               for i, h, r in ((0, "hostA", 0), (1, "hostB", 2)))
+
+
 def cluster_fixture(tmp, pg_server_url, hosts=("hostA", "hostB"), *, ranks: int = 2,
                     slots: int = 2, **kw):
     url, drop = _fresh_pg_database(pg_server_url)

@@ -7,22 +7,13 @@ import signal
 import pytest
 
 from tests.conftest import FINISHED, pids_with_run_id, wait_for
+from tests.hosts.conftest import both_nodes_training
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 LONG = {"preset": "ddp", "parallel": {"dp": 4}, "runtime": {"nnodes": 2, "nproc_per_node": 2},
         "train": {"steps": 100000}}
 SHORT = {**LONG, "train": {"steps": 2}}
-
-
-def both_nodes_training(c, run_id: str) -> bool:
-    """Both nodes running and a rank of each host has logged a step."""
-    run = c.run(run_id)
-    if run["status"] != "running" or [n["status"] for n in run["nodes"]] != ["running"] * 2:
-        return False
-    text = c.http.get(f"/api/runs/{run_id}/logs").text
-    return all(f"[{h} node{i}] [default{r}]:step" in text
-               for i, h, r in ((0, "hostA", 0), (1, "hostB", 2)))
 
 
 def no_process_left(run_id: str) -> bool:
@@ -32,7 +23,7 @@ def no_process_left(run_id: str) -> bool:
 def test_gang_runs_take_turns_and_cancel_stops_every_node(two_hosts):
     c = two_hosts
     first = c.submit({**LONG, "name": "holds both hosts"})
-    wait_for(lambda: both_nodes_training(c, first["id"]), 120, "both nodes of the first run")
+    wait_for(lambda: both_nodes_training(c, first["id"]), 300, "both nodes of the first run")
     cl = c.http.get("/api/cluster").json()
     held = {h["host"]: [x["run"] for x in h["held_by"]] for h in cl["hosts"]}
     assert held == {"hostA": [first["id"]], "hostB": [first["id"]]}, held
@@ -63,7 +54,7 @@ def test_gang_runs_take_turns_and_cancel_stops_every_node(two_hosts):
 def test_kill_9_of_a_hosts_worker_fails_the_run_as_host_lost(two_hosts):
     c = two_hosts
     run = c.submit({**LONG, "name": "loses host B"})
-    wait_for(lambda: both_nodes_training(c, run["id"]), 120, "both nodes training")
+    wait_for(lambda: both_nodes_training(c, run["id"]), 300, "both nodes training")
     c.workers["hostB"].send_signal(signal.SIGKILL)
     c.workers["hostB"].wait()
     # the backend's reaper: no heartbeat from node 1 for PARALAB_RUN_HEARTBEAT_TIMEOUT_S (8 s)

@@ -131,9 +131,9 @@ def test_racing_placers_never_half_place_or_overcommit(db, settings, rounds):
     maker = get_sessionmaker(settings.db_url)
     for _ in range(rounds):
         runs = [submit(db, gang()), submit(db, gang())]
-        errors = []
+        errors: list = []
 
-        def placer():
+        def placer(errors=errors):
             try:
                 with maker() as s:
                     placement.place_waiting(s, settings, sent_to([]))
