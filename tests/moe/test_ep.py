@@ -1,7 +1,8 @@
 """Mixture of experts with expert parallelism (issue 17) against a single process, and the traced
 all-to-all bytes against jobs/theory/moe.py. Three torchrun launches: world 4 (ep 1, 2, 4 on
-dp 4, with and without capacity dropping), world 2 (ep 1 and 2 on dp 2), and world 2 with the
-test-only bug `ep_edp_average` planted (the gate must fail for EP, and only for EP).
+dp 4, with and without capacity dropping, and dp 2 x tp 2 with ep 2), world 2 (ep 1 and 2 on
+dp 2, FSDP2 with ep 1), and world 2 with the test-only bug `ep_edp_average` planted (the gate
+must fail for EP, and only for EP).
 
 Every run trains with plain SGD (a wrong gradient scale shows; Adam would hide it) and the
 auxiliary loss on; the gate (tests/support/gate.py) compares step-0 gradients (every expert
@@ -47,7 +48,8 @@ RUNS = {
         # attention tensor-parallel, MoE expert-parallel (seed 004), dp 2 x tp 2
         ("tp2-ep2-cap", spec(4, 2, CAP, {"bucket_mb": SMALL_BUCKET}, tp=2))],
     2: [("ep1-dropless", spec(2, 1, DROPLESS)),
-        ("ep2-cap", spec(2, 2, CAP, {"zero_stage": 2, "bucket_mb": SMALL_BUCKET}))],
+        ("ep2-cap", spec(2, 2, CAP, {"zero_stage": 2, "bucket_mb": SMALL_BUCKET})),
+        ("ep1-fsdp-cap", spec(2, 1, CAP, {"zero_stage": 3, "engine": "native"}))],
 }
 ALL = [(n, name) for n, runs in RUNS.items() for name, _ in runs]
 
