@@ -75,10 +75,8 @@ def ep_groups(ctx) -> tuple:
     """(EP group, expert-DP group, their global ranks) of this rank; every rank takes part in
     creating every group (torch.distributed.new_group is collective)."""
     dims, ep = ctx.dims, ctx.spec.parallel.ep
-    mine = ep_ranks = edp_ranks = None
-    ep_g = edp_g = None
-    dp_ranks_all = sorted({tuple(dims.group_ranks("dp", r)) for r in range(ctx.world)})
-    for dp_ranks in dp_ranks_all:
+    ep_g = edp_g = ep_ranks = edp_ranks = None
+    for dp_ranks in sorted({tuple(dims.group_ranks("dp", r)) for r in range(ctx.world)}):
         for g in range(dims.dp // ep):
             ranks = list(dp_ranks[g * ep:(g + 1) * ep])
             pg = dist.new_group(ranks)
@@ -89,8 +87,7 @@ def ep_groups(ctx) -> tuple:
             pg = dist.new_group(ranks)
             if ctx.rank in ranks:
                 edp_g, edp_ranks = pg, ranks
-    mine = (ep_g, edp_g, ep_ranks, edp_ranks)
-    return mine
+    return ep_g, edp_g, ep_ranks, edp_ranks
 
 
 def trace_moe(model: nn.Module, tracer, rounds: int) -> list:
