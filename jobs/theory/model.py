@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import math
 
+from .moe import expert_mlp_params
+
 
 def block_params(h: int) -> int:
     """One GPT block: 12h^2 + 12h (q, v with bias, k without)."""
@@ -36,7 +38,7 @@ def moe_extra_block_params(h: int, experts: int, shared_expert: bool = False) ->
     """What a MoE block holds beyond a dense block: the router and the extra expert MLPs."""
     if not experts:
         return 0
-    return h * experts + (experts + int(shared_expert) - 1) * (8 * h * h + 5 * h)
+    return h * experts + (experts + int(shared_expert) - 1) * expert_mlp_params(h)
 
 
 def param_count(model) -> int:

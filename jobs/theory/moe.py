@@ -17,6 +17,11 @@ them (jobs/parallel/expert.py, jobs/parallel/ep_comm.py):
 
 Convention "group-payload": exact, for any routing, given the dropped count (which the `moe`
 trace records carry); it is what tests/moe checks against the traced bytes.
+
+Model state with EP (`ep_model_state`): the DP strategy holds the non-expert parameters
+Ψ_dense (ZeRO over dp as jobs.theory.memory says); each rank holds experts / ep of every
+block's experts, replicated over the expert-DP group and not ZeRO-sharded (reference EP):
+per rank  model_state(Ψ_dense, dp, zero_stage) + (p + g + o) * Ψ_experts / ep.
 """
 
 from __future__ import annotations
@@ -24,6 +29,30 @@ from __future__ import annotations
 import math
 
 A2A_PASSES = 4  # dispatch and combine, forward and backward
+
+
+def expert_mlp_params(h: int) -> int:
+    """One expert: the GPT MLP h -> 4h -> h with biases, 8h^2 + 5h."""
+    return 8 * h * h + 5 * h
+
+
+def expert_params(layers: int, hidden: int, experts: int) -> int:
+    """Every block's routed experts (the EP-sharded parameters; router and shared expert are
+    not among them)."""
+    return layers * experts * expert_mlp_params(hidden)
+
+
+def ep_model_state(psi: int, psi_experts: int, dp: int, ep: int, zero_stage: int, *,
+                   bytes_params: float = 4, bytes_grads: float = 4,
+                   bytes_optimizer: float = 8) -> dict:
+    """Per-rank params / grads / optimizer bytes with `psi` parameters in all, `psi_experts`
+    of them routed experts sharded over ep (module docstring)."""
+    from .memory import model_state_bytes
+    b = {"bytes_params": bytes_params, "bytes_grads": bytes_grads,
+         "bytes_optimizer": bytes_optimizer}
+    dense = model_state_bytes(psi - psi_experts, dp, zero_stage, **b)
+    local = model_state_bytes(psi_experts / ep, 1, 0, **b)
+    return {k: dense[k] + local[k] for k in dense}
 
 
 def expert_capacity(capacity_factor: float, seq_len: int, top_k: int, experts: int) -> int:

@@ -18,7 +18,8 @@ import torch
 
 from jobs.dims import ParallelDims
 from jobs.spec import parse_spec
-from jobs.theory.moe import a2a_bytes
+from jobs.theory import param_count
+from jobs.theory.moe import a2a_bytes, ep_model_state, expert_params
 from tests.support.gate import TOL, assemble, loss_err, reference, rel_err
 from tests.support.launch import multirun, read_trace
 
@@ -98,6 +99,26 @@ def test_equals_single_process(launched, n, name):
         # the DP formula holds for what the DP strategy holds (ep > 1: the non-expert Ψ)
         check = summary["formula_check"]
         assert all(x == 0 for r in check["ranks"] for x in r["bytes_sent_deviation"]), name
+
+
+def test_model_state_per_rank_equals_the_ep_memory_model(launched):
+    """Replicated DP (no shard padding) with SGD (no optimizer state): params and grads per
+    rank are the non-expert Ψ plus this rank's experts / ep, byte for byte."""
+    checked = []
+    for n, name in ALL:
+        s = run_spec(n, name)
+        p = s["parallel"]
+        if p["tp"] > 1 or p.get("zero_stage") or p.get("engine") == "native":
+            continue
+        m = parse_spec(s, max_world_size=8).model
+        want = ep_model_state(param_count(m), expert_params(m.layers, m.hidden, m.experts),
+                              p["dp"], p["ep"], 0, bytes_optimizer=0)
+        summary = json.loads((launched[n] / name / "summary.json").read_text())
+        for r in summary["ranks"]:
+            last = [x for x in r["memory"]["phases"] if x["phase"] == "after_step"][-1]
+            assert {k: last[k] for k in want} == want, (name, r["rank"])
+        checked.append(name)
+    assert len(checked) == 5, checked
 
 
 def moe_records(d: Path, n: int) -> list[dict]:
