@@ -3,9 +3,13 @@
     1. pipeline split          this rank's stages (pp > 1), or the whole model as one stage
                                when only tp > 1; nothing with neither
     2. TP / SP / vocabulary    Megatron layers (reference) or DTensor plans (native), per stage
+    2b. EP                     mixture of experts: every MoE block's aux-loss scale and trace
+                               hook; ep > 1: experts sharded over the EP group, tokens moved by
+                               all-to-all (jobs/parallel/expert.py), hidden from step 4
     3. activation checkpointing  every repeated layer recomputed in backward
                                (jobs/parallel/checkpoint.py)
-    4. DP / ZeRO / FSDP        the strategy over mesh["dp"], from the tables below
+    4. DP / ZeRO / FSDP        the strategy over mesh["dp"], from the tables below (ep > 1:
+                               wrapped by ExpertParallel, expert gradients over expert-DP)
 
 The engine (spec.parallel.engine) is looked up here, once. `compose` returns `Composed`: the
 strategy, the runner that puts a step's micro-batches through the model (jobs/runners.py: one
@@ -26,6 +30,7 @@ from jobs.data import local_microbatches
 from jobs.models import layer_list, model_module
 from jobs.parallel.checkpoint import apply_activation_checkpointing
 from jobs.parallel.data import DDP, AllReduceDP, ParameterServerDP, Single
+from jobs.parallel.expert import ExpertParallel, apply_expert_parallel, trace_moe
 from jobs.parallel.native import NativeDDP, NativeFSDP
 from jobs.parallel.pipeline.native import NativePipeline
 from jobs.parallel.pipeline.runtime import PipelineRuntime
@@ -133,9 +138,13 @@ def compose(ctx: RunContext) -> Composed:
     rounds = t.grad_accum * p.microbatches
     if dims.tp == 1 and dims.pp == 1:
         model = mod.build(spec.model, t.seed).to(ctx.device)
+        trace_moe(model, ctx.tracer, rounds)                               # 2b
+        ep = apply_expert_parallel(ctx, model)
         if t.activation_checkpointing:                                     # 3
             apply_activation_checkpointing(model)
         strategy = build_strategy(ctx, model)                              # 4
+        if ep is not None:
+            strategy = ExpertParallel(strategy, ep, ctx)
         return Composed(strategy, DirectRunner(strategy, mod.loss_fn, ctx.tracer, rounds))
     stages = split(ctx, mod)                                               # 1
     loss_fn = shard(ctx, stages, mod.loss_fn)                              # 2
@@ -145,10 +154,14 @@ def compose(ctx: RunContext) -> Composed:
     for st in stages.values():
         st.to(ctx.device)
     model = stages[0] if len(stages) == 1 else nn.ModuleList(stages.values())
+    trace_moe(model, ctx.tracer, rounds)                                   # 2b
+    ep = apply_expert_parallel(ctx, model)
     if p.engine == "native":                                               # 4
         strategy = NativeMP(model, stages, ctx, **strategy_kwargs(ctx))
     else:
         strategy = build_strategy(ctx, model)
+    if ep is not None:
+        strategy = ExpertParallel(strategy, ep, ctx)
     schedule = p.pp_schedule if dims.pp > 1 else "1f1b"
     runner = PipelineRunner(pipeline(ctx, stages, loss_fn, schedule), strategy, ctx,
                             t.grad_accum, p.microbatches)

@@ -70,6 +70,19 @@ class ModelSpec:
                                  ge=0.0, le=60.0)
     t_backward_weight: float = _f(0.01, "timed: seconds per layer weight-gradient backward",
                                   ge=0.0, le=60.0)
+    experts: int = _f(0, "mixture of experts (gpt): experts per MoE block replacing the dense "
+                      "MLP; 0 = dense (jobs/models/moe.py)", ge=0, le=1024)
+    top_k: int = _f(1, "MoE: experts each token is routed to", ge=1, le=1024)
+    capacity_factor: float = _f(0.0, "MoE: expert capacity per sequence is "
+                                "ceil(capacity_factor * seq_len * top_k / experts) tokens, "
+                                "the rest dropped; 0 = no dropping", ge=0.0, le=1024.0)
+    aux_loss_coef: float = _f(0.0, "MoE: weight of the Switch / GShard load-balancing loss",
+                              ge=0.0, le=100.0)
+    router_bias: str = _f("", "MoE: constant biases added to router logits, 'EXPERT:BIAS' "
+                          "comma-separated (e.g. '0:2.5' makes expert 0 hot); '' = none",
+                          empty_ok=True)
+    shared_expert: bool = _f(False, "MoE: a dense MLP every token also goes through "
+                             "(DeepSeek-MoE's shared expert)")
 
 
 @dataclass(frozen=True)
@@ -94,6 +107,8 @@ class ParallelSpec:
     engine: str = _f("reference", "reference: written from the seeds with explicit collectives; "
                      "native: PyTorch's own components", choices=ENGINES)
     bucket_mb: float = _f(25.0, "DDP / ZeRO-2 gradient bucket size in MiB", ge=0.0001, le=4096)
+    ep: int = _f(1, "expert-parallel degree: experts sharded over groups of ep ranks carved out "
+                 "of the DP group (ep divides dp; the dp/ep groups replicate)", ge=1, le=4096)
 
 
 @dataclass(frozen=True)
@@ -251,6 +266,14 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
          model={"arch": "gpt"},
          parallel={"dp": 2, "tp": 2, "pp": 2, "microbatches": 2},
          train={"global_batch": 8}, runtime={"nproc_per_node": 8}),
+    _pre("moe", "Mixture of experts (top-2 of 4), replicated by DDP",
+         "(none: the MoE block is plain modules)", "004",
+         model={"arch": "gpt", "experts": 4, "top_k": 2, "aux_loss_coef": 0.01},
+         parallel={"dp": 2}, **_DP2),
+    _pre("moe-ep", "Expert parallelism: experts sharded over dp, all-to-all dispatch / combine",
+         "(none: reference all_to_all_single dispatch)", "004",
+         model={"arch": "gpt", "experts": 4, "top_k": 2, "aux_loss_coef": 0.01},
+         parallel={"dp": 2, "ep": 2}, **_DP2),
     _pre("collective-sweep", "Collective bandwidth sweep (nccl-tests style)",
          "torch.distributed collectives", "000", kind="collective_bench", **_DP2),
 ]}
@@ -262,6 +285,11 @@ AVAILABLE: set[str] = {"single", "ddp", "dp-allreduce", "dp-ps", "zero1", "zero2
 AVAILABLE |= {"tp", "sp", "pp-gpipe", "pp-1f1b", "pp-interleaved", "pp-zb", "pp-zbv", "3d",
               "ddp+tp", "ddp+sp", "zero1+tp", "zero2+tp", "fsdp+tp", "zero1+pp-1f1b",
               "dp-allreduce+pp-interleaved"}  # model parallelism (issue 4)
+AVAILABLE |= {"moe", "moe-ep", "ddp+moe", "ddp+moe-ep", "dp-allreduce+moe",
+              "dp-allreduce+moe-ep", "zero1+moe", "zero2+moe", "zero3+moe", "fsdp+moe",
+              "zero1+moe-ep", "zero2+moe-ep", "tp+moe", "tp+moe-ep", "ddp+tp+moe",
+              "ddp+tp+moe-ep", "dp-allreduce+tp+moe-ep", "zero1+tp+moe-ep",
+              "zero1+tp+moe"}  # mixture of experts (issue 17)
 
 
 def derive_strategy(spec: JobSpec) -> str:
@@ -283,6 +311,8 @@ def derive_strategy(spec: JobSpec) -> str:
         parts.append({"naive": "pp-naive", "gpipe": "pp-gpipe", "1f1b": "pp-1f1b",
                       "interleaved": "pp-interleaved", "zero-bubble": "pp-zb",
                       "zbv": "pp-zbv"}[p.pp_schedule])
+    if spec.model.experts:
+        parts.append("moe-ep" if p.ep > 1 else "moe")
     if p.dp > 1 and p.tp > 1 and p.pp > 1:
         return "3d"
     return "+".join(parts) or "single"
@@ -502,7 +532,7 @@ def _cross_checks(s: JobSpec, max_world_size: int) -> list[dict]:
                       "dp_mode 'ps'"))
     if t.fp32_grads and t.precision != "bf16":
         e.append(_err(("train", "fp32_grads"), "only applies to precision 'bf16'"))
-    return e + _engine_checks(s)
+    return e + _engine_checks(s) + _moe_checks(s)
 
 
 def _engine_checks(s: JobSpec) -> list[dict]:
@@ -549,6 +579,89 @@ def _engine_checks(s: JobSpec) -> list[dict]:
             e.append(_err(("train", "precision"), "on the native engine bf16 needs FSDP2 "
                           "(zero_stage 2 or 3); DistributedDataParallel and "
                           "ZeroRedundancyOptimizer run in fp32 here"))
+    return e
+
+
+def parse_router_bias(text: str) -> dict[int, float]:
+    """'0:2.5,3:-1' -> {0: 2.5, 3: -1.0}; ValueError naming the bad item."""
+    out: dict[int, float] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        e, sep, b = item.partition(":")
+        try:
+            expert, bias = int(e), float(b)
+        except ValueError:
+            raise ValueError(f"{item!r} is not EXPERT:BIAS (e.g. '0:2.5')") from None
+        if not sep or not math.isfinite(bias) or expert in out:
+            raise ValueError(f"{item!r} is not EXPERT:BIAS with a finite bias, once per expert")
+        out[expert] = bias
+    return out
+
+
+def _moe_checks(s: JobSpec) -> list[dict]:
+    """Mixture of experts and expert parallelism (jobs/models/moe.py, jobs/parallel/expert.py)."""
+    e: list[dict] = []
+    m, p, t = s.model, s.parallel, s.train
+    moe_fields = ("top_k", "capacity_factor", "aux_loss_coef", "router_bias", "shared_expert")
+    if not m.experts:
+        dflt = ModelSpec()
+        e += [_err(("model", f), "needs model.experts > 0") for f in moe_fields
+              if getattr(m, f) != getattr(dflt, f)]
+        if p.ep > 1:
+            e.append(_err(("parallel", "ep"), "expert parallelism needs model.experts > 0"))
+        return e
+    if m.arch != "gpt":
+        e.append(_err(("model", "experts"), "mixture of experts needs arch 'gpt' (the MoE "
+                      "block replaces the transformer MLP)"))
+    if m.top_k > m.experts:
+        e.append(_err(("model", "top_k"), f"top_k = {m.top_k} must be <= model.experts = "
+                      f"{m.experts}"))
+    try:
+        bad = [x for x in parse_router_bias(m.router_bias) if not 0 <= x < m.experts]
+        if bad:
+            e.append(_err(("model", "router_bias"), f"expert {bad[0]} is outside 0.."
+                          f"{m.experts - 1}"))
+    except ValueError as exc:
+        e.append(_err(("model", "router_bias"), str(exc)))
+    if p.dp % p.ep:
+        e.append(_err(("parallel", "ep"), f"ep = {p.ep} must divide dp = {p.dp} (EP groups "
+                      "are carved out of the DP group; the other DP ranks replicate)"))
+    if m.experts % p.ep:
+        e.append(_err(("parallel", "ep"), f"ep = {p.ep} must divide model.experts = "
+                      f"{m.experts} (each EP rank holds experts/ep experts)"))
+    if p.pp > 1:
+        e.append(_err(("parallel", "pp"), "mixture of experts does not run with pipeline "
+                      "parallelism yet (pp = 1)"))
+    if p.tp > 1:
+        # reference TP splits attention only; the MoE block runs whole on every TP rank
+        if p.engine != "reference":
+            e.append(_err(("parallel", "engine"), "mixture of experts with tp > 1 needs "
+                          "engine 'reference' (the DTensor plan would split the dense MLP)"))
+        if p.sequence_parallel or p.vocab_parallel:
+            e.append(_err(("parallel", "sequence_parallel" if p.sequence_parallel else
+                           "vocab_parallel"), "not with mixture of experts yet (sequence "
+                          "parallelism would route partial sequences; vocabulary parallelism "
+                          "is untested with it)"))
+    if p.ep > 1:
+        # what the reference EP wrapper (jobs/parallel/expert.py) does not compose with yet
+        if p.engine != "reference":
+            e.append(_err(("parallel", "engine"), "expert parallelism has no native PyTorch "
+                          "component here: use engine 'reference'"))
+        if p.dp_mode == "ps":
+            e.append(_err(("parallel", "dp_mode"), "expert parallelism all-reduces expert "
+                          "gradients over the expert-DP group; use dp_mode 'allreduce' or "
+                          "'ddp' for the other parameters"))
+        if p.zero_stage == 3:
+            e.append(_err(("parallel", "zero_stage"), "reference ZeRO-3 gathers each block's "
+                          "parameters itself and would not see the EP-sharded experts; use "
+                          "zero_stage 0, 1 or 2 with ep > 1"))
+        if t.precision != "fp32":
+            e.append(_err(("train", "precision"), "expert parallelism runs in fp32 only"))
+        if t.activation_checkpointing:
+            e.append(_err(("train", "activation_checkpointing"), "recomputing an EP block "
+                          "would repeat its all-to-alls in backward; not supported with ep > 1"))
+        if t.checkpoint_every or s.resume.run_id:
+            e.append(_err(("train", "checkpoint_every") if t.checkpoint_every else ("resume",),
+                          "checkpoints of EP-sharded experts are not implemented yet"))
     return e
 
 

@@ -127,6 +127,8 @@ def formula_check(spec: JobSpec, per_rank: list[dict], start: int = 0) -> dict:
     (trace records; state after the last step), with the deviation and, for native engines,
     why it deviates. Reference engines match exactly up to the padding shown."""
     label, t = spec.strategy, spec.train
+    # MoE: the DP formulas hold for what the DP strategy holds (ep > 1: the non-expert Ψ)
+    label = label.removesuffix("+moe-ep").removesuffix("+moe")
     if label not in ("dp-ps", "dp-allreduce", "ddp", "zero1", "zero2", "zero3", "fsdp"):
         return {}
     n = spec.parallel.dp
@@ -153,5 +155,8 @@ def formula_check(spec: JobSpec, per_rank: list[dict], start: int = 0) -> dict:
     return {"strategy": label, "engine": engine, "psi": psi, "comm_ops": f["ops"],
             "padding_elems": per_rank[0]["layout"].get("padding_elems", 0),
             "explanation": (NATIVE_DEVIATIONS.get(key, "") if engine == "native" else
-                            "reference engine: equals the seeds' formula (padding aside)"),
+                            "reference engine: equals the seeds' formula (padding aside)")
+            + ("; expert parallelism: Ψ is the non-expert parameters, the EP-sharded experts' "
+               "state is the memory deviation, their traffic is on axes ep / edp"
+               if spec.parallel.ep > 1 else ""),
             "ranks": rows}

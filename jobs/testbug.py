@@ -7,6 +7,8 @@ read here and nowhere else, and never set by the service. Bugs:
                       of DDP / all-reduce / parameter server / ZeRO / FSDP2 is dropped)
     drop_mb_average   the loss of each micro-batch / accumulation round is not divided by the
                       number of rounds (the 1/m of gradient accumulation and pipelines)
+    ep_edp_average    expert gradients (expert parallelism) are averaged over the expert-DP
+                      group (dp/ep ranks) instead of divided by dp (jobs/parallel/expert.py)
     ckpt_drop_optimizer  a resumed run loads the parameters but not the optimizer state
                       (jobs/ckpt.py): tests/ckpt shows the resume test then fails
 
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-BUGS = ("drop_dp_average", "drop_mb_average", "ckpt_drop_optimizer")
+BUGS = ("drop_dp_average", "drop_mb_average", "ckpt_drop_optimizer", "ep_edp_average")
 
 
 def injected(name: str) -> bool:
@@ -33,3 +35,9 @@ def dp_divisor(n: int) -> int:
 def mb_divisor(rounds: int) -> int:
     """What each micro-batch's loss is divided by: rounds, or 1 under drop_mb_average."""
     return 1 if injected("drop_mb_average") else rounds
+
+
+def ep_divisor(dp: int, edp: int) -> int:
+    """What summed expert gradients are divided by: dp, or edp (= dp / ep) under
+    ep_edp_average."""
+    return edp if injected("ep_edp_average") else dp

@@ -6,6 +6,7 @@ linears of a finished model for sharded ones, and pipeline parallelism
 (jobs/parallel/pipeline/stage.py) keeps a slice of `embed`, `blocks`, `head`. Attention infers
 its local head count from the q projection's width, so it runs unchanged on a head shard.
 Initial parameters depend only on the seed: every rank builds the full model, then shards it.
+With `model.experts > 0` each block's MLP is a mixture of experts (jobs/models/moe.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from jobs.models.moe import MoE
 
 
 class Embedding(nn.Module):
@@ -63,12 +66,12 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, hidden: int, heads: int):
+    def __init__(self, hidden: int, heads: int, moe: dict | None = None):
         super().__init__()
         self.ln1 = nn.LayerNorm(hidden)
         self.attn = Attention(hidden, heads)
         self.ln2 = nn.LayerNorm(hidden)
-        self.mlp = MLP(hidden)
+        self.mlp = MoE(hidden, make_mlp=MLP, **moe) if moe else MLP(hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -88,10 +91,11 @@ class Head(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, *, vocab: int, seq_len: int, hidden: int, heads: int, layers: int):
+    def __init__(self, *, vocab: int, seq_len: int, hidden: int, heads: int, layers: int,
+                 moe: dict | None = None):
         super().__init__()
         self.embed = Embedding(vocab, seq_len, hidden)
-        self.blocks = nn.ModuleList(Block(hidden, heads) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(hidden, heads, moe) for _ in range(layers))
         self.head = Head(hidden, vocab)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
@@ -105,7 +109,18 @@ def build(model_spec, seed: int) -> GPT:
     """The full model from `spec.model`; parameters depend only on `seed`."""
     torch.manual_seed(seed)
     m = model_spec
-    return GPT(vocab=m.vocab, seq_len=m.seq_len, hidden=m.hidden, heads=m.heads, layers=m.layers)
+    return GPT(vocab=m.vocab, seq_len=m.seq_len, hidden=m.hidden, heads=m.heads, layers=m.layers,
+               moe=moe_settings(m))
+
+
+def moe_settings(m) -> dict | None:
+    """The MoE block's settings from `spec.model` (None: dense MLPs)."""
+    if not getattr(m, "experts", 0):
+        return None
+    from jobs.spec import parse_router_bias
+    return {"experts": m.experts, "top_k": m.top_k, "capacity_factor": m.capacity_factor,
+            "aux_loss_coef": m.aux_loss_coef, "router_bias": parse_router_bias(m.router_bias),
+            "shared_expert": m.shared_expert}
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from jobs.models.moe import MoE
 from jobs.parallel import tp_comm
 
 
@@ -113,9 +114,11 @@ def apply_tensor_parallel(model: nn.Module, group, *, tracer=None,
         for name in ("q", "k", "v"):
             setattr(attn, name, ColumnParallelLinear(getattr(attn, name), rank, size))
         attn.proj = RowParallelLinear(attn.proj, group, tracer, sequence_parallel)
+        blk.attn = TPRegion(attn, group, tracer, sequence_parallel)
+        if isinstance(mlp, MoE):  # seed 004: attention uses TP, the MoE MLP uses EP; it runs
+            continue              # whole on every TP rank's (replicated) tokens
         mlp.fc1 = ColumnParallelLinear(mlp.fc1, rank, size)
         mlp.fc2 = RowParallelLinear(mlp.fc2, group, tracer, sequence_parallel)
-        blk.attn = TPRegion(attn, group, tracer, sequence_parallel)
         blk.mlp = TPRegion(mlp, group, tracer, sequence_parallel)
         if sequence_parallel:
             _mark_sp(blk.ln1)

@@ -8,7 +8,9 @@ if those change, these must follow):
     gpt    token embedding vocab*h + learned positions seq_len*h; per block LN 2h, q/k/v 3h^2+2h
            (no key bias: its gradient is identically zero under softmax, so the model omits it)
            proj h^2+h, LN 2h, MLP h->4h->h 8h^2+5h (= 12h^2 + 12h); final LN 2h; LM head h*vocab,
-           no bias, untied from the embedding.
+           no bias, untied from the embedding. With `experts` E > 0 (jobs/models/moe.py) the
+           MLP becomes a router h*E (no bias) and E expert MLPs (+1 with shared_expert):
+           block 4h^2 + 7h + h*E + (E + shared)*(8h^2 + 5h).
     timed  `layers` x one Linear(h, h) (h^2 + h): each timed layer does a tiny real linear map;
            no head.
 
@@ -24,10 +26,19 @@ from __future__ import annotations
 
 import math
 
+from .moe import expert_mlp_params
+
 
 def block_params(h: int) -> int:
     """One GPT block: 12h^2 + 12h (q, v with bias, k without)."""
     return 12 * h * h + 12 * h
+
+
+def moe_extra_block_params(h: int, experts: int, shared_expert: bool = False) -> int:
+    """What a MoE block holds beyond a dense block: the router and the extra expert MLPs."""
+    if not experts:
+        return 0
+    return h * experts + (experts + int(shared_expert) - 1) * expert_mlp_params(h)
 
 
 def param_count(model) -> int:
@@ -37,18 +48,22 @@ def param_count(model) -> int:
     if m["arch"] in ("mlp", "timed"):
         return L * (h * h + h)
     if m["arch"] == "gpt":
-        return (m["vocab"] + m["seq_len"]) * h + L * block_params(h) + 2 * h + h * m["vocab"]
+        extra = moe_extra_block_params(h, m.get("experts", 0), m.get("shared_expert", False))
+        return ((m["vocab"] + m["seq_len"]) * h + L * (block_params(h) + extra) + 2 * h
+                + h * m["vocab"])
     raise ValueError(f"unknown arch {m['arch']!r}")
 
 
 def _fields(model) -> dict:
     if isinstance(model, dict):
         from jobs.spec import ModelSpec
-        base = {k: getattr(ModelSpec(), k) for k in ("arch", "layers", "hidden", "heads",
-                                                      "seq_len", "vocab")}
+        base = {k: getattr(ModelSpec(), k) for k in _MODEL_KEYS}
         return {**base, **model}
-    return {k: getattr(model, k) for k in ("arch", "layers", "hidden", "heads", "seq_len",
-                                            "vocab")}
+    return {k: getattr(model, k, 0) for k in _MODEL_KEYS}
+
+
+_MODEL_KEYS = ("arch", "layers", "hidden", "heads", "seq_len", "vocab", "experts",
+               "shared_expert")
 
 
 def stage_params(model, pp: int, v: int, tp: int, placement: str = "loop") -> list[int]:
@@ -69,6 +84,8 @@ def stage_params(model, pp: int, v: int, tp: int, placement: str = "loop") -> li
             nblocks = per_chunk + (1 if s < extra else 0)
             if m["arch"] == "gpt":
                 total += nblocks * ((12 * h * h + 6 * h) / tp + 6 * h)
+                # MoE blocks run with tp = 1 only (jobs/spec.py); experts not split by EP here
+                total += nblocks * moe_extra_block_params(h, m["experts"], m["shared_expert"])
                 if s == 0:
                     total += (m["vocab"] + m["seq_len"]) * h
                 if s == chunks - 1:

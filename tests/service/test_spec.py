@@ -128,7 +128,8 @@ def test_valid_default_spec_and_labels():
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_every_preset_is_a_valid_spec_with_its_own_label(name):
     spec = parse_spec({"preset": name})
-    expected = {"fsdp": "fsdp", "collective-sweep": "collective-sweep"}.get(name, name)
+    expected = {"fsdp": "fsdp", "collective-sweep": "collective-sweep", "moe": "ddp+moe",
+                "moe-ep": "ddp+moe-ep"}.get(name, name)
     assert derive_strategy(spec) == expected
 
 
