@@ -38,6 +38,27 @@ def _other_coords(coords: dict, axis: str) -> tuple:
     return tuple(sorted((k, v) for k, v in coords.items() if k != axis))
 
 
+# Expert parallelism carves its groups out of dp (jobs/parallel/expert.py ep_groups): an `ep`
+# group is ep consecutive dp ranks, an `edp` group the dp ranks with the same index mod ep.
+# Their records carry the mesh's coordinates, so the group is named by a derived one.
+_DP_SUBGROUPS = {"ep": lambda dp, ep: ("dp_block", dp // ep),
+                 "edp": lambda dp, ep: ("dp_lane", dp % ep)}
+
+
+def ep_of(tr: Traces) -> int:
+    return int(((tr.spec_dict() or {}).get("parallel") or {}).get("ep") or 1)
+
+
+def group_key(tr: Traces, rank: int, axis: str, ep: int = 1) -> tuple:
+    """What the members of `rank`'s group on `axis` share: every coordinate but the axis's
+    (`ep`: the run's parallel.ep, ep_of)."""
+    c = tr.coords(rank)
+    if axis in _DP_SUBGROUPS and "dp" in c:
+        k, v = _DP_SUBGROUPS[axis](c["dp"], ep)
+        c = {**{a: x for a, x in c.items() if a != "dp"}, k: v}
+    return _other_coords(c, axis)
+
+
 def _by_coords(tr: Traces) -> dict[tuple, int]:
     return {tuple(sorted(tr.coords(r).items())): r for r in tr.ranks if tr.coords(r)}
 
@@ -61,6 +82,7 @@ def match(tr: Traces) -> list[list[tuple[int, dict]]]:
     """Instances: each a list of (rank, comm record) of one logical operation."""
     inst: dict[tuple, list] = defaultdict(list)
     index = _by_coords(tr)
+    ep = ep_of(tr)
     for rank, recs in sorted(tr.ranks.items()):
         counters: dict[tuple, int] = defaultdict(int)
         for r in recs:
@@ -76,8 +98,7 @@ def match(tr: Traces) -> list[list[tuple[int, dict]]]:
                 counters[k] += 1
             else:
                 axis = r.get("axis", "")
-                key = ("coll", r.get("group", axis), _other_coords(tr.coords(rank), axis),
-                       r.get("seq"))
+                key = ("coll", r.get("group", axis), group_key(tr, rank, axis, ep), r.get("seq"))
             inst[key].append((rank, r))
     return list(inst.values())
 

@@ -58,6 +58,7 @@ class _Groups:
             for axis in c:
                 self.by_other[(axis, C._other_coords(c, axis))].append(r)
         self.everyone = sorted(set(tr.ranks) | set(range(tr.world_size)))
+        self.ep = C.ep_of(tr)
 
     def members(self, rank: int, rec: dict) -> list[int]:
         if rec.get("op") in C.P2P:
@@ -68,6 +69,10 @@ class _Groups:
             return self.dims.group_ranks(axis, rank)
         if mine and axis in mine:
             return self.by_other[(axis, C._other_coords(mine, axis))]
+        if mine and axis in ("ep", "edp"):  # sub-groups of dp (collectives.group_key)
+            key = C.group_key(self.tr, rank, axis, self.ep)
+            return [r for r in sorted(self.tr.ranks)
+                    if C.group_key(self.tr, r, axis, self.ep) == key]
         return self.everyone
 
 
