@@ -70,3 +70,16 @@ def test_every_train_preset_on_two_hosts_equals_one_process(hosts):
                 if getattr(spec.parallel, x["axis"]) > 1}
         assert want <= measured, (name, measured, want)
     assert bad == {}, bad
+
+
+def test_collective_sweep_spans_both_hosts(hosts):
+    """The collective sweep as 2 x 2: its busbw is the inter-host link's (docs/hosts.md)."""
+    run = hosts.submit({"preset": "collective-sweep", "name": "sweep across hosts",
+                        "runtime": {"nnodes": 2, "nproc_per_node": 2},
+                        "collective": {"max_bytes": 1 << 14}})
+    done = hosts.wait_status(run["id"], FINISHED, 300)
+    assert done["status"] == "succeeded", done["error"]
+    s = done["summary"]
+    assert s["all_correct"] and all(r["busbw_GBps"] > 0 for r in s["results"])
+    assert s["world_size"] == 4 and {r["n"] for r in s["results"]} == {4}
+    assert [n["host"] for n in s["nodes"]] == ["hostA", "hostB"]
