@@ -122,9 +122,8 @@ def _run_brief(run: Run, now) -> dict:
 
 def _runtime(run: Run) -> tuple[int, int]:
     rt = (run.spec or {}).get("runtime") or {}
-    nnodes = rt.get("nnodes") if isinstance(rt.get("nnodes"), int) else 1
     per_host = rt.get("nproc_per_node")
-    return nnodes, per_host if isinstance(per_host, int) else run.world_size
+    return run.nnodes, per_host if isinstance(per_host, int) else run.world_size
 
 
 def cluster_view(db: Session, settings: Settings) -> dict:

@@ -79,10 +79,10 @@ def db(settings):
         yield session
 
 
-def _submit(db, queue: str, nproc: int = 2, name: str = "r") -> Run:
-    # nnodes > 1 is refused at submit today: the test below writes it into a stored spec
-    spec = parse_spec({"preset": "ddp", "name": name, "parallel": {"dp": nproc},
-                       "runtime": {"queue": queue, "nproc_per_node": nproc}}, max_world_size=8)
+def _submit(db, queue: str, nproc: int = 2, name: str = "r", nnodes: int = 1) -> Run:
+    spec = parse_spec({"preset": "ddp", "name": name, "parallel": {"dp": nproc * nnodes},
+                       "runtime": {"queue": queue, "nproc_per_node": nproc, "nnodes": nnodes}},
+                      max_world_size=8)
     return crud.create_run(db, spec, owner="local", tags=[], notes="")
 
 
@@ -114,10 +114,7 @@ def test_hosts_devices_slots_runs_and_reasons(client, db):
     nobody = _submit(db, "nobody", name="<b>nobody</b>")
     waits_b = _submit(db, "gpu-b", nproc=1, name="waits b")
     too_big = _submit(db, "gpu-a", nproc=4, name="too big")
-    gang = _submit(db, "gpu-a", name="gang")
-    db.execute(update(Run).where(Run.id == gang.id).values(
-        spec={**gang.spec, "runtime": {**gang.spec["runtime"], "nnodes": 2}}))
-    db.commit()
+    gang = _submit(db, "gpu-a", name="gang", nnodes=2)
 
     body = client.get("/api/cluster").json()
     hosts = {h["host"]: h for h in body["hosts"]}
@@ -143,7 +140,8 @@ def test_hosts_devices_slots_runs_and_reasons(client, db):
     assert queued[too_big.id]["reason"] == ("needs 4 GPUs on one host (nproc_per_node); the "
                                             "largest live host of queue 'gpu-a' has 2")
     assert queued[gang.id]["nnodes"] == 2
-    assert queued[gang.id]["reason"] == "needs 2 hosts at once; queue 'gpu-a' has 1 live host"
+    assert queued[gang.id]["reason"] == ("needs 2 hosts at once; queue 'gpu-a' has 1 live host "
+                                         "(host-a)")  # the placer's words (placement.py)
     assert all(r["placement"] == [] for r in queued.values())
     assert queued[nobody.id]["world_size"] == 2 and queued[nobody.id]["waited_s"] >= 0
 

@@ -239,8 +239,9 @@ def test_predict_endpoint_whatif_spec_and_errors(client):
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][:2] == ["body", "spec"]
 
 
-def test_predict_endpoint_two_hosts_what_if_and_submit_refuses_them(client):
-    """A what-if may place ranks on several hosts (issue #16 part 4); a submitted run may not."""
+def test_predict_endpoint_two_hosts_what_if_and_a_multi_host_submission(client):
+    """A what-if may place ranks on several hosts (issue #16 part 4); so may a submitted run,
+    which waits for its hosts saying why (no worker here)."""
     r = client.post("/api/predict", json={
         "params": 1e9, "dp": 2, "tp": 4, "pp": 1, "zero_stage": 0, "memory_model": "16psi",
         "layers": 4, "hidden": 1024, "heads": 16, "seq_len": 512, "micro_batch_size": 2,
@@ -261,5 +262,9 @@ def test_predict_endpoint_two_hosts_what_if_and_submit_refuses_them(client):
     assert bad.json()["detail"][0]["loc"] == ["body", "assumptions", "nnodes"]
     r = client.post("/api/runs", json={"preset": "ddp", "parallel": {"dp": 4},
                                        "runtime": {"nnodes": 2}})
-    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "runtime", "nnodes"]
-    assert count_runs(client) == 0
+    assert r.status_code == 201, r.text
+    run = client.get(f"/api/runs/{r.json()['id']}").json()
+    assert run["status"] == "queued" and run["nnodes"] == 2 and run["nodes"] == []
+    assert run["placement_wait"].startswith("needs 2 hosts at once; no live worker serves "
+                                            "queue 'default'")
+    assert count_runs(client) == 1
