@@ -59,8 +59,8 @@ def memory_gate(db: Session, settings: Settings, spec: JobSpec) -> dict | None:
         return None
     capacity = min(capacities)
     if any(d.get("type") == "cpu" for w in workers for d in w.devices):
-        # CPU ranks share the host's memory.
-        capacity = capacity // max(1, spec.world_size)
+        # CPU ranks share their host's memory (nproc_per_node of them on each host).
+        capacity = capacity // max(1, spec.runtime.nproc_per_node)
     pred = predict(spec)["memory"]
     need = pred["per_rank_bytes"]
     if need <= capacity:
@@ -116,19 +116,28 @@ def submit(db: Session, settings: Settings, body: dict[str, Any], *,
     except Exception:
         db.rollback()  # a refusal ends the transaction, and with it the lock
         raise
-    try:
-        if run.nnodes > 1:  # gang placement: reserved all-or-nothing, one message per node
+    if run.nnodes > 1:  # gang placement: reserved all-or-nothing, one message per node
+        try:
             placement.place_waiting(db, settings)
-        else:
-            enqueue_run(settings, run.id, run.queue)
-    except Exception as exc:
-        log.exception("enqueue of run %s failed", run.id)
-        crud.delete_run(db, run.id)
-        raise Unavailable(f"the job queue is unavailable: {exc}") from exc
+        except Exception:  # noqa: BLE001 - it stays queued: the reconciler places it
+            db.rollback()
+            log.exception("placement after the submission of run %s failed", run.id)
+    else:
+        _enqueue(db, settings, run)
     crud.audit(db, owner, "run.submit", run.id, {"name": run.name, "strategy": run.strategy,
                                             "world_size": run.world_size, "queue": run.queue,
                                             **({"force": True} if force else {})}, client)
     return run
+
+
+def _enqueue(db: Session, settings: Settings, run: Run) -> None:
+    """Publish a one-host run's message; when the broker refuses it, the run is removed."""
+    try:
+        enqueue_run(settings, run.id, run.queue)
+    except Exception as exc:
+        log.exception("enqueue of run %s failed", run.id)
+        crud.delete_run(db, run.id)
+        raise Unavailable(f"the job queue is unavailable: {exc}") from exc
 
 
 def edit(db: Session, run: Run, changes: dict, *, actor: str,
