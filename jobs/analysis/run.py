@@ -24,7 +24,7 @@ from . import stragglers as SG
 from .export import to_perfetto
 from .load import Traces, load_run_dir
 
-SCHEMA = 2  # 2: headline/ranks/bandwidth tables, bubble_s in step_rank, rules
+SCHEMA = 3  # 2: headline/ranks/bandwidth tables, bubble_s in step_rank, rules; 3: MoE tables
 TABLES = ("headline", "step_rank", "ranks", "throughput", "stragglers", "straggler_ranks",
           "collectives",
           "bandwidth", "axis_bytes", "links", "placement", "memory", "stage_bubbles",
