@@ -53,7 +53,8 @@ function options(sel, values, label) {
   if ([ALL, ...values.map(String)].includes(prev)) sel.value = prev;
 }
 
-// Plotly's YlOrRd and Blues run dark to light: reversed, the largest value is the darkest.
+// Plotly's YlOrRd and Blues run dark to light: reversed, the largest value is the darkest;
+// colours start at 0, so a pale cell is a small count, not merely the smallest one.
 async function drawLoad(div, rows, layer) {
   const m = loadMatrix(rows, layer);
   if (!m.steps.length) { emptyChart(div, "no routed tokens in this layer"); return; }
@@ -62,7 +63,7 @@ async function drawLoad(div, rows, layer) {
     `${m.steps[j]}: ${t} tokens routed, ${m.dropped[i][j]} dropped`));
   const where = layer === ALL ? "all layers summed" : `layer ${esc(layer)}`;
   await plot(div, [{ type: "heatmap", x: m.steps, y: ylab, z: m.z, text,
-    colorscale: "YlOrRd", reversescale: true, colorbar: { title: { text: "tokens" } },
+    zmin: 0, colorscale: "YlOrRd", reversescale: true, colorbar: { title: { text: "tokens" } },
     hovertemplate: "%{text}<extra></extra>" }],
   layout(`Tokens routed per expert and step (${where})`, "step", "expert",
   { showlegend: false, yaxis: { type: "category" } }));
@@ -82,7 +83,7 @@ async function drawA2a(div, rows, step) {
   const text = m.z.map((row, i) => row.map((b, j) => (b === null ? "" : `rank ${m.ranks[i]} → ` +
     `rank ${m.ranks[j]}: ${fmtBytes(b)}${i === j ? " (stays local)" : ""}`)));
   const where = step === ALL ? "all steps" : `step ${esc(step)}`;
-  await plot(div, [{ type: "heatmap", x: lab, y: lab, z: m.z, text, colorscale: "Blues",
+  await plot(div, [{ type: "heatmap", x: lab, y: lab, z: m.z, text, zmin: 0, colorscale: "Blues",
     reversescale: true,
     colorbar: { title: { text: "bytes" } }, hovertemplate: "%{text}<extra></extra>" }],
   layout(`All-to-all bytes, source → destination (${where})`,
