@@ -15,6 +15,7 @@ from pathlib import Path
 from . import collectives as C
 from . import links as LK
 from . import memory as M
+from . import moe as MOE
 from . import pipeline as PL
 from . import predicted as P
 from . import rules
@@ -23,10 +24,11 @@ from . import stragglers as SG
 from .export import to_perfetto
 from .load import Traces, load_run_dir
 
-SCHEMA = 2  # 2: headline/ranks/bandwidth tables, bubble_s in step_rank, rules
+SCHEMA = 3  # 2: headline/ranks/bandwidth tables, bubble_s in step_rank, rules; 3: MoE tables
 TABLES = ("headline", "step_rank", "ranks", "throughput", "stragglers", "straggler_ranks",
           "collectives",
-          "bandwidth", "axis_bytes", "links", "placement", "memory", "stage_bubbles")
+          "bandwidth", "axis_bytes", "links", "placement", "memory", "stage_bubbles",
+          "expert_load", "all_to_all")
 ANALYSIS_FILE = "analysis.json"
 PERFETTO_FILE = "trace.perfetto.json"
 
@@ -98,6 +100,7 @@ def _headline(tables: dict, pred: dict | None, pp: int, peak: int | None) -> dic
                                       if pp > 1 else None),
         "final_loss": next((r["loss"] for r in reversed(thr) if r.get("loss") is not None),
                            None),
+        **MOE.headline(tables["expert_load"]),
         "steps": len(thr), "ranks": len({r["rank"] for r in sr}),
     }
 
@@ -152,6 +155,8 @@ def analyze(tr: Traces, spec=None) -> dict:
     t["memory"] = _safe(tr, "memory", lambda: M.memory_table(tr, sp, pred), [])
     t["stage_bubbles"] = _safe(tr, "stage_bubbles", lambda: PL.stage_bubbles_table(
         tr, sp, P.pipeline(pred), t["step_rank"]), [])
+    t["expert_load"] = _safe(tr, "expert_load", lambda: MOE.expert_load_table(tr), [])
+    t["all_to_all"] = _safe(tr, "all_to_all", lambda: MOE.all_to_all_table(tr), [])
     t["throughput"] = _safe(tr, "throughput", lambda: S.throughput_table(
         t["step_rank"], spec_dict, tr.summary), [])
     peak = _safe(tr, "peak memory", lambda: M.peak_bytes(tr), None)

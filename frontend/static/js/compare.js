@@ -26,11 +26,21 @@ function flatten(obj, prefix = "", out = {}) {
 const label = (r) => `${r.name} (${r.id})`;
 const show = (v) => (v === undefined ? "—" : Array.isArray(v) ? v.join(", ") : String(v));
 
+// The layout columns lead the diff and are always shown: the mesh degrees, expert parallelism
+// and the experts a MoE model routes to (ep 1 and "none" on a dense model).
+export function layoutOf(r) {
+  const ep = Number(r.spec?.parallel?.ep || 1);
+  const experts = Number(r.spec?.model?.experts || 0);
+  return { strategy: r.strategy, world_size: r.world_size,
+    degrees: degrees(r) + (ep > 1 ? `·ep${ep}` : ""), ep,
+    experts: experts > 0 ? experts : "none", top_k: experts > 0 ? r.spec?.model?.top_k : "–" };
+}
+
 function diffTable(runs) {
   // injected faults as one line each (the run's `faults`, jobs/faultspec.describe), not JSON
-  const flat = runs.map((r) => ({ strategy: r.strategy, world_size: r.world_size,
-    degrees: degrees(r), ...flatten({ ...r.spec, faults: undefined }),
+  const flat = runs.map((r) => ({ ...layoutOf(r), ...flatten({ ...r.spec, faults: undefined }),
     faults: (r.faults || []).join("; ") || "none" }));
+  const pinned = new Set(Object.keys(layoutOf(runs[0])));
   const keys = [...new Set(flat.flatMap((f) => Object.keys(f)))];
   const showAll = $("#show-all").checked;
   const rows = [];
@@ -39,8 +49,9 @@ function diffTable(runs) {
     const vals = flat.map((f) => JSON.stringify(f[k]));
     const differs = new Set(vals).size > 1;
     if (differs) differing++;
-    if (!differs && !showAll) continue;
-    rows.push(el("tr", { class: differs ? "diff" : "", dataset: { field: k, differs: String(differs) } },
+    if (!differs && !showAll && !pinned.has(k)) continue;
+    rows.push(el("tr", { class: [differs ? "diff" : "", pinned.has(k) ? "layout" : ""]
+      .filter(Boolean).join(" "), dataset: { field: k, differs: String(differs) } },
       el("td", { text: k }), ...flat.map((f) => el("td", { text: show(f[k]) }))));
   }
   $("#config-diff").replaceChildren(

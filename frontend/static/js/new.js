@@ -166,7 +166,8 @@ function showErrors(errors) {
     } else if (field) {
       field.classList.add("invalid");
       field.querySelector("[aria-invalid]")?.setAttribute("aria-invalid", "true");
-      field.querySelector(".msg").textContent = e.msg;
+      const msg = field.querySelector(".msg"); // a field may break several rules: say each
+      msg.textContent = msg.textContent ? `${msg.textContent}; ${e.msg}` : e.msg;
     } else if (section) {
       section.textContent += (section.textContent ? "\n" : "") + e.msg;
     } else {

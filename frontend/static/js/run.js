@@ -9,6 +9,7 @@ import { $, degrees, el, fmtBytes, fmtDate, fmtPct, fmtSeconds, statusBadge } fr
 import { mountGantt } from "./gantt.js";
 import { mountHosts } from "./hosts.js";
 import { mountMemory } from "./memory.js";
+import { mountMoe } from "./moe.js";
 import { mountSweepChart } from "./sweeps.js";
 
 const runId = decodeURIComponent(location.pathname.split("/").filter(Boolean)[1] || "");
@@ -170,6 +171,7 @@ async function loadCharts() {
     await Promise.allSettled([
       mountMemory(analysis, $("#memory-chart"), $("#memory-table")),
       mountComm(analysis, analysis.bandwidth_vs_sweep ? await sweepOf(analysis) : null),
+      mountMoe(analysis, $("#moe-section")),
       mountCurves(analysis, $("#loss-chart"), $("#throughput-chart"))]);
   }
   // which analysis the page drew: "final" (stored when the run ended) or "partial" (the
@@ -215,7 +217,8 @@ async function refreshLive() {
     analysis = a;
     renderCards();
     await Promise.allSettled([mountCurves(a, $("#loss-chart"), $("#throughput-chart")),
-      mountMemory(a, $("#memory-chart"), $("#memory-table")), mountComm(a, null)]);
+      mountMemory(a, $("#memory-chart"), $("#memory-table")), mountComm(a, null),
+      mountMoe(a, $("#moe-section"))]);
     const steps = (await api.ganttSteps(run.id)).steps.map((x) => x.step);
     if (!chartsLoaded && steps.length) {
       if (!gantt) gantt = await mountGantt(run.id, true, headlineOf(a));
