@@ -171,3 +171,27 @@ def test_run_outcome_and_node_queue():
         "cancelled"
     assert run_outcome("cancelled", [n(0, "cancelled"), n(1, "hung")], True) == ("hung", 1)
     assert node_queue("q1@host A/x") == "node.q1_host_A_x"
+
+
+def test_node_logs_get_contiguous_run_seqs_and_a_host_tag(db, settings):
+    """Two nodes' batches interleaved, one retried: the run's log is one contiguous sequence,
+    each line tagged with its host and node, its rank read behind the tag."""
+    hosts(db)
+    run = submit(db, gang())
+    placement.place_waiting(db, settings, sent_to([]))
+
+    def lines(a, b):
+        return [{"seq": i, "ts": None, "line": f"[default{r}]:line {i}"}
+                for i, r in zip(range(a, b), [0, 1] * b, strict=False)]
+    new: list = []
+    assert crud.append_node_logs(db, run.id, 0, lines(0, 3), out=new) == 3
+    assert crud.append_node_logs(db, run.id, 1, lines(0, 2), out=new) == 2
+    assert crud.append_node_logs(db, run.id, 0, lines(0, 3), out=new) == 0  # a retry
+    assert crud.append_node_logs(db, run.id, 0, lines(2, 5), out=new) == 2  # overlapping
+    got = crud.logs_after(db, run.id)
+    assert [x.seq for x in got] == list(range(7))
+    assert [(x.node, x.nseq) for x in got] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1),
+                                                (0, 3), (0, 4)]
+    assert got[3].line == "[hostB node1] [default0]:line 0" and got[3].rank == 0
+    assert got[1].line.startswith("[hostA node0] [default1]:") and got[1].rank == 1
+    assert [s for s, _, _ in new] == list(range(7))
