@@ -3,15 +3,21 @@ preset (gloo, CPU, reference engine unless the preset says native): model state,
 (the schedule's in-flight micro-batches per pipeline rank), pipeline receive buffers, ZeRO-3's
 gathered unit and the data-parallel collective buffers, each within 5 % of the theory
 (jobs/theory/ranks.py). Two launches: every 2-rank preset in one, the 4-rank cases in another
-(tests/jobs/multirun.py; a few seconds each)."""
+(tests/jobs/multirun.py; a few seconds each). Each run's summary, and the headline of its
+analysis (the worker's `write_analysis` computes the same `analyze`), must carry what its
+strategy is about (tests/support/summary.py; the service end-to-end test runs one preset of
+each kind)."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from jobs.analysis import analyze_run_dir
-from jobs.spec import PRESETS
+from jobs.spec import PRESETS, parse_spec
 from tests.support.launch import multirun
+from tests.support.summary import check_train_summary
 
 TOL = 0.05
 STEPS = {"train": {"steps": 2}}
@@ -34,14 +40,35 @@ def test_every_train_preset_is_covered():
         == set(TWO_RANK) | {"3d"}
 
 
+SPECS = {**{n: {"preset": n, **STEPS} for n in TWO_RANK},
+         **{n: {**s, **STEPS} for n, s in FOUR_RANK.items()}}
+
+
 @pytest.fixture(scope="module")
-def tables(tmp_path_factory) -> dict[str, list[dict]]:
+def analysed(tmp_path_factory) -> dict[str, tuple]:
+    """name: (run folder, its analysis) of each run, analysed with the spec as the worker
+    does."""
     out = tmp_path_factory.mktemp("mem-presets")
-    multirun(2, [(n, {"preset": n, **STEPS}) for n in TWO_RANK], out / "w2")
-    multirun(4, [(n, {**s, **STEPS}) for n, s in FOUR_RANK.items()], out / "w4")
-    res = {n: analyze_run_dir(out / "w2" / n)["tables"]["memory"] for n in TWO_RANK}
-    res.update({n: analyze_run_dir(out / "w4" / n)["tables"]["memory"] for n in FOUR_RANK})
+    multirun(2, [(n, SPECS[n]) for n in TWO_RANK], out / "w2")
+    multirun(4, [(n, SPECS[n]) for n in FOUR_RANK], out / "w4")
+    res = {}
+    for n in SPECS:
+        run = out / ("w4" if n in FOUR_RANK else "w2") / n
+        res[n] = (run, analyze_run_dir(run, parse_spec(SPECS[n], max_world_size=1 << 30)))
     return res
+
+
+@pytest.fixture(scope="module")
+def tables(analysed) -> dict[str, list[dict]]:
+    return {n: a["tables"]["memory"] for n, (_, a) in analysed.items()}
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_summary_and_headline_carry_the_strategy(analysed, name):
+    run, analysis = analysed[name]
+    summary = json.loads((run / "summary.json").read_text())
+    check_train_summary(name, parse_spec(SPECS[name], max_world_size=1 << 30), summary,
+                        analysis["headline"])
 
 
 def rel_err(m, p) -> float:

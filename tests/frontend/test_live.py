@@ -1,6 +1,6 @@
 """The run page while the run goes (issue 13): a long real DDP run through the service; the page
 shows step-time figures and curves from the partial traces and keeps updating without a reload,
-log lines arrive before the run ends; cancelled at ~100 steps, the page keeps what it saw.
+log lines arrive before the run ends; cancelled at ~50 steps, the page keeps what it saw.
 
 No timing is asserted: the checks wait (generously) for states, and compare counts."""
 
@@ -12,7 +12,7 @@ from tests.conftest import wait_for
 from tests.frontend.browser import shot
 
 # the timed model: ~0.2 s a step whatever the machine (sleeps, not compute), so 300 steps
-# (about a minute) outlast the checks with a wide margin, and a cancel at step ~100 lands
+# (about a minute) outlast the checks with a wide margin, and a cancel at step ~50 lands
 LONG = {"preset": "ddp", "name": "live ddp", "train": {"steps": 300},
         "model": {"arch": "timed", "layers": 2, "hidden": 16, "t_forward": 0.03,
                   "t_backward_input": 0.03, "t_backward_weight": 0.03}}
@@ -42,9 +42,10 @@ def test_the_page_is_live_and_a_cancelled_run_keeps_its_steps(svc, page):
     expect(page.locator("#log")).to_contain_text("launching on")
     expect(page.locator("#log")).to_contain_text("step 3 loss")  # a line per step, as it ends
     shot(page, "run-live")
-    # cancel at ~100 steps (asked to confirm); the page keeps every step it saw
-    wait_for(lambda: steps_on_page(page) >= 100 or svc.run(rid)["status"] != "running", 240,
-             "100 steps")
+    # cancel at ~50 steps (asked to confirm; more steps would prove nothing more, they only
+    # take time); the page keeps every step it saw
+    wait_for(lambda: steps_on_page(page) >= 50 or svc.run(rid)["status"] != "running", 240,
+             "50 steps")
     page.allowed_dialogs.append("Cancel run")
     page.click("#cancel-btn")
     done = svc.wait_status(rid, ("cancelled", "succeeded"), 120)
@@ -54,10 +55,10 @@ def test_the_page_is_live_and_a_cancelled_run_keeps_its_steps(svc, page):
     page.wait_for_selector("body[data-charts-ready='1'][data-analysis='final']", timeout=150_000)
     m = svc.http.get(f"/api/runs/{rid}/metrics").json()
     kept = [r for r in m["tables"]["throughput"] if r["step_s"] is not None]
-    assert len(kept) >= 90, len(kept)
+    assert len(kept) >= 45, len(kept)
     assert steps_on_page(page) == len(kept)
     losses = [r for r in m["tables"]["throughput"] if r["loss"] is not None]
-    assert len(losses) >= 90
+    assert len(losses) >= 45
     assert steps_on_page(page, "loss-chart") == len(losses)
     # one download menu, nothing offered twice
     expect(page.locator("#downloads")).to_contain_text("trace-rank0.jsonl", timeout=90_000)

@@ -1,5 +1,5 @@
 """Presets through `python -m jobs.train` (torchrun, gloo): step-0 gradients and final parameters
-after 3 steps vs a single-process run on the same global batches (the correctness gate,
+after 2 steps vs a single-process run on the same global batches (the correctness gate,
 tests/support/gate.py; Adam and SGD), and the summary's pipeline / bytes fields. Activation
 checkpointing composed with TP, SP, PP (1F1B) and 3D on both engines is gated the same way."""
 
@@ -76,7 +76,7 @@ CASES["sgd+tp+accum"] = {"preset": "tp", "model": GPT, "train": {
 
 
 def _spec(case: dict):
-    return parse_spec({**case, "train": {"steps": 3, "global_batch": 8,
+    return parse_spec({**case, "train": {"steps": 2, "global_batch": 8,
                                          **case.get("train", {})}})
 
 

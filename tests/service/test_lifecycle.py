@@ -15,11 +15,51 @@ from pathlib import Path
 import pytest
 
 from jobs.units import fmt
-from tests.conftest import children_of, pids_with_run_id, wait_for
+from tests.conftest import (
+    FINISHED,
+    REDIS_URL,
+    Service,
+    _fresh_pg_database,
+    children_of,
+    pids_with_run_id,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
 LONG = {"preset": "ddp", "name": "long", "train": {"steps": 1_000_000}}
+
+
+@pytest.fixture(scope="module")
+def _shared_service(tmp_path_factory, pg_server_url):
+    """One backend + worker (real Redis, real PostgreSQL) for the module: starting them costs
+    seconds per test, and every test here works on its own runs."""
+    url, drop = _fresh_pg_database(pg_server_url)
+    svc = Service(tmp_path_factory.mktemp("lifecycle"), db_url=url, redis_url=REDIS_URL)
+    try:
+        svc.start_backend()
+        svc.start_worker()
+        yield svc
+    finally:
+        svc.close()
+        drop()
+
+
+@pytest.fixture
+def redis_service(_shared_service):
+    """The shared service with both processes up (a test may stop, kill or restart either),
+    and, after the test, none of its runs left unfinished to hold the worker's one slot."""
+    svc = _shared_service
+    if svc.backend is None or svc.backend.poll() is not None:
+        svc.start_backend()
+    if svc.worker is None or svc.worker.poll() is not None:
+        svc.start_worker()
+    yield svc
+    if svc.backend.poll() is not None:
+        svc.start_backend()
+    for r in svc.http.get("/api/runs", params={"status": "queued,running"}).json()["items"]:
+        svc.http.post(f"/api/runs/{r['id']}/cancel")
+        svc.wait_status(r["id"], (*FINISHED, "hung"), 60)
 
 
 def wait_ranks_running(svc, run_id, n=4):
