@@ -1,4 +1,6 @@
-"""Every train preset as 2 hosts x 2 ranks (the 3d preset: 2 x 4) through the service: two
+"""Every train preset as 2 hosts x 2 ranks (the 3d preset: 2 x 4) through the service (the
+only test that sends every preset through it; tests/service/test_presets_e2e.py sends one of
+each kind on one host): two
 worker processes posing as hosts, real gang placement, one c10d rendezvous across them. Each
 run's loss curve equals the single-process run of the same model and global batch to 1e-5
 (fp32, plain SGD, where a wrong gradient average would show). The one-host 4-rank layout
@@ -12,6 +14,7 @@ from jobs.theory import predict
 from tests.conftest import FINISHED
 from tests.hosts.conftest import cluster_fixture
 from tests.support.gate import TOL, loss_err, reference
+from tests.support.summary import check_train_summary
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -60,7 +63,9 @@ def test_every_train_preset_on_two_hosts_equals_one_process(hosts):
         ref = reference(spec)
         err = loss_err(done["summary"]["loss"], ref["loss"])
         assert err <= TOL, (name, err, done["summary"]["loss"], ref["loss"])
-        assert len(done["summary"]["ranks"]) == spec.world_size, name
+        # what its strategy's summary carries, measured over both hosts' traces (node 0's
+        # worker gathers them and recomputes the trace sections: summary_traces.py)
+        check_train_summary(name, spec, done["summary"], done["metrics"])
         # each axis's measured bytes on the link the theory says it crosses (hosts from the
         # trace meta every rank wrote on its own host)
         rows = hosts.http.get(f"/api/runs/{run['id']}/metrics",
