@@ -6,6 +6,8 @@
     2b. EP                     mixture of experts: every MoE block's aux-loss scale and trace
                                hook; ep > 1: experts sharded over the EP group, tokens moved by
                                all-to-all (jobs/parallel/expert.py), hidden from step 4
+    2c. CP                     cp > 1 (tp = pp = 1): ring attention and chunk positions on the
+                               CP group carved out of dp (jobs/parallel/context.py)
     3. activation checkpointing  every repeated layer recomputed in backward
                                (jobs/parallel/checkpoint.py)
     4. DP / ZeRO / FSDP        the strategy over mesh["dp"], from the tables below (ep > 1:
@@ -29,6 +31,7 @@ from jobs.context import RunContext
 from jobs.data import local_microbatches
 from jobs.models import layer_list, model_module
 from jobs.parallel.checkpoint import apply_activation_checkpointing
+from jobs.parallel.context import apply_context_parallel
 from jobs.parallel.data import DDP, AllReduceDP, ParameterServerDP, Single
 from jobs.parallel.expert import ExpertParallel, apply_expert_parallel, trace_moe
 from jobs.parallel.native import NativeDDP, NativeFSDP
@@ -138,6 +141,7 @@ def compose(ctx: RunContext) -> Composed:
     rounds = t.grad_accum * p.microbatches
     if dims.tp == 1 and dims.pp == 1:
         model = mod.build(spec.model, t.seed).to(ctx.device)
+        apply_context_parallel(ctx, model)                                 # 2c
         trace_moe(model, ctx.tracer, rounds)                               # 2b
         ep = apply_expert_parallel(ctx, model)
         if t.activation_checkpointing:                                     # 3
