@@ -297,7 +297,9 @@ AVAILABLE |= {"moe", "moe-ep", "ddp+moe", "ddp+moe-ep", "dp-allreduce+moe",
               "zero1+moe-ep", "zero2+moe-ep", "tp+moe", "tp+moe-ep", "ddp+tp+moe",
               "ddp+tp+moe-ep", "dp-allreduce+tp+moe-ep", "zero1+tp+moe-ep",
               "zero1+tp+moe"}  # mixture of experts (issue 17)
-AVAILABLE |= {"cp", "ddp+cp", "dp-allreduce+cp", "zero1+cp", "zero2+cp"}  # context parallelism
+AVAILABLE |= {"cp", "ddp+cp", "dp-allreduce+cp", "zero1+cp", "zero2+cp", "tp+cp",
+              "pp-gpipe+cp", "pp-1f1b+cp", "pp-interleaved+cp", "pp-zb+cp",
+              "pp-zbv+cp"}  # context parallelism (issue 17)
 
 
 def derive_strategy(spec: JobSpec) -> str:
@@ -324,7 +326,7 @@ def derive_strategy(spec: JobSpec) -> str:
         parts.append("moe-ep" if p.ep > 1 else "moe")
     if p.cp > 1:
         parts.append("cp")
-    if p.dp > 1 and p.tp > 1 and p.pp > 1:
+    if p.dp > 1 and p.tp > 1 and p.pp > 1 and p.cp == 1:
         return "3d"
     return "+".join(parts) or "single"
 
@@ -699,10 +701,10 @@ def _cp_checks(s: JobSpec) -> list[dict]:
          "CUDA flash / efficient SDPA kernels (on CPU: 'aten._scaled_dot_product_flash_"
          "attention_for_cpu does not have a sharding strategy registered'); use engine "
          "'reference'"),
-        (p.tp > 1 or p.sequence_parallel, ("parallel", "tp"), "context parallelism does not "
-         "compose with tensor / sequence parallelism yet (tp = 1)"),
-        (p.pp > 1, ("parallel", "pp"), "context parallelism does not compose with pipeline "
-         "parallelism yet (pp = 1)"),
+        (p.sequence_parallel, ("parallel", "sequence_parallel"), "context parallelism does "
+         "not compose with sequence parallelism yet (both split the sequence)"),
+        (p.vocab_parallel, ("parallel", "vocab_parallel"), "context parallelism with "
+         "vocabulary parallelism is not supported yet"),
         (m.experts > 0, ("model", "experts"), "context parallelism with mixture of experts "
          "is not supported yet (capacity is decided per whole sequence)"),
         (p.dp_mode == "ps" and not p.zero_stage, ("parallel", "dp_mode"), "context "

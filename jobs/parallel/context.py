@@ -193,8 +193,9 @@ def cp_groups(ctx) -> tuple:
     return mine
 
 
-def apply_context_parallel(ctx, model: nn.Module) -> Ring | None:
-    """cp > 1: the GPT's embedding and every block's attention replaced for this CP rank."""
+def apply_context_parallel(ctx, *models: nn.Module) -> Ring | None:
+    """cp > 1: the GPT's (or its pipeline stages') embedding and every block's attention
+    replaced for this CP rank, before tensor parallelism shards their linears."""
     cp = ctx.spec.parallel.cp
     if cp == 1:
         return None
@@ -204,7 +205,10 @@ def apply_context_parallel(ctx, model: nn.Module) -> Ring | None:
     ctx.tracer.group_ranks.update({"cp": ranks})
     ring = Ring(group, ranks, ctx.rank, ctx.tracer)
     pos = cp_positions(ctx.spec.model.seq_len, cp, ring.index).to(ctx.device)
-    model.embed = CPEmbedding(model.embed, pos)
-    for i, blk in enumerate(model.blocks):
-        blk.attn = RingAttention(blk.attn, ring, i)
+    for model in models:
+        if getattr(model, "embed", None) is not None:
+            model.embed = CPEmbedding(model.embed, pos)
+        first = getattr(model, "first_layer", 0)  # a pipeline stage's global layer index
+        for i, blk in enumerate(model.blocks):
+            blk.attn = RingAttention(blk.attn, ring, first + i)
     return ring

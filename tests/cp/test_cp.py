@@ -1,7 +1,8 @@
 """Context parallelism (issue 17): ring attention with the load-balanced causal split against a
-single process, and the traced ring bytes against jobs/theory/cp.py. Three torchrun launches:
-world 4 (cp 2 on dp 4 = two data replicas, cp 4 on dp 4 with gradient accumulation, cp 2 with
-ZeRO-1), world 2 (cp 2 on dp 2: one replica), and world 2 with the test-only bug
+single process, and the traced ring bytes against jobs/theory/cp.py. Two torchrun launches:
+world 4 (cp 2 on dp 4 = two data replicas with DDP, ZeRO-1 and ZeRO-2; cp 4 on dp 4 = one
+replica, all-reduce and gradient accumulation; cp 2 x tp 2 and cp 2 x pp 2 with 1F1B, one
+replica each), and world 2 (cp 2 on dp 2, cp 1 alongside) with the test-only bug
 `cp_drop_causal_mask` planted (the gate must fail for CP, and only for CP).
 
 Every run trains with plain SGD (a wrong gradient scale shows; Adam would hide it); the gate
@@ -16,29 +17,33 @@ from collections import defaultdict
 import pytest
 import torch
 
+from jobs.dims import ParallelDims
 from jobs.spec import AVAILABLE, SpecError, parse_spec
 from jobs.theory.cp import ring_bytes, ring_step_bytes, step_ring_bytes
-from tests.support.gate import TOL, loss_err, reference, rel_err
+from tests.support.gate import TOL, assemble, loss_err, reference, rel_err
 from tests.support.launch import multirun, read_trace
 
 MODEL = {"arch": "gpt", "layers": 2, "hidden": 16, "heads": 2, "seq_len": 16, "vocab": 32}
 SMALL_BUCKET = 0.001  # MiB: one parameter per DDP bucket
 
 
-def spec(n: int, cp: int, par: dict | None = None, train: dict | None = None,
+def spec(dp: int, cp: int, par: dict | None = None, train: dict | None = None,
          model: dict | None = None) -> dict:
-    return {"model": {**MODEL, **(model or {})}, "parallel": {"dp": n, "cp": cp, **(par or {})},
+    par = {"dp": dp, "cp": cp, **(par or {})}
+    return {"model": {**MODEL, **(model or {})}, "parallel": par,
             "train": {"steps": 3, "global_batch": 4, "optimizer": "sgd", "lr": 0.1,
                       **(train or {})},
-            "runtime": {"nproc_per_node": n}}
+            "runtime": {"nproc_per_node": dp * par.get("tp", 1) * par.get("pp", 1)}}
 
 
 RUNS = {
     4: [("cp2-dp2", spec(4, 2, {"bucket_mb": SMALL_BUCKET})),
         ("cp4-accum", spec(4, 4, {"dp_mode": "allreduce"}, {"grad_accum": 2},
                            {"seq_len": 32})),
-        ("cp2-zero1", spec(4, 2, {"zero_stage": 1}))],
-    2: [("cp2", spec(2, 2))],
+        ("cp2-zero1", spec(4, 2, {"zero_stage": 1})),
+        ("cp2-tp2", spec(2, 2, {"tp": 2})),
+        ("cp2-zero2", spec(4, 2, {"zero_stage": 2})),
+        ("cp2-pp2", spec(2, 2, {"pp": 2, "microbatches": 2, "pp_schedule": "1f1b"}))],
 }
 ALL = [(n, name) for n, runs in RUNS.items() for name, _ in runs]
 
@@ -72,7 +77,10 @@ def run_spec(n: int, name: str) -> dict:
 def test_equals_single_process(launched, n, name):
     d = launched[n] / name
     ref = single(run_spec(n, name))
-    grads, params = torch.load(d / "grads-step0.pt"), torch.load(d / "params-final.pt")
+    if (d / "grads-step0.pt").exists():
+        grads, params = torch.load(d / "grads-step0.pt"), torch.load(d / "params-final.pt")
+    else:  # model-parallel dumps: one file per rank, TP shards assembled
+        grads, params = assemble(d, ref["grads"], "grads"), assemble(d, ref["params"])
     assert rel_err(grads, ref["grads"]) <= TOL, name
     assert rel_err(params, ref["params"]) <= TOL, name
     summary = json.loads((d / "summary.json").read_text())
@@ -92,6 +100,8 @@ def test_ring_bytes_equal_theory_exactly(launched, n, name):
     mb = t.global_batch // (p.dp // p.cp) // rounds
     recs = cp_records(launched[n] / name, n)
     for r, rs in recs.items():
+        layers = sorted({x["layer"] for x in rs})  # this rank's pipeline stage
+        assert len(layers) == m.layers // p.pp, (name, r, layers)
         got: dict = defaultdict(lambda: defaultdict(int))
         recv: dict = defaultdict(lambda: defaultdict(int))
         per_step: dict = defaultdict(int)
@@ -101,23 +111,27 @@ def test_ring_bytes_equal_theory_exactly(launched, n, name):
             per_step[x["step"]] += x["bytes_sent"]
         assert got == recv, (name, r)  # a rank receives what it sends, step by step
         keys = {(st, i, layer, ph, c) for st in range(t.steps) for i in range(rounds)
-                for layer in range(m.layers) for ph in ("fwd", "bwd") for c in range(p.cp)}
+                for layer in layers for ph in ("fwd", "bwd") for c in range(p.cp)}
         want = {k: ring_step_bytes(batch=mb, seq_len=m.seq_len, hidden=m.hidden, cp=p.cp,
-                                   phase=k[3], cp_step=k[4]) for k in keys}
+                                   phase=k[3], cp_step=k[4], tp=p.tp) for k in keys}
         assert {k: dict(v) for k, v in got.items()} == \
             {k: {w: b for w, b in v.items() if b} for k, v in want.items()
              if any(v.values())}, (name, r)
-        step_total = step_ring_bytes(layers=m.layers, rounds=rounds, micro_batch=mb,
-                                     seq_len=m.seq_len, hidden=m.hidden, cp=p.cp)
+        step_total = step_ring_bytes(layers=len(layers), rounds=rounds, micro_batch=mb,
+                                     seq_len=m.seq_len, hidden=m.hidden, cp=p.cp, tp=p.tp)
         assert dict(per_step) == {st: step_total for st in range(t.steps)}, (name, r)
 
 
 def test_sends_pair_with_receives_around_the_ring(launched):
     for n, name in ALL:
-        cp = run_spec(n, name)["parallel"]["cp"]
+        p = run_spec(n, name)["parallel"]
+        cp = p["cp"]
+        dims = ParallelDims(dp=p["dp"], tp=p.get("tp", 1), pp=p.get("pp", 1), world_size=n)
         recs = cp_records(launched[n] / name, n)
         for r, rs in recs.items():
-            group = [g for g in range(n) if g // cp == r // cp]
+            dp_group = dims.group_ranks("dp", r)  # CP: cp consecutive ranks of the DP group
+            i = dp_group.index(r)
+            group = dp_group[i - i % cp:i - i % cp + cp]
             nxt = group[(group.index(r) + 1) % cp]
             sends = sorted((x["step"], x["microbatch"], x["layer"], x["phase"], x["cp_step"],
                             x["what"], x["payload_bytes"]) for x in rs if x["op"] == "send")
@@ -178,8 +192,10 @@ def _errors(data: dict) -> list[tuple]:
     ({"parallel": {"dp": 2, "cp": 4}, "runtime": {"nproc_per_node": 2}}, ("parallel", "cp"),
      "must divide dp"),
     ({"parallel": {"engine": "native"}}, ("parallel", "engine"), "no native engine"),
-    ({"parallel": {"dp": 2, "tp": 2}}, ("parallel", "tp"), "tensor"),
-    ({"parallel": {"dp": 2, "pp": 2}}, ("parallel", "pp"), "pipeline"),
+    ({"parallel": {"dp": 2, "cp": 2, "tp": 2, "sequence_parallel": True}},
+     ("parallel", "sequence_parallel"), "sequence parallelism"),
+    ({"parallel": {"dp": 2, "cp": 2, "tp": 2, "vocab_parallel": True}},
+     ("parallel", "vocab_parallel"), "vocabulary parallelism"),
     ({"model": {"experts": 2}}, ("model", "experts"), "mixture of experts"),
     ({"parallel": {"zero_stage": 3}}, ("parallel", "zero_stage"), "ZeRO-3"),
     ({"parallel": {"dp_mode": "ps"}}, ("parallel", "dp_mode"), "all-reduce"),
@@ -198,6 +214,7 @@ def test_preset_and_batch_rule():
     assert s.strategy in AVAILABLE
     assert parse_spec(spec(4, 2), max_world_size=8).strategy == "ddp+cp"
     assert parse_spec(spec(4, 2, {"zero_stage": 1}), max_world_size=8).strategy == "zero1+cp"
+    assert parse_spec(spec(2, 2, {"tp": 2}), max_world_size=8).strategy == "tp+cp"
     # cp ranks of a group share samples: the batch splits over dp / cp replicas only
     parse_spec(spec(4, 4, train={"global_batch": 1}), max_world_size=8)
     assert any("(dp/cp)" in m for _, m in _errors(spec(4, 2, train={"global_batch": 1})))
