@@ -218,3 +218,22 @@ def test_preset_and_batch_rule():
     # cp ranks of a group share samples: the batch splits over dp / cp replicas only
     parse_spec(spec(4, 4, train={"global_batch": 1}), max_world_size=8)
     assert any("(dp/cp)" in m for _, m in _errors(spec(4, 2, train={"global_batch": 1})))
+
+
+def test_each_transfer_is_in_flight_across_its_ring_steps_attention(launched):
+    """The K / V of step t + 1 are posted before step t's attention span opens and waited after
+    it closes (ordering on one rank's clock, not a timing): the send / recv overlap compute."""
+    for n, name in ALL:
+        for r in range(n):
+            trace = read_trace(launched[n] / name, r)
+            spans = {(x["step"], x["microbatch"], x["layer"], x["phase"], x["cp_step"]): x
+                     for x in trace if x["type"] == "span" and x["name"] == "cp.step"}
+            checked = 0
+            for x in trace:
+                if x["type"] != "comm" or x.get("axis") != "cp" or x["what"] not in ("k", "v"):
+                    continue
+                sp = spans[(x["step"], x["microbatch"], x["layer"], x["phase"], x["cp_step"])]
+                assert x["ts_ns"] <= sp["ts_ns"], (name, r, x)
+                assert x["ts_ns"] + x["dur_ns"] >= sp["ts_ns"] + sp["dur_ns"], (name, r, x)
+                checked += 1
+            assert checked, (name, r)
