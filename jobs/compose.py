@@ -6,6 +6,9 @@
     2b. EP                     mixture of experts: every MoE block's aux-loss scale and trace
                                hook; ep > 1: experts sharded over the EP group, tokens moved by
                                all-to-all (jobs/parallel/expert.py), hidden from step 4
+    2c. CP                     cp > 1: ring attention and chunk positions on the CP group
+                               carved out of dp (jobs/parallel/context.py), before TP shards
+                               the attention's linears
     3. activation checkpointing  every repeated layer recomputed in backward
                                (jobs/parallel/checkpoint.py)
     4. DP / ZeRO / FSDP        the strategy over mesh["dp"], from the tables below (ep > 1:
@@ -29,6 +32,7 @@ from jobs.context import RunContext
 from jobs.data import local_microbatches
 from jobs.models import layer_list, model_module
 from jobs.parallel.checkpoint import apply_activation_checkpointing
+from jobs.parallel.context import apply_context_parallel
 from jobs.parallel.data import DDP, AllReduceDP, ParameterServerDP, Single
 from jobs.parallel.expert import ExpertParallel, apply_expert_parallel, trace_moe
 from jobs.parallel.native import NativeDDP, NativeFSDP
@@ -138,6 +142,7 @@ def compose(ctx: RunContext) -> Composed:
     rounds = t.grad_accum * p.microbatches
     if dims.tp == 1 and dims.pp == 1:
         model = mod.build(spec.model, t.seed).to(ctx.device)
+        apply_context_parallel(ctx, model)                                 # 2c
         trace_moe(model, ctx.tracer, rounds)                               # 2b
         ep = apply_expert_parallel(ctx, model)
         if t.activation_checkpointing:                                     # 3
@@ -147,6 +152,7 @@ def compose(ctx: RunContext) -> Composed:
             strategy = ExpertParallel(strategy, ep, ctx)
         return Composed(strategy, DirectRunner(strategy, mod.loss_fn, ctx.tracer, rounds))
     stages = split(ctx, mod)                                               # 1
+    apply_context_parallel(ctx, *stages.values())                          # 2c
     loss_fn = shard(ctx, stages, mod.loss_fn)                              # 2
     if t.activation_checkpointing:                                         # 3
         for st in stages.values():
@@ -233,7 +239,8 @@ def pipeline(ctx: RunContext, stages: dict, loss_fn, schedule: str):
         # the torch schedule divides by m itself; the test-only bug cancels that too
         rt.loss_scale = m / mb_divisor(m * accum)
         return rt
-    mb = spec.train.global_batch // dims.dp // (m * accum)
+    replicas = dims.dp // getattr(p, "cp", 1)  # CP ranks of a DP group share samples
+    mb = spec.train.global_batch // replicas // (m * accum)
     rt = PipelineRuntime(stages, schedule=schedule, p=dims.pp, m=m, v=p.virtual_stages,
                          rank=c["pp"], pp_ranks=dims.group_ranks("pp", ctx.rank),
                          loss_fn=loss_fn, act_shape=act_shape(spec, dims, mb),
@@ -264,4 +271,5 @@ def act_shape(spec, dims, mb: int) -> tuple:
     if m.arch != "gpt":
         return (mb, m.hidden)
     s = m.seq_len // dims.tp if spec.parallel.sequence_parallel else m.seq_len
+    s //= getattr(spec.parallel, "cp", 1)  # context parallelism: this rank's chunks
     return (mb, s, m.hidden)

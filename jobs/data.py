@@ -20,8 +20,16 @@ def global_batch(spec, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def local_microbatches(spec, step: int, dp_rank: int, dp_size: int, rounds: int,
                        device: torch.device | str = "cpu") -> list[tuple[torch.Tensor, ...]]:
-    """This DP replica's slice of the global batch, split into `rounds` equal micro-batches."""
+    """This DP replica's slice of the global batch, split into `rounds` equal micro-batches.
+    Context parallelism (cp > 1): the cp consecutive DP ranks of a CP group take the same
+    samples, each only its sequence chunks (jobs.parallel.context.cp_positions)."""
     x, y = global_batch(spec, step)
+    cp = getattr(spec.parallel, "cp", 1)
+    if cp > 1:
+        from jobs.parallel.context import cp_positions
+        pos = cp_positions(spec.model.seq_len, cp, dp_rank % cp)
+        x, y = x[:, pos], y[:, pos]
+        dp_rank, dp_size = dp_rank // cp, dp_size // cp
     per = x.shape[0] // dp_size
     if per * dp_size != x.shape[0] or per % rounds:
         raise ValueError(f"global batch {x.shape[0]} does not split into {dp_size} replicas x "

@@ -109,6 +109,10 @@ class ParallelSpec:
     bucket_mb: float = _f(25.0, "DDP / ZeRO-2 gradient bucket size in MiB", ge=0.0001, le=4096)
     ep: int = _f(1, "expert-parallel degree: experts sharded over groups of ep ranks carved out "
                  "of the DP group (ep divides dp; the dp/ep groups replicate)", ge=1, le=4096)
+    cp: int = _f(1, "context-parallel degree (gpt): groups of cp consecutive DP ranks share "
+                 "one slice of the global batch and split its sequences (ring attention, "
+                 "load-balanced causal chunks; cp divides dp; dp/cp data replicas)",
+                 ge=1, le=4096)
 
 
 @dataclass(frozen=True)
@@ -274,6 +278,9 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
          "(none: reference all_to_all_single dispatch)", "004",
          model={"arch": "gpt", "experts": 4, "top_k": 2, "aux_loss_coef": 0.01},
          parallel={"dp": 2, "ep": 2}, **_DP2),
+    _pre("cp", "Context parallelism: ring attention over 2 ranks, load-balanced causal split",
+         "(reference ring; torch context_parallel has no CPU SDPA sharding)", "004",
+         model={"arch": "gpt", "seq_len": 16}, parallel={"dp": 2, "cp": 2}, **_DP2),
     _pre("collective-sweep", "Collective bandwidth sweep (nccl-tests style)",
          "torch.distributed collectives", "000", kind="collective_bench", **_DP2),
 ]}
@@ -290,6 +297,9 @@ AVAILABLE |= {"moe", "moe-ep", "ddp+moe", "ddp+moe-ep", "dp-allreduce+moe",
               "zero1+moe-ep", "zero2+moe-ep", "tp+moe", "tp+moe-ep", "ddp+tp+moe",
               "ddp+tp+moe-ep", "dp-allreduce+tp+moe-ep", "zero1+tp+moe-ep",
               "zero1+tp+moe"}  # mixture of experts (issue 17)
+AVAILABLE |= {"cp", "ddp+cp", "dp-allreduce+cp", "zero1+cp", "zero2+cp", "tp+cp",
+              "pp-gpipe+cp", "pp-1f1b+cp", "pp-interleaved+cp", "pp-zb+cp",
+              "pp-zbv+cp"}  # context parallelism (issue 17)
 
 
 def derive_strategy(spec: JobSpec) -> str:
@@ -298,7 +308,8 @@ def derive_strategy(spec: JobSpec) -> str:
         return "collective-sweep"
     p = spec.parallel
     parts = []
-    if p.dp > 1:
+    # dp == cp with plain DDP: no data replicas, the DDP all-reduce is CP's gradient sum
+    if p.dp > 1 and not (p.cp == p.dp and p.dp_mode == "ddp" and not p.zero_stage):
         if p.zero_stage == 3 and p.engine == "native":
             parts.append("fsdp")
         elif p.zero_stage:
@@ -313,7 +324,9 @@ def derive_strategy(spec: JobSpec) -> str:
                       "zbv": "pp-zbv"}[p.pp_schedule])
     if spec.model.experts:
         parts.append("moe-ep" if p.ep > 1 else "moe")
-    if p.dp > 1 and p.tp > 1 and p.pp > 1:
+    if p.cp > 1:
+        parts.append("cp")
+    if p.dp > 1 and p.tp > 1 and p.pp > 1 and p.cp == 1:
         return "3d"
     return "+".join(parts) or "single"
 
@@ -494,11 +507,12 @@ def _cross_checks(s: JobSpec, max_world_size: int) -> list[dict]:
         e.append(_err(("model", "layers"),
                       f"layers = {m.layers} must be at least pp*virtual_stages = "
                       f"{p.pp * p.virtual_stages}"))
-    per = p.dp * p.microbatches * t.grad_accum
+    cp_split = p.cp > 1 and p.dp % p.cp == 0  # cp ranks of a DP group share samples
+    per = (p.dp // p.cp if cp_split else p.dp) * p.microbatches * t.grad_accum
     if t.global_batch % per:
         e.append(_err(("train", "global_batch"),
                       f"global_batch = {t.global_batch} must be divisible by "
-                      f"dp*microbatches*grad_accum = {per}"))
+                      f"{'(dp/cp)' if cp_split else 'dp'}*microbatches*grad_accum = {per}"))
     if p.sequence_parallel:
         if p.tp < 2:
             e.append(_err(("parallel", "sequence_parallel"), "needs parallel.tp > 1"))
@@ -532,7 +546,7 @@ def _cross_checks(s: JobSpec, max_world_size: int) -> list[dict]:
                       "dp_mode 'ps'"))
     if t.fp32_grads and t.precision != "bf16":
         e.append(_err(("train", "fp32_grads"), "only applies to precision 'bf16'"))
-    return e + _engine_checks(s) + _moe_checks(s)
+    return e + _engine_checks(s) + _moe_checks(s) + _cp_checks(s)
 
 
 def _engine_checks(s: JobSpec) -> list[dict]:
@@ -663,6 +677,51 @@ def _moe_checks(s: JobSpec) -> list[dict]:
             e.append(_err(("train", "checkpoint_every") if t.checkpoint_every else ("resume",),
                           "checkpoints of EP-sharded experts are not implemented yet"))
     return e
+
+
+def _cp_checks(s: JobSpec) -> list[dict]:
+    """Context parallelism (jobs/parallel/context.py) and what it does not compose with yet."""
+    m, p, t = s.model, s.parallel, s.train
+    if p.cp == 1:
+        return []
+    e: list[dict] = []
+    if m.arch != "gpt":
+        e.append(_err(("model", "arch"), "context parallelism needs arch 'gpt' (it splits "
+                      "sequences and runs ring attention)"))
+    if p.dp % p.cp:
+        e.append(_err(("parallel", "cp"), f"cp = {p.cp} must divide dp = {p.dp} (CP groups "
+                      "are cp consecutive DP ranks sharing one slice of the batch)"))
+    if m.seq_len % (2 * p.cp):
+        e.append(_err(("model", "seq_len"), f"seq_len = {m.seq_len} must be divisible by "
+                      f"2*cp = {2 * p.cp} (load-balanced causal split: each CP rank holds a "
+                      "head and a tail chunk)"))
+    refuse = [
+        (p.engine != "reference", ("parallel", "engine"), "context parallelism has no native "
+         "engine here: torch.distributed.tensor.experimental.context_parallel shards only the "
+         "CUDA flash / efficient SDPA kernels (on CPU: 'aten._scaled_dot_product_flash_"
+         "attention_for_cpu does not have a sharding strategy registered'); use engine "
+         "'reference'"),
+        (p.sequence_parallel, ("parallel", "sequence_parallel"), "context parallelism does "
+         "not compose with sequence parallelism yet (both split the sequence)"),
+        (p.vocab_parallel, ("parallel", "vocab_parallel"), "context parallelism with "
+         "vocabulary parallelism is not supported yet"),
+        (m.experts > 0, ("model", "experts"), "context parallelism with mixture of experts "
+         "is not supported yet (capacity is decided per whole sequence)"),
+        (p.dp_mode == "ps" and not p.zero_stage, ("parallel", "dp_mode"), "context "
+         "parallelism averages gradients with the all-reduce strategies; use dp_mode "
+         "'allreduce' or 'ddp'"),
+        (p.zero_stage == 3, ("parallel", "zero_stage"), "reference ZeRO-3 gathers each "
+         "block's parameters in its own forward, which the ring attention module bypasses; "
+         "use zero_stage 0, 1 or 2"),
+        (t.precision != "fp32", ("train", "precision"), "context parallelism runs in fp32 "
+         "only"),
+        (t.activation_checkpointing, ("train", "activation_checkpointing"), "recomputing a "
+         "block would repeat its ring in backward; not supported with cp > 1"),
+        (bool(t.checkpoint_every or s.resume.run_id),
+         ("train", "checkpoint_every") if t.checkpoint_every else ("resume",),
+         "checkpoints with context parallelism are not implemented yet"),
+    ]
+    return e + [_err(loc, msg) for bad, loc, msg in refuse if bad]
 
 
 def parse_spec(data: Any, *, max_world_size: int = DEFAULT_MAX_WORLD_SIZE,

@@ -9,6 +9,8 @@ read here and nowhere else, and never set by the service. Bugs:
                       number of rounds (the 1/m of gradient accumulation and pipelines)
     ep_edp_average    expert gradients (expert parallelism) are averaged over the expert-DP
                       group (dp/ep ranks) instead of divided by dp (jobs/parallel/expert.py)
+    cp_drop_causal_mask  ring attention (jobs/parallel/context.py) attends the diagonal block
+                      pairs without the causal mask: queries see later tokens of their chunk
     ckpt_drop_optimizer  a resumed run loads the parameters but not the optimizer state
                       (jobs/ckpt.py): tests/ckpt shows the resume test then fails
 
@@ -19,7 +21,8 @@ from __future__ import annotations
 
 import os
 
-BUGS = ("drop_dp_average", "drop_mb_average", "ckpt_drop_optimizer", "ep_edp_average")
+BUGS = ("drop_dp_average", "drop_mb_average", "ckpt_drop_optimizer", "ep_edp_average",
+        "cp_drop_causal_mask")
 
 
 def injected(name: str) -> bool:
@@ -40,4 +43,5 @@ def mb_divisor(rounds: int) -> int:
 def ep_divisor(dp: int, edp: int) -> int:
     """What summed expert gradients are divided by: dp, or edp (= dp / ep) under
     ep_edp_average."""
-    return edp if injected("ep_edp_average") else dp
+    return edp if injected("ep_edp_average",
+        "cp_drop_causal_mask") else dp
