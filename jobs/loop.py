@@ -87,5 +87,8 @@ def train_loop(ctx: RunContext, comp) -> dict:
     return {"losses": losses, "step_times": step_times, "memory": book.summary(),
             "comm": tr.comm_totals, "layout": strategy.layout(), "notes": strategy.notes,
             "comm_by_step": tr.comm_by_step.get("dp", {}),
+            # expert parallelism's axes, for formula_check (jobs/summary.py)
+            "comm_by_step_ep": {a: tr.comm_by_step[a] for a in ("ep", "edp")
+                                if a in tr.comm_by_step},
             "coords": ctx.dims.coords(ctx.rank), "clock_error_ns": tr.clock_error_ns,
             "process_memory": process_memory(), **runner.result()}

@@ -91,8 +91,12 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def param_storages(model: torch.nn.Module) -> set[int]:
+    return param_storages_of(model.parameters())
+
+
+def param_storages_of(params) -> set[int]:
     out = set()
-    for p in model.parameters():
+    for p in params:
         try:
             out.add(_local(p).untyped_storage().data_ptr())
         except (RuntimeError, NotImplementedError):

@@ -16,7 +16,7 @@ import contextlib
 
 import torch
 
-from jobs.memory import SavedTensorCounter, param_storages
+from jobs.memory import SavedTensorCounter, param_storages, param_storages_of
 from jobs.models import layer_list
 from jobs.parallel.tensor import allreduce_sequence_parallel_grads
 from jobs.testbug import mb_divisor
@@ -75,6 +75,9 @@ class DirectRunner:
         if hasattr(strategy, "saved_counter"):
             strategy.saved_counter = self.saved  # strategies with their own saved-tensor hooks
         self.params_seen = param_storages(strategy.model)
+        # expert parallelism keeps this rank's experts outside the module tree
+        # (jobs/parallel/expert.py): their weights, saved by F.linear as views, are parameters
+        self.params_seen |= param_storages_of(getattr(strategy, "expert", {}).values())
         self.layer_spans = LayerSpans(tracer, model_layers(strategy))
 
     def run(self, mbs: list, sample) -> float:

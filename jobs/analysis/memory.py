@@ -74,6 +74,8 @@ def memory_table(tr: Traces, spec, pred: dict | None) -> list[dict]:
         pp, dp = int(coords.get("pp", 0) or 0), int(coords.get("dp", 0) or 0)
         want = P.rank_model_state(pred, spec, pp, dp)
         extra = P.rank_extra(pred, spec, pp, dp)
+        if extra.get("activations"):
+            extra["activations"] += P.routing_activations(pred, spec, tr.ranks.get(rank, []))
         formula = _formula(tr.summary, rank)
         layout = (_summary_rank(tr.summary, rank) or {}).get("layout") or {}
         pad = layout.get("padding_elems")

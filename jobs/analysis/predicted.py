@@ -41,6 +41,10 @@ def rank_model_state(pred: dict | None, spec: JobSpec | None, pp_coord: int,
     if not pred or spec is None:
         return {}
     from jobs.theory import MEMORY_MODELS, model_state_bytes
+    rows = (pred.get("memory") or {}).get("per_rank")
+    if spec.parallel.ep > 1 and rows:  # experts not ZeRO-sharded: the theory's own rows
+        row = rows[min(max(pp_coord, 0), len(rows) - 1)]
+        return {k: row[v] for k, v in COMPONENTS.items()}
     per = pred["params"].get("per_pipeline_rank") or [pred["params"]["per_rank"]]
     psi = per[min(max(pp_coord, 0), len(per) - 1)]
     mm = MEMORY_MODELS[pred["memory"]["memory_model"]]
@@ -67,6 +71,17 @@ def rank_extra(pred: dict | None, spec: JobSpec | None, pp_coord: int,
     if spec.parallel.dp_mode == "ps" and dp_coord != 0 and not spec.parallel.zero_stage:
         out["comm_buffers"] = 0.0
     return out
+
+
+def routing_activations(pred: dict | None, spec: JobSpec | None, records: list[dict]) -> float:
+    """Expert parallelism: what this rank's observed routing adds to the uniform-routing
+    activations at its peak forward (jobs.theory.moe.routing_correction); 0 otherwise."""
+    if not pred or spec is None or spec.parallel.ep <= 1:
+        return 0.0
+    from jobs.theory.moe import moe_dims, routing_correction
+    w = pred["inputs"]
+    corr = routing_correction(records, **moe_dims(w), act_bytes=w["act_bytes"])
+    return max(corr.values(), default=0.0)
 
 
 def activations(pred: dict | None) -> float | None:

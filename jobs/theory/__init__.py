@@ -27,7 +27,8 @@ predict(obj, **overrides) -> dict
       kind                "whatif" | "spec"
       inputs              the validated inputs (for a spec, derived from it)
       conventions         {"memory_model", "bubble", "comm", "units"}: the active labels
-      params              {"total", "per_rank", "per_pipeline_rank"}
+      params              {"total", "per_rank", "per_pipeline_rank"} (with expert parallelism
+                           what a rank holds: Ψ_dense + Ψ_experts / ep)
       memory              {"per_rank_bytes", "per_rank_GB", "components": {"params", "grads",
                            "optimizer", "activations", and for a spec-derived input the
                            transient "recv_buffers", "gathered_unit", "comm_buffers"},
@@ -37,7 +38,11 @@ predict(obj, **overrides) -> dict
                            "peak_inflight_chunks"}] (ranks.py), "by_zero_stage":
                            {"0".."3": model-state bytes}, "memory_model", "explain"}
       comm                {"bytes_per_rank", "GB_per_rank", "time_lower_bound_s" (None without
-                           bandwidth), "components": {"dp", "tp", "pp"} per step,
+                           bandwidth), "components": {"dp", "tp", "pp"} per step (and
+                           "ep", "edp" when parallel.ep > 1: moe.py, docs/conventions.md
+                           "Mixture of experts"), "ep": the all-to-all figures (None
+                           without EP: "value", "dispatch_combine", "counts",
+                           "group_payload", "group_counts_payload", "formula", "inputs"),
                            "links": each axis's link (intra / inter host), bytes and time on
                            it, and per-link sums (links.py, docs/conventions.md "Two links"),
                            "per_microbatch": {"tp", "pp"}, "convention", "dp_ops",
@@ -66,6 +71,8 @@ gpt_activation_bytes_per_layer(s, b, h, a, tp=1, sequence_parallel=False, checkp
                                act_bytes=2) -> (bytes, formula)
 stage_times(spec) -> {"t_f", "t_b_input", "t_b_weight"} | None   per-stage seconds of a timed
     spec, to pass to jobs.schedules.simulate(spec.parallel.pp_schedule, pp, m, v, **times)
+moe.py: a2a_bytes, expert_capacity, uniform_kept, ep_model_state, expert_params,
+    moe_saved_bytes (MoE block activations), ep_bytes_per_rank, routing_correction
 MEMORY_MODELS, COMM_CONVENTIONS, GB
 The pipeline schedules and their simulator live in jobs/schedules.py.
 """

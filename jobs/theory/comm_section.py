@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from . import comm as C
 from . import links as L
+from . import moe as M
 from .figures import GB, fig
 from .memory import MEMORY_MODELS
 
@@ -17,11 +18,17 @@ def comm_label(c: str) -> str:
 
 
 def comm_section(w: dict) -> dict:
-    psi = max(w["rank_params"])
+    busiest = w["rank_params"].index(max(w["rank_params"]))
+    psi_e = (w.get("rank_expert_params") or [0] * len(w["rank_params"]))[busiest]
+    psi = w["rank_params"][busiest] - psi_e  # the DP strategy's parameters (experts: edp)
     gb = w["grad_bytes"] or MEMORY_MODELS[w["memory_model"]]["params"]
     conv = w["comm_convention"]
     label = comm_label(conv)
     dp = C.dp_bytes_per_rank(psi, w["dp"], w["zero_stage"], gb, w["dp_mode"], conv)
+    ep_n = w.get("ep") or 1
+    # expert gradients: summed over the expert-DP group (dp/ep ranks) by one all-reduce per
+    # parameter (jobs/parallel/expert.py), whatever the ZeRO stage of the rest
+    edp = C.dp_bytes_per_rank(psi_e, w["dp"] // ep_n, 0, gb, "ddp", conv)
     table = C.allreduce_algorithms(w["dp"], psi * gb)
     algo = w["allreduce_algorithm"]
     if w["zero_stage"] == 0 and w["dp_mode"] != "ps" and algo != "ring" and w["dp"] > 1:
@@ -46,14 +53,17 @@ def comm_section(w: dict) -> dict:
     elif w["pp"] > 1:
         pp = {"value": 0.0, "formula": "not modeled: give hidden, micro_batch_size (and seq_len)",
               "ops": []}
+    ep = _ep(w, rounds, act_bytes)
     comps = {"dp": dp["value"], "tp": tp["value"] * rounds, "pp": pp["value"] * rounds}
+    if ep_n > 1:  # the axes exist with expert parallelism only (keys stay as before without)
+        comps.update(ep=ep["value"], edp=edp["value"])
     total = sum(comps.values())
     links = L.links_section(w, comps)
     t = links["time_s"] if L.has_bandwidth(w) else None
     by_stage = {str(z): C.dp_bytes_per_rank(psi, w["dp"], z, gb, "ddp", conv)["value"]
                 for z in range(4)}
     explain = {
-        "bytes_per_rank": fig(total, "bytes", "dp + tp + pp", comps, label),
+        "bytes_per_rank": fig(total, "bytes", " + ".join(comps), comps, label),
         "components.dp": fig(dp["value"], "bytes", dp["formula"], dp["inputs"], label),
         "components.tp": fig(comps["tp"], "bytes", f"microbatches*grad_accum x [{tp['formula']}]",
                              {"rounds": rounds}, label),
@@ -70,6 +80,13 @@ def comm_section(w: dict) -> dict:
                                   "one-direction bus bandwidth per link; latency ignored; "
                                   + L.CONVENTION),
     }
+    if ep_n > 1:
+        explain["components.ep"] = fig(ep["value"], "bytes", ep["formula"], ep["inputs"],
+                                       EP_CONVENTION)
+        explain["components.edp"] = fig(edp["value"], "bytes", edp["formula"].replace(
+            "Ψ", "Ψ_experts_rank").replace("N", "N_edp"), {**edp["inputs"],
+                                                        "N_edp = dp/ep": w["dp"] // ep_n},
+            label + "; expert gradients all-reduced over the expert-DP group")
     for r in links["per_axis"]:
         if r["bytes_per_rank"]:
             explain[f"links.{r['axis']}.time_s"] = fig(
@@ -83,4 +100,22 @@ def comm_section(w: dict) -> dict:
                                "tp_recompute": tp.get("recompute_value", 0.0)},
             "dp_ops": [list(o) for o in dp["ops"]], "tp_ops_per_microbatch":
             [list(o) for o in tp["ops"]], "pp_ops_per_microbatch": [list(o) for o in pp["ops"]],
-            "dp_by_zero_stage": by_stage, "allreduce_algorithms": table, "explain": explain}
+            "dp_by_zero_stage": by_stage, "allreduce_algorithms": table,
+            "ep": ep if ep_n > 1 else None, "explain": explain}
+
+
+EP_CONVENTION = ("uniform-routing: every expert gets s*top_k/E assignments per sequence, so a "
+                 "rank keeps A = min(T*k, b*E*C) assignments (capacity dropping bound) and "
+                 "sends (ep-1)/ep of its dispatch / combine rows; the group's payload "
+                 "4*A*h*act_bytes per block (group-payload) and the counts are exact given the "
+                 "drops (jobs.theory.moe.a2a_bytes)")
+
+
+def _ep(w: dict, rounds: int, act_bytes: float) -> dict:
+    """Expert parallelism's all-to-all bytes per rank per step (jobs.theory.moe)."""
+    if (w.get("ep") or 1) <= 1:
+        return {"value": 0.0, "formula": "0", "inputs": {}}
+    return M.ep_bytes_per_rank(tokens=w["micro_batch_size"] * w["seq_len"], hidden=w["hidden"],
+                               top_k=w["top_k"], experts=w["experts"], ep=w["ep"],
+                               seq_len=w["seq_len"], capacity_factor=w["capacity_factor"],
+                               act_bytes=act_bytes, layers=w["layers"], rounds=rounds)

@@ -33,8 +33,11 @@ CONVENTION = ("rank r on host r // nproc_per_node; an axis is inter if any of it
               "overlap each other; time = bytes sent per rank / link busbw")
 
 
-def _stride(dp: int, tp: int, pp: int) -> dict[str, int]:
-    return {"tp": 1, "dp": tp, "pp": tp * dp}
+def _stride(dp: int, tp: int, pp: int, ep: int = 1) -> dict[str, int]:
+    out = {"tp": 1, "dp": tp, "pp": tp * dp}
+    if ep > 1:  # EP group: ep consecutive dp ranks; expert-DP: the dp ranks equal mod ep
+        out.update(ep=tp, edp=tp * ep)
+    return out
 
 
 def _crossing_below(x: int, c: int, span: int) -> int:
@@ -43,21 +46,23 @@ def _crossing_below(x: int, c: int, span: int) -> int:
 
 
 def axis_crossing(dp: int, tp: int, pp: int, nproc_per_node: int,
-                  nnodes: int | None = None) -> dict[str, dict]:
+                  nnodes: int | None = None, ep: int = 1) -> dict[str, dict]:
     """axis -> {"group_size", "groups", "groups_crossing", "link"} for the jobs.dims layout.
 
     Exact without listing ranks: the groups of an axis of size n and stride s tile the ranks in
     blocks of n*s consecutive ranks, s groups per block with bases o + t (t < s). A group with
     base b spans ranks b .. b + D, D = (n-1)*s, and crosses iff b // c != (b + D) // c (c =
     nproc_per_node). The blocks repeat every c / gcd(n*s, c) blocks, so at most c blocks are
-    looked at. `nnodes` = 1 (one host) short-cuts: nothing crosses."""
+    looked at. `nnodes` = 1 (one host) short-cuts: nothing crosses. With ep > 1 the axes ep
+    (size ep, stride tp: rank = ((pp*dp/ep + g)*ep + j)*tp + t) and edp (size dp/ep, stride
+    ep*tp) tile the ranks the same way (jobs/parallel/expert.py's groups)."""
     c = nproc_per_node
     if c < 1:
         raise ValueError(f"nproc_per_node must be >= 1, got {c}")
     world = dp * tp * pp
-    size = {"dp": dp, "tp": tp, "pp": pp}
+    size = {"dp": dp, "tp": tp, "pp": pp, "ep": ep, "edp": dp // ep}
     out = {}
-    for axis, s in _stride(dp, tp, pp).items():
+    for axis, s in _stride(dp, tp, pp, ep).items():
         n = size[axis]
         groups, span = world // n, (n - 1) * s
         blocks, block = world // (n * s), n * s
@@ -78,13 +83,18 @@ def axis_crossing(dp: int, tp: int, pp: int, nproc_per_node: int,
     return out
 
 
-def brute_axis_crossing(dims, nproc_per_node: int) -> dict[str, int]:
-    """axis -> groups crossing, by listing every group with jobs.dims (tests; small worlds)."""
+def brute_axis_crossing(dims, nproc_per_node: int, ep: int = 1) -> dict[str, int]:
+    """axis -> groups crossing, by listing every group with jobs.dims (tests; small worlds);
+    ep / edp as jobs/parallel/expert.ep_groups carves them out of each dp group."""
+    def sub(axis, r):
+        g = dims.group_ranks("dp", r)
+        i = g.index(r)
+        return g[i // ep * ep:(i // ep + 1) * ep] if axis == "ep" else g[i % ep::ep]
     out = {}
-    for axis in AXES:
+    for axis in AXES + (("ep", "edp") if ep > 1 else ()):
         seen, crossing = set(), 0
         for r in range(dims.world_size):
-            g = tuple(dims.group_ranks(axis, r))
+            g = tuple(sub(axis, r) if axis in ("ep", "edp") else dims.group_ranks(axis, r))
             if g in seen:
                 continue
             seen.add(g)
@@ -119,10 +129,11 @@ def links_section(w: dict, comps: dict[str, float]) -> dict:
     """The comm section's `links`: per axis bytes per rank per step (`comps`, from the comm
     model), its link and the time on it; per link the sums."""
     npn = w["nproc_per_node"] or w["dp"] * w["tp"] * w["pp"]
-    cross = axis_crossing(w["dp"], w["tp"], w["pp"], npn, w["nnodes"])
+    ep = w.get("ep") or 1
+    cross = axis_crossing(w["dp"], w["tp"], w["pp"], npn, w["nnodes"], ep)
     bws = link_bandwidths(w)
     rows = []
-    for axis in ("tp", "dp", "pp"):
+    for axis in ("tp", "dp", "pp") + (("ep", "edp") if ep > 1 else ()):
         link = cross[axis]["link"]
         bw, source = bws[link]
         b = comps.get(axis, 0.0)

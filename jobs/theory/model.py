@@ -34,6 +34,16 @@ def block_params(h: int) -> int:
     return 12 * h * h + 12 * h
 
 
+def block_rank_params(h: int, tp: int, experts: int = 0, shared_expert: bool = False) -> float:
+    """One block's parameters on one TP rank: q/k/v, proj weight (and with a dense MLP fc1,
+    fc2 weight) split over tp, LayerNorms and the proj / fc2 biases replicated. A MoE block
+    runs whole on every TP rank (reference TP splits attention only, jobs/spec.py)."""
+    if not experts:
+        return (12 * h * h + 6 * h) / tp + 6 * h
+    return (4 * h * h + 2 * h) / tp + 5 * h + h * experts + \
+        (experts + int(shared_expert)) * expert_mlp_params(h)
+
+
 def moe_extra_block_params(h: int, experts: int, shared_expert: bool = False) -> int:
     """What a MoE block holds beyond a dense block: the router and the extra expert MLPs."""
     if not experts:
@@ -82,10 +92,8 @@ def stage_params(model, pp: int, v: int, tp: int, placement: str = "loop") -> li
         for c in range(v):
             s = stage_of(r, c, pp, v, placement)
             nblocks = per_chunk + (1 if s < extra else 0)
-            if m["arch"] == "gpt":
-                total += nblocks * ((12 * h * h + 6 * h) / tp + 6 * h)
-                # MoE blocks run with tp = 1 only (jobs/spec.py); experts not split by EP here
-                total += nblocks * moe_extra_block_params(h, m["experts"], m["shared_expert"])
+            if m["arch"] == "gpt":  # experts not split by EP here (whatif.inputs_from_spec)
+                total += nblocks * block_rank_params(h, tp, m["experts"], m["shared_expert"])
                 if s == 0:
                     total += (m["vocab"] + m["seq_len"]) * h
                 if s == chunks - 1:
@@ -126,7 +134,7 @@ def simple_activation_bytes_per_layer(arch: str, b: int, h: int,
 
 def gpt_saved_bytes(s: int, b: int, h: int, a: int, vocab: int, *, blocks: int, first: bool,
                     last: bool, tp: int = 1, sequence_parallel: bool = False,
-                    act_bytes: float = 4) -> tuple[float, str]:
+                    act_bytes: float = 4, moe_block: float | None = None) -> tuple[float, str]:
     """Bytes autograd keeps for one micro-batch on a GPT stage of paralab's model
     (jobs/models/gpt.py with jobs/parallel/tensor.py; no dropout), counted as
     jobs.memory.SavedTensorCounter does: each storage range once, parameters excluded.
@@ -141,15 +149,19 @@ def gpt_saved_bytes(s: int, b: int, h: int, a: int, vocab: int, *, blocks: int, 
       plus the causal mask's complement, s^2 bool bytes.
     First stage: token ids b*s and positions s, int64. Last stage: the final LayerNorm
     (input s*b*h/r, mean/rstd 2*s*b/r), the LM head's input s*b*h, log-softmax output s*b*V,
-    the int64 targets s*b and NLL's 4-byte total weight."""
+    the int64 targets s*b and NLL's 4-byte total weight. A MoE block (`moe_block`: its bytes,
+    jobs.theory.moe.moe_saved_bytes) replaces the dense MLP's fc1 / GELU outputs 8*s*b*h/t."""
     r = tp if sequence_parallel else 1
     sbh = s * b * h
     per_block = act_bytes * (2 * sbh / r + 2 * sbh + 12 * sbh / tp + 4 * s * b / r
                              + a * b * s * s / tp) + s * s
+    if moe_block is not None:
+        per_block += moe_block - act_bytes * 8 * sbh / tp
     total = blocks * per_block
     if first:
         total += 8 * (b * s + s)
     if last:
         total += act_bytes * (sbh / r + 2 * s * b / r + sbh + s * b * vocab) + 8 * s * b + 4
-    return total, ("blocks x [4*(2sbh/r + 2sbh + 12sbh/t + 4sb/r + a*b*s^2/t) + s^2]"
+    mlp = " - 8sbh/t*act + MoE block" if moe_block is not None else ""
+    return total, (f"blocks x [4*(2sbh/r + 2sbh + 12sbh/t + 4sb/r + a*b*s^2/t) + s^2{mlp}]"
                    " + first: 8*(b*s + s) + last: 4*(sbh/r + 2sb/r + sbh + s*b*V) + 8sb + 4")

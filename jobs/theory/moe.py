@@ -21,7 +21,15 @@ trace records carry); it is what tests/moe checks against the traced bytes.
 Model state with EP (`ep_model_state`): the DP strategy holds the non-expert parameters
 Ψ_dense (ZeRO over dp as jobs.theory.memory says); each rank holds experts / ep of every
 block's experts, replicated over the expert-DP group and not ZeRO-sharded (reference EP):
-per rank  model_state(Ψ_dense, dp, zero_stage) + (p + g + o) * Ψ_experts / ep.
+per rank  model_state(Ψ_dense, dp, zero_stage) + (p + g + o) * Ψ_experts / ep
+(convention "ep-state").
+
+Per rank per step (`ep_bytes_per_rank`, predict()'s comm.components.ep), convention
+"uniform-routing": every expert gets seq_len*top_k/experts assignments per sequence, so only the
+capacity bound drops (A = min(T*top_k, b*E*C)) and a rank sends (ep - 1)/ep of its rows.
+Activations of a MoE block (`moe_saved_bytes`): exact given the kept assignments A and the rows
+R this rank's experts compute; R = A under uniform routing (`routing_correction` turns a rank's
+traced dispatch records into the exact figure). docs/conventions.md lists all of them.
 """
 
 from __future__ import annotations
@@ -88,3 +96,102 @@ def a2a_bytes(*, tokens: int, hidden: int, top_k: int, experts: int, ep: int, se
             "inputs": {"tokens": tokens, "hidden": hidden, "top_k": top_k, "experts": experts,
                        "ep": ep, "seq_len": seq_len, "capacity_factor": capacity_factor,
                        "dropped": dropped, "act_bytes": act_bytes}}
+
+
+def uniform_kept(tokens: int, seq_len: int, top_k: int, experts: int,
+                 capacity_factor: float = 0.0) -> int:
+    """Kept assignments of `tokens` tokens under uniform routing (convention "uniform-routing":
+    every expert gets seq_len*top_k/experts assignments per sequence, so capacity drops only
+    what exceeds C, i.e. when capacity_factor < 1): min(tokens*top_k, sequences*experts*C)."""
+    cap = expert_capacity(capacity_factor, seq_len, top_k, experts)
+    routed = tokens * top_k
+    return min(routed, (tokens // seq_len) * experts * cap) if cap else routed
+
+
+def moe_dims(w: dict) -> dict:
+    """moe_saved_bytes' model inputs from predict()'s inputs (jobs.theory.whatif)."""
+    return {"batch": w["micro_batch_size"], "seq_len": w["seq_len"], "hidden": w["hidden"],
+            "experts": w["experts"], "top_k": w["top_k"],
+            "capacity_factor": w["capacity_factor"], "shared_expert": w["shared_expert"],
+            "aux_loss": bool(w.get("aux_loss_coef"))}
+
+
+def moe_saved_bytes(*, batch: int, seq_len: int, hidden: int, experts: int, top_k: int,
+                    capacity_factor: float = 0.0, shared_expert: bool = False,
+                    aux_loss: bool = True, act_bytes: float = 4, kept: float | None = None,
+                    rows: float | None = None) -> tuple[float, str]:
+    """Bytes one MoE block (jobs/models/moe.py, experts local or jobs/parallel/expert.py's
+    EPExperts) saves for backward per micro-batch of `batch` sequences, beyond the LayerNorm
+    output it reads (counted with the block), as jobs.memory.SavedTensorCounter counts them.
+    T = batch*seq_len tokens, A = `kept` assignments (default uniform_kept), R = `rows` the
+    experts on this rank compute (default A: no EP, or EP under uniform routing, where a rank
+    receives what it sends). Router: softmax output 4*T*E (fp32), the top-k slice of the sort
+    indices 8*((T-1)*E + k), with top_k > 1 the gate and its sum 4*T*(k + 1), the per-sequence
+    fraction f 4*b*E (with `aux_loss` only: without the loss in backward its graph, and f, are
+    freed at the end of the forward), the keep mask T*k bytes; indices: order and token 8*A
+    each; experts: input, fc1 output, GELU output 9*h*R; combine: the experts' output and the
+    weighted output 2*h*A, the gate column A (all x act_bytes); shared expert 8*h*T x
+    act_bytes."""
+    t, e, k, h = batch * seq_len, experts, top_k, hidden
+    a = uniform_kept(t, seq_len, k, e, capacity_factor) if kept is None else kept
+    r = a if rows is None else rows
+    router = 4 * t * e + 8 * ((t - 1) * e + k) + (4 * t * (k + 1) if k > 1 else 0) \
+        + (4 * batch * e if aux_loss else 0) + t * k
+    val = router + 16 * a + act_bytes * (9 * h * r + 2 * h * a + a) \
+        + (act_bytes * 8 * h * t if shared_expert else 0)
+    formula = ("4TE + 8((T-1)E + k) + [k>1] 4T(k+1) + [aux] 4bE + Tk + 16A"
+               " + act_bytes*(9hR + 2hA + A)"
+               + (" + act_bytes*8hT (shared)" if shared_expert else "")
+               + "; A = min(T*k, b*E*C), R = A (uniform routing)")
+    return float(val), formula
+
+
+def ep_bytes_per_rank(*, tokens: int, hidden: int, top_k: int, experts: int, ep: int,
+                      seq_len: int, capacity_factor: float = 0.0, act_bytes: float = 4,
+                      layers: int = 1, rounds: int = 1) -> dict:
+    """Bytes one EP rank sends per step: `tokens` = its tokens per micro-batch, `layers` MoE
+    blocks, `rounds` micro-batches per step. The group's payload is a2a_bytes on ep*tokens
+    tokens (exact given the drops; here the uniform-routing drops), and a rank sends
+    (ep - 1)/ep of its share under uniform routing (convention "uniform-routing"); the counts
+    all-to-all sends (ep - 1)/ep * E * 8 bytes per block exactly."""
+    if ep <= 1:
+        return {"value": 0.0, "group_payload": 0.0, "counts": 0.0, "formula": "0 (ep = 1)",
+                "inputs": {"ep": ep}}
+    group = ep * tokens
+    a = uniform_kept(group, seq_len, top_k, experts, capacity_factor)
+    g = a2a_bytes(tokens=group, hidden=hidden, top_k=top_k, experts=experts, ep=ep,
+                  seq_len=seq_len, capacity_factor=capacity_factor,
+                  dropped=group * top_k - a, act_bytes=act_bytes)
+    n = layers * rounds
+    wire = g["wire_uniform_routing"] / ep * n
+    counts = g["counts_payload"] / ep * (ep - 1) / ep * n
+    return {"value": wire + counts, "dispatch_combine": wire, "counts": counts,
+            "group_payload": g["payload"] * n, "group_counts_payload": g["counts_payload"] * n,
+            "formula": "layers*rounds x [(ep-1)/ep * 4*A*h*act_bytes + (ep-1)/ep * E*8], "
+                       "A = min(tokens*top_k, b*E*C) per rank (uniform routing)",
+            "inputs": {"tokens": tokens, "hidden": hidden, "top_k": top_k, "experts": experts,
+                       "ep": ep, "seq_len": seq_len, "capacity_factor": capacity_factor,
+                       "act_bytes": act_bytes, "layers": layers, "rounds": rounds,
+                       "assignments_per_rank": a / ep},
+            "convention": "uniform-routing"}
+
+
+def routing_correction(records, *, batch: int, seq_len: int, hidden: int, experts: int,
+                       top_k: int, capacity_factor: float = 0.0, shared_expert: bool = False,
+                       aux_loss: bool = True, act_bytes: float = 4) -> dict:
+    """{(step, microbatch): bytes} to add to the uniform-routing activations of one EP rank
+    for the routing it really saw: per forward dispatch record (jobs/parallel/ep_comm.py; A =
+    rows sent, R = rows received), moe_saved_bytes(kept=A, rows=R) - moe_saved_bytes().
+    A trace analysis adds the largest to the prediction to compare with the measured peak."""
+    dims = {"batch": batch, "seq_len": seq_len, "hidden": hidden, "experts": experts,
+            "top_k": top_k, "capacity_factor": capacity_factor,
+            "shared_expert": shared_expert, "aux_loss": aux_loss, "act_bytes": act_bytes}
+    base = moe_saved_bytes(**dims)[0]
+    row = hidden * act_bytes
+    out: dict = {}
+    for x in records:
+        if x.get("type") == "comm" and x.get("what") == "dispatch" and x.get("phase") == "fwd":
+            a, r = sum(x["send_bytes"]) / row, sum(x["recv_bytes"]) / row
+            k = (x["step"], x["microbatch"])
+            out[k] = out.get(k, 0.0) + moe_saved_bytes(**dims, kept=a, rows=r)[0] - base
+    return out

@@ -7,9 +7,9 @@ from jobs.spec import JobSpec, SpecError, parse_spec
 
 from .comm_section import comm_label, comm_section
 from .figures import GB, fig
-from .memory import MEMORY_MODELS, ZERO_FORMULAS, model_state_bytes, zero_table
+from .memory import MEMORY_MODELS, ZERO_FORMULAS, zero_table
 from .model import gpt_activation_bytes_per_layer, simple_activation_bytes_per_layer
-from .ranks import rank_memory
+from .ranks import rank_memory, state_bytes
 from .whatif import inputs_from_spec, parse_whatif
 
 UNITS = "decimal GB = 1e9 bytes; bandwidth in GB/s = 1e9 bytes/s (as the seeds use)"
@@ -19,6 +19,14 @@ TRANSIENT = {  # labelled next to the model states (jobs/theory/ranks.py)
     "gathered_unit": "ZeRO-3 / FSDP transient gather (seed 003: check the temporary peak)",
     "comm_buffers": "data-parallel collective buffers the implementation allocates",
 }
+
+
+EP_STATE = "convention 'ep-state': reference EP, experts not ZeRO-sharded"
+ACT_CONVENTION = ("saved tensors as autograd keeps them (jobs.memory.SavedTensorCounter) for "
+                  "paralab's GPT; Megatron (Korthikanti et al. 2022) estimate, 2-byte "
+                  "activations scaled by act_bytes/2, with checkpointing or a vocab-parallel "
+                  "head; MoE blocks: convention 'uniform-routing' (every expert gets "
+                  "s*top_k/E assignments per sequence, kept A = min(T*k, b*E*C))")
 
 
 def predict(obj, **overrides) -> dict:
@@ -39,6 +47,7 @@ def predict(obj, **overrides) -> dict:
         w, kind = parse_whatif(obj), "whatif"
         share = 1 / (w["tp"] * w["pp"])
         w["rank_params"] = [w["params"] * share] * w["pp"]
+        w["rank_expert_params"] = [0] * w["pp"]  # a what-if has no experts (ep = 1)
     else:
         raise SpecError([{"loc": [], "msg": "must be a job spec or a what-if object with "
                           "'params'", "type": "dict_type"}])
@@ -78,7 +87,7 @@ def _predict(w: dict, kind: str) -> dict:
     conv = {"memory_model": MEMORY_MODELS[w["memory_model"]]["label"],
             "bubble": pipe["convention"], "comm": comm_label(w["comm_convention"]),
             "units": UNITS}
-    inputs = {k: v for k, v in w.items() if k != "rank_params"}
+    inputs = {k: v for k, v in w.items() if k not in ("rank_params", "rank_expert_params")}
     return {"kind": kind, "inputs": inputs, "conventions": conv,
             "params": {"total": w["params"], "per_rank": max(w["rank_params"]),
                        "per_pipeline_rank": w["rank_params"]},
@@ -193,8 +202,9 @@ def _activations(w: dict, pipe: dict) -> tuple[float, str, dict]:
 def _memory(w: dict, pipe: dict) -> dict:
     mm = MEMORY_MODELS[w["memory_model"]]
     psi, n, z = max(w["rank_params"]), w["dp"], w["zero_stage"]
-    comps = model_state_bytes(psi, n, z, bytes_params=mm["params"], bytes_grads=mm["grads"],
-                              bytes_optimizer=mm["optimizer"])
+    busiest = w["rank_params"].index(psi)
+    comps = state_bytes(w, busiest, mm)
+    psi_e = w["rank_expert_params"][busiest]
     act, act_formula, act_inputs = _activations(w, pipe)
     act_bytes = w["act_bytes"] or (4 if w["memory_model"] == "fp32" else 2)
     per_rank, formulas = rank_memory(w, mm, act_bytes) if "rank_params" in w else (None, {})
@@ -209,23 +219,31 @@ def _memory(w: dict, pipe: dict) -> dict:
     label = mm["label"]
     ins = {"Ψ_rank": psi, "N": n, "zero_stage": z, "p": mm["params"], "g": mm["grads"],
            "o": mm["optimizer"]}
+    ep_note, div = "", {"params": 3, "grads": 2, "optimizer": 1}
+    if psi_e:  # expert parallelism: ZeRO / N on the non-expert part only
+        ins.update(Ψ_experts_rank=psi_e, ep=w["ep"])
+        ep_note = "; expert parallelism: Ψ_dense = Ψ_rank - Ψ_experts_rank under ZeRO over N, " \
+            "Ψ_experts_rank = routed experts / ep replicated over dp/ep (" + EP_STATE + ")"
+
+    def _state(c: str, letter: str) -> str:
+        if not psi_e:
+            return f"{letter}*Ψ_rank" + ("/N" if z >= div[c] else "")
+        return f"{letter}*Ψ_dense" + ("/N" if z >= div[c] else "") + f" + {letter}*Ψ_experts_rank"
+
     share = "Ψ_rank = params/(tp*pp)" if w["rank_params"].count(psi) == len(w["rank_params"]) \
         and w.get("strategy") is None else "Ψ_rank = parameters of the busiest (tp, pp) rank"
     explain = {
         "per_rank_bytes": fig(total, "bytes", "params + grads + optimizer + activations"
                               + "".join(f" + {k}" for k in extra),
                               {k: comps[k] for k in comps}, label),
-        "model_state_bytes": fig(total - act, "bytes", ZERO_FORMULAS[z] + f"; {share}", ins,
-                                 label),
-        "components.params": fig(comps["params"], "bytes",
-                                 "p*Ψ_rank" + ("/N" if z >= 3 else ""), ins, label),
-        "components.grads": fig(comps["grads"], "bytes", "g*Ψ_rank" + ("/N" if z >= 2 else ""),
-                                ins, label),
-        "components.optimizer": fig(comps["optimizer"], "bytes",
-                                    "o*Ψ_rank" + ("/N" if z >= 1 else ""), ins, label),
+        "model_state_bytes": fig(total - act, "bytes",
+                                 ZERO_FORMULAS[z] + f"; {share}{ep_note}", ins, label),
+        "components.params": fig(comps["params"], "bytes", _state("params", "p"), ins, label),
+        "components.grads": fig(comps["grads"], "bytes", _state("grads", "g"), ins, label),
+        "components.optimizer": fig(comps["optimizer"], "bytes", _state("optimizer", "o"), ins,
+                                    label),
         "components.activations": fig(act, "bytes", act_formula, act_inputs,
-                                      "Megatron (Korthikanti et al. 2022) estimate, 2-byte "
-                                      "activations scaled by act_bytes/2" if w["arch"] == "gpt"
+                                      ACT_CONVENTION if w["arch"] == "gpt"
                                       else "saved layer inputs/outputs"),
     }
     for k in extra:

@@ -32,7 +32,8 @@ import math
 
 from jobs import schedules
 
-from .model import gpt_activation_bytes_per_layer, gpt_saved_bytes
+from .model import block_rank_params, gpt_activation_bytes_per_layer, gpt_saved_bytes
+from .moe import ep_model_state, moe_dims, moe_saved_bytes
 
 MAX_WALK_ACTIONS = 200_000
 RECV_BYTES = 4  # PipelineRuntime's buffers are fp32 whatever the compute precision
@@ -53,9 +54,13 @@ def stage_activation_bytes(w: dict, stage: int, act_bytes: float) -> tuple[float
     b, h = w["micro_batch_size"], w["hidden"]
     if w["arch"] == "gpt" and w.get("vocab") and not w["activation_checkpointing"] \
             and not w.get("vocab_parallel"):
-        return gpt_saved_bytes(w["seq_len"], b, h, w["heads"], w["vocab"], blocks=n,
-                               first=stage == 0, last=last, tp=w["tp"],
-                               sequence_parallel=w["sequence_parallel"], act_bytes=act_bytes)
+        val, f = gpt_saved_bytes(w["seq_len"], b, h, w["heads"], w["vocab"], blocks=n,
+                                 first=stage == 0, last=last, tp=w["tp"],
+                                 sequence_parallel=w["sequence_parallel"], act_bytes=act_bytes,
+                                 moe_block=moe_block(w, act_bytes))
+        if w.get("experts"):
+            f += "; MoE block " + moe_saved_bytes(**moe_dims(w), act_bytes=act_bytes)[1]
+        return val, f
     if w["arch"] == "gpt":  # what-if, checkpointing, vocab-parallel head: Megatron estimate
         per_layer, f = gpt_activation_bytes_per_layer(
             w["seq_len"], b, h, w["heads"], w["tp"], w["sequence_parallel"],
@@ -66,6 +71,13 @@ def stage_activation_bytes(w: dict, stage: int, act_bytes: float) -> tuple[float
         return units * b * h * act_bytes, \
             "b*h*act_bytes*(1 input + ReLU outputs + 2 on the last stage: output, target)"
     return (1 + n) * b * h * act_bytes, "b*h*act_bytes*(1 + layers in stage) (timed)"
+
+
+def moe_block(w: dict, act_bytes: float) -> float | None:
+    """Saved bytes of one MoE block per micro-batch (None for a dense model)."""
+    if not w.get("experts"):
+        return None
+    return moe_saved_bytes(**moe_dims(w), act_bytes=act_bytes)[0]
 
 
 def _walk(actions, per_chunk: list[float]) -> tuple[float, int]:
@@ -155,28 +167,39 @@ def comm_buffers(w: dict, psi: float, bucket_params: float, bytes_grads: float,
     return 0.0, "0 (reduced in place / per unit)"
 
 
+def state_bytes(w: dict, r: int, mm: dict) -> dict:
+    """Model state of pipeline rank r: its Ψ under ZeRO over dp, or with expert parallelism
+    the non-expert Ψ under ZeRO, its EP shard of the experts unsharded (moe.ep_model_state)."""
+    from .memory import model_state_bytes
+    psi, n, z = w["rank_params"][r], w["dp"], w["zero_stage"]
+    b = {"bytes_params": mm["params"], "bytes_grads": mm["grads"],
+         "bytes_optimizer": mm["optimizer"]}
+    local = (w.get("rank_expert_params") or [0] * (r + 1))[r]
+    if not local:
+        return model_state_bytes(psi, n, z, **b)
+    ep = w["ep"]
+    return ep_model_state(psi - local + local * ep, local * ep, n, ep, z, **b)
+
+
 def rank_memory(w: dict, mm: dict, act_bytes: float) -> tuple[list[dict], dict]:
     """Per pipeline rank (index = pp coordinate; the dp coordinate 0 / the busiest dp rank):
     model state, activations, recv_buffers, gathered_unit, comm_buffers; and the formulas
     (the same text for every rank)."""
-    from .memory import model_state_bytes
-
     pr = pipeline_ranks(w, act_bytes)
-    n, z = w["dp"], w["zero_stage"]
+    n = w["dp"]
     impl = "bucket_mb" in w  # derived from a JobSpec (jobs/theory/whatif.inputs_from_spec)
     bucket_params = w.get("bucket_mb", 25.0) * (1 << 20) / mm["params"]
     out, formulas = [], {}
     for r, psi in enumerate(w["rank_params"]):
-        row = {"rank": r, **model_state_bytes(psi, n, z, bytes_params=mm["params"],
-                                              bytes_grads=mm["grads"],
-                                              bytes_optimizer=mm["optimizer"])}
+        row = {"rank": r, **state_bytes(w, r, mm)}
+        dense = psi - (w.get("rank_expert_params") or [0] * (r + 1))[r]
         info = pr[r] if pr else {}
         row["activations"] = info.get("activations", 0.0)
         units = [padded(u, n) for u in _units(w, psi, r) or []]
         row["gathered_unit"], fg = gathered_unit(w, units, mm["params"], mm["grads"])
         # buffers of paralab's implementation: for a job spec only (a what-if names none)
         row["recv_buffers"] = info.get("recv_buffers", 0.0) if impl else 0.0
-        row["comm_buffers"], fc = comm_buffers(w, psi, bucket_params, mm["params"], 0) \
+        row["comm_buffers"], fc = comm_buffers(w, dense, bucket_params, mm["params"], 0) \
             if impl else (0.0, "not modeled for a what-if (implementation buffers)")
         row["total"] = sum(row[k] for k in ("params", "grads", "optimizer", "activations",
                                             "recv_buffers", "gathered_unit", "comm_buffers"))
@@ -200,7 +223,8 @@ def _units(w: dict, psi: float, r: int) -> list[int] | None:
     nblocks = sum(stage_layers(w["layers"], chunks,
                                schedules.stage_of(r, c, w["pp"], w["virtual_stages"], place))
                   for c in range(w["virtual_stages"]))
-    block = (12 * h * h + 6 * h) / tp + 6 * h if w["arch"] == "gpt" else h * h + h
+    block = block_rank_params(h, tp, w.get("experts") or 0, w.get("shared_expert", False)) \
+        if w["arch"] == "gpt" else h * h + h
     return [math.ceil(block)] * nblocks + [max(0, math.ceil(psi - nblocks * block))]
 
 

@@ -8,6 +8,7 @@ from jobs.spec import DP_MODES, JobSpec, SpecError, derive_strategy
 from .comm import ALGORITHMS, COMM_CONVENTIONS
 from .memory import MEMORY_MODELS, memory_model_of_spec
 from .model import param_count, stage_params
+from .moe import expert_params
 
 BUBBLE_CONVENTIONS = ("total", "ideal")
 MAX_NPROC_PER_NODE = 1024  # the spec's bound (runtime.nproc_per_node); links.py loops over it
@@ -189,8 +190,15 @@ def inputs_from_spec(spec: JobSpec, overrides: dict | None = None) -> dict:
         checked = parse_whatif({**base, **overrides})
         w.update({k: checked[k] for k in overrides})
         w["nproc_per_node"] = checked["nproc_per_node"]
-    w["rank_params"] = stage_params(m, p.pp, p.virtual_stages, p.tp,
-                                    placement_of(p.pp_schedule))
+    full = stage_params(m, p.pp, p.virtual_stages, p.tp, placement_of(p.pp_schedule))
+    # expert parallelism (pp = 1 with MoE): a rank holds experts / ep of every block's routed
+    # experts; rank_params counts what it holds, rank_expert_params the EP-sharded part of it
+    ep = p.ep if m.experts else 1
+    psi_e = expert_params(m.layers, m.hidden, m.experts) if ep > 1 else 0
+    w["rank_params"] = [x - psi_e + psi_e // ep for x in full]
+    w["rank_expert_params"] = [psi_e // ep] * len(full)
+    w.update(ep=ep, experts=m.experts, top_k=m.top_k, capacity_factor=m.capacity_factor,
+             shared_expert=m.shared_expert, aux_loss_coef=m.aux_loss_coef)
     w["strategy"] = derive_strategy(spec)
     w["world_size"] = spec.world_size
     w["bucket_mb"] = p.bucket_mb
