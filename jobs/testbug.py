@@ -43,5 +43,4 @@ def mb_divisor(rounds: int) -> int:
 def ep_divisor(dp: int, edp: int) -> int:
     """What summed expert gradients are divided by: dp, or edp (= dp / ep) under
     ep_edp_average."""
-    return edp if injected("ep_edp_average",
-        "cp_drop_causal_mask") else dp
+    return edp if injected("ep_edp_average") else dp
