@@ -130,6 +130,9 @@ def formula_check(spec: JobSpec, per_rank: list[dict], start: int = 0) -> dict:
     label, t = spec.strategy, spec.train
     # MoE: the DP formulas hold for what the DP strategy holds (ep > 1: the non-expert Ψ)
     label = label.removesuffix("+moe-ep").removesuffix("+moe")
+    # CP: the DP strategy all-reduces over the whole dp group (CP ranks included), so its
+    # formulas hold as they are; `cp` alone is ddp with dp = cp
+    label = "ddp" if label == "cp" else label.removesuffix("+cp")
     if label not in ("dp-ps", "dp-allreduce", "ddp", "zero1", "zero2", "zero3", "fsdp"):
         return {}
     n = spec.parallel.dp
