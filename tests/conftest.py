@@ -236,11 +236,10 @@ def backend_only_service(tmp: Path):
         svc.close()
 
 
-@pytest.fixture
-def redis_service(tmp_path, pg_server_url):
-    """Backend + worker on real Redis and real PostgreSQL (the team deployment's services)."""
+def redis_service_body(tmp: Path, pg_server_url: str):
+    """Body of a fixture: backend + worker on real Redis and a fresh PostgreSQL database."""
     url, drop = _fresh_pg_database(pg_server_url)
-    svc = Service(tmp_path, db_url=url, redis_url=REDIS_URL)
+    svc = Service(tmp, db_url=url, redis_url=REDIS_URL)
     try:
         svc.start_backend()
         svc.start_worker()
@@ -248,3 +247,9 @@ def redis_service(tmp_path, pg_server_url):
     finally:
         svc.close()
         drop()
+
+
+@pytest.fixture
+def redis_service(tmp_path, pg_server_url):
+    """Backend + worker on real Redis and real PostgreSQL (the team deployment's services)."""
+    yield from redis_service_body(tmp_path, pg_server_url)

@@ -20,8 +20,8 @@ import torch
 from jobs.dims import ParallelDims
 from jobs.spec import AVAILABLE, SpecError, parse_spec
 from jobs.theory.cp import ring_bytes, ring_step_bytes, step_ring_bytes
-from tests.support.gate import TOL, assemble, loss_err, reference, rel_err
-from tests.support.launch import multirun, read_trace
+from tests.support.gate import TOL, dumped_state, loss_err, rel_err, single_reference
+from tests.support.launch import launch_by_world, multirun, read_trace
 
 MODEL = {"arch": "gpt", "layers": 2, "hidden": 16, "heads": 2, "seq_len": 16, "vocab": 32}
 SMALL_BUCKET = 0.001  # MiB: one parameter per DDP bucket
@@ -50,23 +50,10 @@ ALL = [(n, name) for n, runs in RUNS.items() for name, _ in runs]
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory) -> dict:
-    out = {}
-    for n, runs in RUNS.items():
-        d = tmp_path_factory.mktemp(f"cp{n}")
-        multirun(n, runs, d)
-        out[n] = d
-    return out
+    return launch_by_world(tmp_path_factory, RUNS, "cp")
 
 
-_REFS: dict = {}
-
-
-def single(data: dict) -> dict:
-    key = json.dumps([data["model"], data["train"]], sort_keys=True)
-    if key not in _REFS:
-        one = {**data, "parallel": {"dp": 1}, "runtime": {"nproc_per_node": 1}}
-        _REFS[key] = reference(parse_spec(one, max_world_size=8))
-    return _REFS[key]
+single = single_reference
 
 
 def run_spec(n: int, name: str) -> dict:
@@ -77,10 +64,7 @@ def run_spec(n: int, name: str) -> dict:
 def test_equals_single_process(launched, n, name):
     d = launched[n] / name
     ref = single(run_spec(n, name))
-    if (d / "grads-step0.pt").exists():
-        grads, params = torch.load(d / "grads-step0.pt"), torch.load(d / "params-final.pt")
-    else:  # model-parallel dumps: one file per rank, TP shards assembled
-        grads, params = assemble(d, ref["grads"], "grads"), assemble(d, ref["params"])
+    grads, params = dumped_state(d, ref)
     assert rel_err(grads, ref["grads"]) <= TOL, name
     assert rel_err(params, ref["params"]) <= TOL, name
     summary = json.loads((d / "summary.json").read_text())

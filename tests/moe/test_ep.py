@@ -20,8 +20,8 @@ from jobs.dims import ParallelDims
 from jobs.spec import parse_spec
 from jobs.theory import param_count
 from jobs.theory.moe import a2a_bytes, ep_model_state, expert_params
-from tests.support.gate import TOL, assemble, loss_err, reference, rel_err
-from tests.support.launch import multirun, read_trace
+from tests.support.gate import TOL, dumped_state, loss_err, rel_err, single_reference
+from tests.support.launch import launch_by_world, multirun, read_trace
 
 MODEL = {"arch": "gpt", "layers": 2, "hidden": 16, "heads": 2, "seq_len": 8, "vocab": 32,
          "experts": 4, "top_k": 2, "aux_loss_coef": 0.1}
@@ -57,24 +57,10 @@ ALL = [(n, name) for n, runs in RUNS.items() for name, _ in runs]
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory) -> dict:
-    out = {}
-    for n, runs in RUNS.items():
-        d = tmp_path_factory.mktemp(f"moe{n}")
-        multirun(n, runs, d)
-        out[n] = d
-    return out
+    return launch_by_world(tmp_path_factory, RUNS, "moe")
 
 
-_REFS: dict = {}
-
-
-def single(data: dict) -> dict:
-    """The single process on the same global batches (cached per model + train settings)."""
-    key = json.dumps([data["model"], data["train"]], sort_keys=True)
-    if key not in _REFS:
-        one = {**data, "parallel": {"dp": 1}, "runtime": {"nproc_per_node": 1}}
-        _REFS[key] = reference(parse_spec(one, max_world_size=8))
-    return _REFS[key]
+single = single_reference
 
 
 def run_spec(n: int, name: str) -> dict:
@@ -85,10 +71,7 @@ def run_spec(n: int, name: str) -> dict:
 def test_equals_single_process(launched, n, name):
     d = launched[n] / name
     ref = single(run_spec(n, name))
-    if (d / "grads-step0.pt").exists():
-        grads, params = torch.load(d / "grads-step0.pt"), torch.load(d / "params-final.pt")
-    else:  # model-parallel dumps: one file per rank, TP shards assembled
-        grads, params = assemble(d, ref["grads"], "grads"), assemble(d, ref["params"])
+    grads, params = dumped_state(d, ref)
     assert any(".experts.3." in k for k in grads)  # every expert gathered
     assert rel_err(grads, ref["grads"]) <= TOL, name
     assert rel_err(params, ref["params"]) <= TOL, name

@@ -17,11 +17,9 @@ import pytest
 from jobs.units import fmt
 from tests.conftest import (
     FINISHED,
-    REDIS_URL,
-    Service,
-    _fresh_pg_database,
     children_of,
     pids_with_run_id,
+    redis_service_body,
     wait_for,
 )
 
@@ -34,15 +32,7 @@ LONG = {"preset": "ddp", "name": "long", "train": {"steps": 1_000_000}}
 def _shared_service(tmp_path_factory, pg_server_url):
     """One backend + worker (real Redis, real PostgreSQL) for the module: starting them costs
     seconds per test, and every test here works on its own runs."""
-    url, drop = _fresh_pg_database(pg_server_url)
-    svc = Service(tmp_path_factory.mktemp("lifecycle"), db_url=url, redis_url=REDIS_URL)
-    try:
-        svc.start_backend()
-        svc.start_worker()
-        yield svc
-    finally:
-        svc.close()
-        drop()
+    yield from redis_service_body(tmp_path_factory.mktemp("lifecycle"), pg_server_url)
 
 
 @pytest.fixture

@@ -90,3 +90,27 @@ def assemble(out: Path, ref: dict, what: str = "params") -> dict:
             dim = 0 if parts[0].shape[0] != ref[n].shape[0] else 1
             full[n] = torch.cat(parts, dim)
     return full
+
+
+_SINGLE: dict = {}
+
+
+def single_reference(data: dict) -> dict:
+    """reference() of a spec dict's model and train settings on one process (dp 1, one rank),
+    cached: several layouts of one model share it."""
+    import json
+
+    from jobs.spec import parse_spec
+    key = json.dumps([data["model"], data["train"]], sort_keys=True)
+    if key not in _SINGLE:
+        one = {**data, "parallel": {"dp": 1}, "runtime": {"nproc_per_node": 1}}
+        _SINGLE[key] = reference(parse_spec(one, max_world_size=8))
+    return _SINGLE[key]
+
+
+def dumped_state(out: Path, ref: dict) -> tuple[dict, dict]:
+    """(step-0 gradients, final parameters) a run dumped (PARALAB_DUMP_PARAMS=1): whole
+    tensors, or per-rank files with their TP shards assembled."""
+    if (out / "grads-step0.pt").exists():
+        return torch.load(out / "grads-step0.pt"), torch.load(out / "params-final.pt")
+    return assemble(out, ref["grads"], "grads"), assemble(out, ref["params"])

@@ -88,3 +88,14 @@ def run_worker(script: Path, nproc: int, out: Path, *args: str, env: dict | None
 def read_trace(run_dir: Path, rank: int) -> list[dict]:
     return [json.loads(line) for line in
             (run_dir / f"trace-rank{rank}.jsonl").read_text().splitlines()]
+
+
+def launch_by_world(tmp_path_factory, runs: dict[int, list[tuple[str, dict]]],
+                    prefix: str) -> dict[int, Path]:
+    """One multirun launch per world size: {world size: its output folder}."""
+    out = {}
+    for n, named in runs.items():
+        d = tmp_path_factory.mktemp(f"{prefix}{n}")
+        multirun(n, named, d)
+        out[n] = d
+    return out
