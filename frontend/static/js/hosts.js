@@ -41,7 +41,7 @@ export function mountHosts(run, analysis, section, box) {
   if (!multi) return;
   const parts = [el("p", { class: "muted", text: `${run.nnodes} hosts × `
     + `${run.spec?.runtime?.nproc_per_node ?? "?"} ranks, one c10d rendezvous; torch numbers `
-    + "the nodes in its own (sorted address) order, shown per rank below" })];
+    + "the nodes in its own order (sorted addresses, then process ids), shown per rank below" })];
   if (run.placement_wait) {
     parts.push(el("p", { id: "hosts-wait", class: "reason", text: run.placement_wait }));
   }
