@@ -24,9 +24,9 @@ class Rendezvous:
     """One node's part of a multi-host run's c10d rendezvous: the endpoint node 0 serves (its
     worker's address and a port it chose free for this run), an ID unique to the run, whether
     this node serves it, and this node's own address (where rank 0's store listens, if torch
-    makes it rank 0). torch assigns node ranks in the sorted order of the nodes' descriptors (address, then
-    the agent's pid), so
-    a node's torch rank is read back from the traces (GROUP_RANK), not assumed."""
+    makes it rank 0). torch assigns node ranks in the sorted order of the nodes' descriptors
+    (address, then the agent's pid), so a node's torch rank is read back from the traces
+    (GROUP_RANK), not assumed."""
 
     endpoint: str
     rdzv_id: str
