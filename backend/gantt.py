@@ -66,9 +66,13 @@ def columns(tr: Traces) -> Trace:
                     continue
                 lane = PHASES if cat in ("comm", "comm_wait") else COMPUTE
                 label = _PHASE.get(name, name) if lane == COMPUTE else name
+                if name == "cp.step":  # ring attention: one span per ring step (context.py)
+                    label = f"ring {r.get('phase', '?')} step {r.get('cp_step', '?')}"
                 nbytes = 0.0
             elif t == "comm":
                 lane, label = f"comm {r.get('axis', '?')}", str(r.get("op", "?"))
+                if r.get("axis") == "cp":  # the K / V block (dK / dV in backward) in flight
+                    label = f"{label} {r.get('what', '?')}"
                 nbytes = float(r.get("payload_bytes") or 0)
             else:
                 continue

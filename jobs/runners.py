@@ -108,6 +108,8 @@ class DirectRunner:
 class PipelineRunner:
     def __init__(self, rt, strategy, ctx, accum: int, m: int):
         self.rt, self.strategy, self.accum, self.m, self.tr = rt, strategy, accum, m, ctx.tracer
+        if hasattr(rt, "params_seen"):  # EP experts live outside the stages (as DirectRunner)
+            rt.params_seen |= param_storages_of(getattr(strategy, "expert", {}).values())
         p = ctx.spec.parallel
         self.sp_group = (ctx.mesh["tp"].get_group() if ctx.dims.tp > 1 and p.sequence_parallel
                          and p.engine != "native" else None)

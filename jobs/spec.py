@@ -281,6 +281,17 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     _pre("cp", "Context parallelism: ring attention over 2 ranks, load-balanced causal split",
          "(reference ring; torch context_parallel has no CPU SDPA sharding)", "004",
          model={"arch": "gpt", "seq_len": 16}, parallel={"dp": 2, "cp": 2}, **_DP2),
+    _pre("4d-moe", "DP x EP x TP x PP: attention tensor-parallel, experts over EP, pipeline",
+         "(reference: all_to_all_single dispatch inside the 1F1B pipeline)", "004",
+         model={"arch": "gpt", "experts": 4, "top_k": 2, "aux_loss_coef": 0.01,
+                "capacity_factor": 1.0},
+         parallel={"dp": 2, "ep": 2, "tp": 2, "pp": 2, "microbatches": 2},
+         train={"global_batch": 8}, runtime={"nproc_per_node": 8}),
+    _pre("cp-3d", "CP x TP x PP: ring attention over the DP axis of a 3D layout",
+         "(reference ring inside Megatron TP and the 1F1B pipeline)", "004",
+         model={"arch": "gpt", "seq_len": 16},
+         parallel={"dp": 2, "cp": 2, "tp": 2, "pp": 2, "microbatches": 2},
+         train={"global_batch": 8}, runtime={"nproc_per_node": 8}),
     _pre("collective-sweep", "Collective bandwidth sweep (nccl-tests style)",
          "torch.distributed collectives", "000", kind="collective_bench", **_DP2),
 ]}
@@ -299,7 +310,10 @@ AVAILABLE |= {"moe", "moe-ep", "ddp+moe", "ddp+moe-ep", "dp-allreduce+moe",
               "zero1+tp+moe"}  # mixture of experts (issue 17)
 AVAILABLE |= {"cp", "ddp+cp", "dp-allreduce+cp", "zero1+cp", "zero2+cp", "tp+cp",
               "pp-gpipe+cp", "pp-1f1b+cp", "pp-interleaved+cp", "pp-zb+cp",
-              "pp-zbv+cp"}  # context parallelism (issue 17)
+              "pp-zbv+cp", "tp+pp-1f1b+cp"}  # context parallelism (issue 17)
+AVAILABLE |= {"pp-1f1b+moe", "pp-gpipe+moe", "pp-1f1b+moe-ep", "ddp+pp-1f1b+moe",
+              "ddp+pp-1f1b+moe-ep", "dp-allreduce+pp-gpipe+moe-ep", "3d+moe",
+              "tp+pp-1f1b+moe", "3d+moe-ep"}  # mixture of experts inside a pipeline (issue 17)
 
 
 def derive_strategy(spec: JobSpec) -> str:
@@ -327,7 +341,7 @@ def derive_strategy(spec: JobSpec) -> str:
     if p.cp > 1:
         parts.append("cp")
     if p.dp > 1 and p.tp > 1 and p.pp > 1 and p.cp == 1:
-        return "3d"
+        return "+".join(["3d", *parts[3:]])  # 3d, or 3d+moe-ep (seed 004's TP + PP + EP)
     return "+".join(parts) or "single"
 
 
@@ -642,9 +656,6 @@ def _moe_checks(s: JobSpec) -> list[dict]:
     if m.experts % p.ep:
         e.append(_err(("parallel", "ep"), f"ep = {p.ep} must divide model.experts = "
                       f"{m.experts} (each EP rank holds experts/ep experts)"))
-    if p.pp > 1:
-        e.append(_err(("parallel", "pp"), "mixture of experts does not run with pipeline "
-                      "parallelism yet (pp = 1)"))
     if p.tp > 1:
         # reference TP splits attention only; the MoE block runs whole on every TP rank
         if p.engine != "reference":

@@ -75,7 +75,8 @@ def memory_table(tr: Traces, spec, pred: dict | None) -> list[dict]:
         want = P.rank_model_state(pred, spec, pp, dp)
         extra = P.rank_extra(pred, spec, pp, dp)
         if extra.get("activations"):
-            extra["activations"] += P.routing_activations(pred, spec, tr.ranks.get(rank, []))
+            extra["activations"] += P.routing_activations(pred, spec, tr.ranks.get(rank, []),
+                                                         pp)
         formula = _formula(tr.summary, rank)
         layout = (_summary_rank(tr.summary, rank) or {}).get("layout") or {}
         pad = layout.get("padding_elems")

@@ -73,15 +73,19 @@ def rank_extra(pred: dict | None, spec: JobSpec | None, pp_coord: int,
     return out
 
 
-def routing_activations(pred: dict | None, spec: JobSpec | None, records: list[dict]) -> float:
-    """Expert parallelism: what this rank's observed routing adds to the uniform-routing
-    activations at its peak forward (jobs.theory.moe.routing_correction); 0 otherwise."""
-    if not pred or spec is None or spec.parallel.ep <= 1:
+def routing_activations(pred: dict | None, spec: JobSpec | None, records: list[dict],
+                        pp_coord: int = 0) -> float:
+    """Mixture of experts: what this rank's observed routing adds to the uniform-routing
+    activations at its peak (jobs.theory.moe.routing_correction over the micro-batches its
+    pipeline rank holds at once); 0 for a dense model."""
+    if not pred or spec is None or not spec.model.experts:
         return 0.0
-    from jobs.theory.moe import moe_dims, routing_correction
+    from jobs.theory.moe import inflight_correction, moe_dims, routing_correction
     w = pred["inputs"]
     corr = routing_correction(records, **moe_dims(w), act_bytes=w["act_bytes"])
-    return max(corr.values(), default=0.0)
+    rows = (pred.get("memory") or {}).get("per_rank") or [{}]
+    row = rows[min(max(pp_coord, 0), len(rows) - 1)]
+    return inflight_correction(corr, row.get("peak_inflight_chunks") or 1)
 
 
 def activations(pred: dict | None) -> float | None:

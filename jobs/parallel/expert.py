@@ -25,6 +25,8 @@ tree), synchronised and updated here with the same optimizer class."""
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -90,12 +92,26 @@ def ep_groups(ctx) -> tuple:
     return ep_g, edp_g, ep_ranks, edp_ranks
 
 
+def moe_layers(model: nn.Module) -> list[tuple[str, int, nn.Module]]:
+    """(qualified name, global layer index, block) of every MoE block of this rank's model:
+    the whole GPT, one pipeline stage, or a ModuleList of this rank's chunks (a stage's
+    blocks start at its `first_layer`), so traces name the same layer on every layout."""
+    chunks = list(model) if isinstance(model, nn.ModuleList) else [model]
+    out = []
+    for c, st in enumerate(chunks):
+        first = getattr(st, "first_layer", 0)
+        for name, blk in moe_blocks(st):
+            j = int(re.search(r"(?:^|\.)(?:blocks|layers)\.(\d+)\.", name).group(1))
+            out.append((f"{c}.{name}" if len(chunks) > 1 else name, first + j, blk))
+    return out
+
+
 def trace_moe(model: nn.Module, tracer, rounds: int) -> list:
     """Every MoE block: its aux-loss gradient scaled like the loss (1 / micro-batches), and a
     `moe` trace record per forward (layer, tokens, tokens_per_expert, dropped_per_expert,
     dropped, aux_loss), this rank's routed tokens before capacity."""
-    blocks = moe_blocks(model)
-    for i, (_, blk) in enumerate(blocks):
+    blocks = moe_layers(model)
+    for _, i, blk in blocks:
         blk.aux_grad_scale = 1.0 / mb_divisor(rounds)
 
         def hook(m, args, out, i=i):
@@ -114,7 +130,7 @@ def apply_expert_parallel(ctx, model: nn.Module) -> dict | None:
     ep_g, edp_g, ep_ranks, edp_ranks = ep_groups(ctx)
     ctx.tracer.group_ranks.update({"ep": ep_ranks, "edp": edp_ranks})
     params: dict[str, nn.Parameter] = {}
-    for i, (name, blk) in enumerate(moe_blocks(model)):
+    for name, i, blk in moe_layers(model):
         sharded = EPExperts(blk.experts, ep_g, ctx.tracer, i)
         for e, mlp in sharded.local.items():
             mlp.to(ctx.device)

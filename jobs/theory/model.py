@@ -76,6 +76,16 @@ _MODEL_KEYS = ("arch", "layers", "hidden", "heads", "seq_len", "vocab", "experts
                "shared_expert")
 
 
+def rank_blocks(layers: int, pp: int, v: int, placement: str = "loop") -> list[int]:
+    """Blocks held by each pipeline rank (its v chunks; the split of stage_params)."""
+    from jobs.schedules import stage_of
+
+    chunks = pp * v
+    per_chunk, extra = divmod(layers, chunks)
+    return [sum(per_chunk + (1 if stage_of(r, c, pp, v, placement) < extra else 0)
+                for c in range(v)) for r in range(pp)]
+
+
 def stage_params(model, pp: int, v: int, tp: int, placement: str = "loop") -> list[int]:
     """Parameters held by one TP rank of each pipeline rank (index = pipeline rank);
     `placement` is jobs.schedules.placement_of(schedule)."""
@@ -134,7 +144,8 @@ def simple_activation_bytes_per_layer(arch: str, b: int, h: int,
 
 def gpt_saved_bytes(s: int, b: int, h: int, a: int, vocab: int, *, blocks: int, first: bool,
                     last: bool, tp: int = 1, sequence_parallel: bool = False,
-                    act_bytes: float = 4, moe_block: float | None = None) -> tuple[float, str]:
+                    act_bytes: float = 4, moe_block: float | None = None,
+                    cp: int = 1) -> tuple[float, str]:
     """Bytes autograd keeps for one micro-batch on a GPT stage of paralab's model
     (jobs/models/gpt.py with jobs/parallel/tensor.py; no dropout), counted as
     jobs.memory.SavedTensorCounter does: each storage range once, parameters excluded.
@@ -150,11 +161,18 @@ def gpt_saved_bytes(s: int, b: int, h: int, a: int, vocab: int, *, blocks: int, 
     First stage: token ids b*s and positions s, int64. Last stage: the final LayerNorm
     (input s*b*h/r, mean/rstd 2*s*b/r), the LM head's input s*b*h, log-softmax output s*b*V,
     the int64 targets s*b and NLL's 4-byte total weight. A MoE block (`moe_block`: its bytes,
-    jobs.theory.moe.moe_saved_bytes) replaces the dense MLP's fc1 / GELU outputs 8*s*b*h/t."""
+    jobs.theory.moe.moe_saved_bytes) replaces the dense MLP's fc1 / GELU outputs 8*s*b*h/t.
+    Context parallelism (cp > 1: s and b are one CP rank's chunk length seq_len/cp and its
+    sequences): ring attention (jobs/parallel/context.py) recomputes the scores in backward and
+    keeps instead its output and log-sum-exp, s*b*h/t + a*b*s/t, and no mask (one local head,
+    a/t = 1: proj reads that output itself, no copy, and the s*b*h/t is not kept twice)."""
     r = tp if sequence_parallel else 1
     sbh = s * b * h
-    per_block = act_bytes * (2 * sbh / r + 2 * sbh + 12 * sbh / tp + 4 * s * b / r
-                             + a * b * s * s / tp) + s * s
+    if cp > 1:
+        attn = act_bytes * ((sbh if a // tp > 1 else 0) + a * b * s) / tp
+    else:
+        attn = act_bytes * a * b * s * s / tp + s * s
+    per_block = act_bytes * (2 * sbh / r + 2 * sbh + 12 * sbh / tp + 4 * s * b / r) + attn
     if moe_block is not None:
         per_block += moe_block - act_bytes * 8 * sbh / tp
     total = blocks * per_block
@@ -163,5 +181,8 @@ def gpt_saved_bytes(s: int, b: int, h: int, a: int, vocab: int, *, blocks: int, 
     if last:
         total += act_bytes * (sbh / r + 2 * s * b / r + sbh + s * b * vocab) + 8 * s * b + 4
     mlp = " - 8sbh/t*act + MoE block" if moe_block is not None else ""
-    return total, (f"blocks x [4*(2sbh/r + 2sbh + 12sbh/t + 4sb/r + a*b*s^2/t) + s^2{mlp}]"
+    att = "([a/t>1] sbh + a*b*s)/t ring, s = seq_len/cp" if cp > 1 else "a*b*s^2/t) + s^2"
+    if cp > 1:
+        att = f"{att})"
+    return total, (f"blocks x [4*(2sbh/r + 2sbh + 12sbh/t + 4sb/r + {att}{mlp}]"
                    " + first: 8*(b*s + s) + last: 4*(sbh/r + 2sb/r + sbh + s*b*V) + 8sb + 4")

@@ -179,19 +179,38 @@ def ep_bytes_per_rank(*, tokens: int, hidden: int, top_k: int, experts: int, ep:
 def routing_correction(records, *, batch: int, seq_len: int, hidden: int, experts: int,
                        top_k: int, capacity_factor: float = 0.0, shared_expert: bool = False,
                        aux_loss: bool = True, act_bytes: float = 4) -> dict:
-    """{(step, microbatch): bytes} to add to the uniform-routing activations of one EP rank
-    for the routing it really saw: per forward dispatch record (jobs/parallel/ep_comm.py; A =
-    rows sent, R = rows received), moe_saved_bytes(kept=A, rows=R) - moe_saved_bytes().
-    A trace analysis adds the largest to the prediction to compare with the measured peak."""
+    """{(step, microbatch): bytes} to add to the uniform-routing activations of one rank for
+    the routing it really saw, moe_saved_bytes(kept=A, rows=R) - moe_saved_bytes() summed over
+    its MoE blocks: with EP per forward dispatch record (jobs/parallel/ep_comm.py; A = rows
+    sent, R = rows received); without, per `moe` record (A = R = routed - dropped
+    assignments: capacity drops differ from the uniform ones). A trace analysis adds the
+    largest in-flight sum to the prediction to compare with the measured peak."""
     dims = {"batch": batch, "seq_len": seq_len, "hidden": hidden, "experts": experts,
             "top_k": top_k, "capacity_factor": capacity_factor,
             "shared_expert": shared_expert, "aux_loss": aux_loss, "act_bytes": act_bytes}
     base = moe_saved_bytes(**dims)[0]
     row = hidden * act_bytes
+    records = list(records)
+    ep = any(x.get("type") == "comm" and x.get("what") == "dispatch" for x in records)
     out: dict = {}
     for x in records:
-        if x.get("type") == "comm" and x.get("what") == "dispatch" and x.get("phase") == "fwd":
+        if ep and x.get("type") == "comm" and x.get("what") == "dispatch" \
+                and x.get("phase") == "fwd":
             a, r = sum(x["send_bytes"]) / row, sum(x["recv_bytes"]) / row
-            k = (x["step"], x["microbatch"])
-            out[k] = out.get(k, 0.0) + moe_saved_bytes(**dims, kept=a, rows=r)[0] - base
+        elif not ep and x.get("type") == "moe":
+            a = r = sum(x["tokens_per_expert"]) - x["dropped"]
+        else:
+            continue
+        k = (x["step"], x["microbatch"])
+        out[k] = out.get(k, 0.0) + moe_saved_bytes(**dims, kept=a, rows=r)[0] - base
     return out
+
+
+def inflight_correction(corr: dict, inflight: int) -> float:
+    """The largest correction of `inflight` micro-batches of one step held at once (a pipeline
+    rank's peak holds several; the schedule's in-flight count, jobs/theory/ranks.py)."""
+    steps: dict = {}
+    for (step, _), v in corr.items():
+        steps.setdefault(step, []).append(v)
+    return max((sum(sorted(v, reverse=True)[:max(1, inflight)]) for v in steps.values()),
+               default=0.0)

@@ -54,10 +54,12 @@ def stage_activation_bytes(w: dict, stage: int, act_bytes: float) -> tuple[float
     b, h = w["micro_batch_size"], w["hidden"]
     if w["arch"] == "gpt" and w.get("vocab") and not w["activation_checkpointing"] \
             and not w.get("vocab_parallel"):
-        val, f = gpt_saved_bytes(w["seq_len"], b, h, w["heads"], w["vocab"], blocks=n,
-                                 first=stage == 0, last=last, tp=w["tp"],
+        cp = w.get("cp") or 1  # a CP rank: seq_len/cp tokens of its replica's sequences
+        val, f = gpt_saved_bytes(w["seq_len"] // cp, w["cp_batch"] if cp > 1 else b, h,
+                                 w["heads"], w["vocab"],
+                                 blocks=n, first=stage == 0, last=last, tp=w["tp"],
                                  sequence_parallel=w["sequence_parallel"], act_bytes=act_bytes,
-                                 moe_block=moe_block(w, act_bytes))
+                                 moe_block=moe_block(w, act_bytes), cp=cp)
         if w.get("experts"):
             f += "; MoE block " + moe_saved_bytes(**moe_dims(w), act_bytes=act_bytes)[1]
         return val, f

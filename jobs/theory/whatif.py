@@ -7,7 +7,7 @@ from jobs.spec import DP_MODES, JobSpec, SpecError, derive_strategy
 
 from .comm import ALGORITHMS, COMM_CONVENTIONS
 from .memory import MEMORY_MODELS, memory_model_of_spec
-from .model import param_count, stage_params
+from .model import param_count, rank_blocks, stage_params
 from .moe import expert_params
 
 BUBBLE_CONVENTIONS = ("total", "ideal")
@@ -191,12 +191,18 @@ def inputs_from_spec(spec: JobSpec, overrides: dict | None = None) -> dict:
         w.update({k: checked[k] for k in overrides})
         w["nproc_per_node"] = checked["nproc_per_node"]
     full = stage_params(m, p.pp, p.virtual_stages, p.tp, placement_of(p.pp_schedule))
-    # expert parallelism (pp = 1 with MoE): a rank holds experts / ep of every block's routed
-    # experts; rank_params counts what it holds, rank_expert_params the EP-sharded part of it
+    # expert parallelism: a rank holds experts / ep of the routed experts of each block of its
+    # pipeline stages; rank_params counts what it holds, rank_expert_params the EP-sharded part
     ep = p.ep if m.experts else 1
-    psi_e = expert_params(m.layers, m.hidden, m.experts) if ep > 1 else 0
-    w["rank_params"] = [x - psi_e + psi_e // ep for x in full]
-    w["rank_expert_params"] = [psi_e // ep] * len(full)
+    blocks = rank_blocks(m.layers, p.pp, p.virtual_stages, placement_of(p.pp_schedule))
+    psi_e = [expert_params(b, m.hidden, m.experts) if ep > 1 else 0 for b in blocks]
+    w["rank_params"] = [x - e + e // ep for x, e in zip(full, psi_e, strict=True)]
+    w["rank_expert_params"] = [e // ep for e in psi_e]
+    # context parallelism: the cp ranks of a replica split its micro-batch's sequences, so a
+    # CP rank holds cp_batch sequences of seq_len/cp tokens (micro_batch_size stays
+    # global_batch/(dp*m*accum), the same token count where it divides)
+    w["cp"] = p.cp
+    w["cp_batch"] = t.global_batch // (p.dp // p.cp * p.microbatches * t.grad_accum)
     w.update(ep=ep, experts=m.experts, top_k=m.top_k, capacity_factor=m.capacity_factor,
              shared_expert=m.shared_expert, aux_loss_coef=m.aux_loss_coef)
     w["strategy"] = derive_strategy(spec)

@@ -22,14 +22,20 @@ from tests.support.summary import check_train_summary
 TOL = 0.05
 STEPS = {"train": {"steps": 2}}
 W4 = {"runtime": {"nproc_per_node": 4}}
+EIGHT_RANK = ("3d", "4d-moe", "cp-3d")
 TWO_RANK = [n for n, p in PRESETS.items()
-            if n not in ("3d", "collective-sweep")]  # 3d needs 8 ranks; the sweep has no model
+            if n not in (*EIGHT_RANK, "collective-sweep")]  # the sweep has no model
 FOUR_RANK = {
     "pp-1f1b-p4": {"preset": "pp-1f1b", "parallel": {"pp": 4}, **W4},
     # the 3d preset's compositions at 4 ranks (tests run at most 4): tp x pp and dp x pp
     "3d-tp2-pp2": {"preset": "3d", "parallel": {"dp": 1}, **W4},
     "3d-dp2-pp2": {"preset": "3d", "parallel": {"tp": 1}, **W4},
     "zero3-dp4": {"preset": "zero3", "parallel": {"dp": 4}, **W4},
+    # the 8-rank MoE and CP layouts' compositions at 4 ranks
+    "4d-moe-ep2-pp2": {"preset": "4d-moe", "parallel": {"tp": 1}, **W4},
+    "4d-moe-tp2-pp2": {"preset": "4d-moe", "parallel": {"dp": 1, "ep": 1}, **W4},
+    "cp-3d-cp2-pp2": {"preset": "cp-3d", "parallel": {"tp": 1}, **W4},
+    "cp-3d-cp2-tp2": {"preset": "cp-3d", "parallel": {"pp": 1}, **W4},
 }
 # measured by no counter: FSDP2 gathers inside torch (the prediction is still shown)
 UNMEASURED = {("fsdp", "gathered_unit")}
@@ -37,7 +43,7 @@ UNMEASURED = {("fsdp", "gathered_unit")}
 
 def test_every_train_preset_is_covered():
     assert {n for n, p in PRESETS.items() if p.overrides.get("kind") != "collective_bench"} \
-        == set(TWO_RANK) | {"3d"}
+        == set(TWO_RANK) | set(EIGHT_RANK)
 
 
 SPECS = {**{n: {"preset": n, **STEPS} for n in TWO_RANK},

@@ -221,3 +221,40 @@ def test_each_transfer_is_in_flight_across_its_ring_steps_attention(launched):
                 assert x["ts_ns"] + x["dur_ns"] >= sp["ts_ns"] + sp["dur_ns"], (name, r, x)
                 checked += 1
             assert checked, (name, r)
+
+
+def test_the_gantt_draws_every_ring_step_and_its_transfers(launched):
+    """The dashboard's Gantt (backend/gantt.py, the run page's chart): on every rank's compute
+    lane one labelled segment per ring step and phase inside the block's forward / backward,
+    and on its `comm cp` lane the K / V (dK / dV) sends and receives, for cp = 2 and 4."""
+    from backend.gantt import columns, gantt
+    from jobs.analysis import load_run_dir
+
+    for name in ("cp2-dp2", "cp4-accum"):
+        cp = run_spec(4, name)["parallel"]["cp"]
+        g = gantt(columns(load_run_dir(launched[4] / name)), step=0, max_spans=10 ** 6)
+        lanes = {ln["id"]: ln for ln in g["lanes"]}
+        seen: dict = defaultdict(set)
+        seg = g["segments"]
+        for lane, key in zip(seg["lane"], seg["key"], strict=True):
+            seen[(lanes[lane]["rank"], lanes[lane]["channel"])].add(g["keys"][key])
+        for r in range(4):
+            want = {f"ring {ph} step {t}" for ph in ("fwd", "bwd") for t in range(cp)}
+            assert want <= seen[(r, "compute")], (name, r, seen[(r, "compute")])
+            assert {"send k", "recv k", "send v", "recv v", "send dk", "recv dv"} <= \
+                seen[(r, "comm cp")], (name, r)
+
+
+@pytest.mark.parametrize("n, name", ALL)
+def test_activations_per_rank_equal_the_cp_memory_model(launched, n, name):
+    """The saved-tensor counter's peak per rank equals predict()'s activations for a CP rank
+    (its seq_len / cp tokens, ring attention's output and log-sum-exp instead of the scores:
+    jobs.theory.model.gpt_saved_bytes) exactly."""
+    from jobs.analysis import analyze_run_dir
+
+    a = analyze_run_dir(launched[n] / name, parse_spec(run_spec(n, name), max_world_size=8))
+    rows = [r for r in a["tables"]["memory"] if r["component"] == "activations"]
+    assert {r["rank"] for r in rows} == set(range(n)), name
+    for r in rows:
+        m, p = r["measured_bytes"], r["predicted_bytes"]
+        assert m and m == p, (name, r["rank"], m, p)

@@ -77,12 +77,18 @@ def test_moe_ep_run_from_the_form_shows_the_hot_expert_and_the_matrix(svc, page)
     idle = {"queue": f"nobody-{secrets.token_hex(3)}"}  # no worker: it stays queued
     dense = svc.http.post("/api/runs", json={"preset": "ddp", "name": "dense", "runtime": idle})
     assert dense.status_code == 201, dense.text
-    page.goto(f"{svc.url}/compare?ids={run_id},{dense.json()['id']}")
+    ring = svc.http.post("/api/runs", json={"preset": "cp", "name": "ring", "runtime": idle})
+    assert ring.status_code == 201, ring.text
+    page.goto(f"{svc.url}/compare?ids={run_id},{dense.json()['id']},{ring.json()['id']}")
     page.wait_for_selector("#config-diff tr.diff")
     row = page.locator("#config-diff tr[data-field='ep'] td")
-    expect(row).to_have_text(["ep", "2", "1"])
+    expect(row).to_have_text(["ep", "2", "1", "1"])
+    expect(page.locator("#config-diff tr[data-field='cp'] td")).to_have_text(
+        ["cp", "1", "1", "2"])
     expect(page.locator("#config-diff tr[data-field='experts'] td")).to_have_text(
-        ["experts", "4", "none"])
-    expect(page.locator("#config-diff tr[data-field='top_k'] td")).to_have_text(["top_k", "2", "–"])
-    expect(page.locator("#config-diff tr[data-field='degrees'] td").nth(1)).to_have_text(
-        "dp2·tp1·pp1·ep2")
+        ["experts", "4", "none", "none"])
+    expect(page.locator("#config-diff tr[data-field='top_k'] td")).to_have_text(
+        ["top_k", "2", "–", "–"])
+    deg = page.locator("#config-diff tr[data-field='degrees'] td")
+    expect(deg.nth(1)).to_have_text("dp2·tp1·pp1·ep2")
+    expect(deg.nth(3)).to_have_text("dp2·tp1·pp1·cp2")

@@ -1,7 +1,8 @@
-"""Every train preset as 2 hosts x 2 ranks (the 3d preset: 2 x 4) through the service (the
-only test that sends every preset through it; tests/service/test_presets_e2e.py sends one of
-each kind on one host): two
-worker processes posing as hosts, real gang placement, one c10d rendezvous across them. Each
+"""Every train preset as 2 hosts x 2 ranks (the 8-rank presets 3d, 4d-moe and cp-3d: 2 x 4),
+and issue 17's EP / CP layouts (ep 2 and 4, capacity dropping or not, cp 4), through the
+service (the only test that sends every preset through it; tests/service/test_presets_e2e.py
+sends one of each kind on one host): two worker processes posing as hosts, real gang
+placement, one c10d rendezvous across them. Each
 run's loss curve equals the single-process run of the same model and global batch to 1e-5
 (fp32, plain SGD, where a wrong gradient average would show). The one-host 4-rank layout
 equals that same single process in the correctness gate (tests/jobs, tests/mp), so 2 x 2 =
@@ -40,6 +41,25 @@ def two_host_body(name: str) -> dict:
     return body
 
 
+# issue 17's acceptance layouts beyond the presets' own: ep = 2 and 4 on dp = 4, with and
+# without capacity dropping (the moe-ep preset itself gives ep 2 dropless), and cp = 4
+CAP = {"capacity_factor": 1.0}
+LAYOUTS = {
+    "moe-ep ep2 capacity": {"preset": "moe-ep", "parallel": {"dp": 4, "ep": 2}, "model": CAP},
+    "moe-ep ep4 dropless": {"preset": "moe-ep", "parallel": {"dp": 4, "ep": 4}},
+    "moe-ep ep4 capacity": {"preset": "moe-ep", "parallel": {"dp": 4, "ep": 4}, "model": CAP},
+    "cp cp4": {"preset": "cp", "parallel": {"dp": 4, "cp": 4}},
+}
+
+
+def body_of(name: str) -> dict:
+    if name not in LAYOUTS:
+        return two_host_body(name)
+    return {**LAYOUTS[name], "name": f"{name} on 2 hosts",
+            "runtime": {"nnodes": 2, "nproc_per_node": 2},
+            "train": {"steps": 3, "optimizer": "sgd"}}
+
+
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory, pg_server_url):
     # 4 ranks per host: two 2 x 2 runs fit at once (one core each way on this machine)
@@ -48,7 +68,7 @@ def hosts(tmp_path_factory, pg_server_url):
 
 
 def test_every_train_preset_on_two_hosts_equals_one_process(hosts):
-    runs = {name: hosts.submit(two_host_body(name)) for name in TRAIN}
+    runs = {name: hosts.submit(body_of(name)) for name in [*TRAIN, *LAYOUTS]}
     bad = {}
     for name, run in runs.items():
         done = hosts.wait_status(run["id"], FINISHED, 900)

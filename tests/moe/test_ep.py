@@ -1,6 +1,7 @@
 """Mixture of experts with expert parallelism (issue 17) against a single process, and the traced
 all-to-all bytes against jobs/theory/moe.py. Three torchrun launches: world 4 (ep 1, 2, 4 on
-dp 4, with and without capacity dropping, and dp 2 x tp 2 with ep 2), world 2 (ep 1 and 2 on
+dp 4, with and without capacity dropping, dp 2 x tp 2 with ep 2, and dp 2 x pp 2 with ep 2
+(1F1B) or without (GPipe)), world 2 (ep 1 and 2 on
 dp 2, FSDP2 with ep 1), and world 2 with the test-only bug `ep_edp_average` planted (the gate
 must fail for EP, and only for EP).
 
@@ -47,7 +48,11 @@ RUNS = {
         ("ep4-cap", spec(4, 4, CAP, {"dp_mode": "allreduce"})),
         ("ep4-dropless", spec(4, 4, DROPLESS, {"zero_stage": 1})),
         # attention tensor-parallel, MoE expert-parallel (seed 004), dp 2 x tp 2
-        ("tp2-ep2-cap", spec(4, 2, CAP, {"bucket_mb": SMALL_BUCKET}, tp=2))],
+        ("tp2-ep2-cap", spec(4, 2, CAP, {"bucket_mb": SMALL_BUCKET}, tp=2)),
+        # inside a pipeline: experts over EP on each stage (1F1B), and GPipe without EP
+        ("pp2-ep2-cap", spec(4, 2, CAP, {"dp": 2, "pp": 2, "microbatches": 2})),
+        ("pp2-gpipe-dropless", spec(4, 1, DROPLESS, {"dp": 2, "pp": 2, "microbatches": 2,
+                                                     "pp_schedule": "gpipe"}))],
     2: [("ep1-dropless", spec(2, 1, DROPLESS)),
         ("ep2-cap", spec(2, 2, CAP, {"zero_stage": 2, "bucket_mb": SMALL_BUCKET})),
         ("ep1-fsdp-cap", spec(2, 1, CAP, {"zero_stage": 3, "engine": "native"}))],
@@ -78,7 +83,7 @@ def test_equals_single_process(launched, n, name):
     summary = json.loads((d / "summary.json").read_text())
     assert loss_err(summary["loss"], ref["loss"]) <= TOL, name
     par = run_spec(n, name)["parallel"]
-    if par["tp"] == 1 and not par.get("zero_stage"):
+    if par["tp"] == 1 and par.get("pp", 1) == 1 and not par.get("zero_stage"):
         # the DP formula holds for what the DP strategy holds (ep > 1: the non-expert Ψ)
         check = summary["formula_check"]
         assert all(x == 0 for r in check["ranks"] for x in r["bytes_sent_deviation"]), name
@@ -91,7 +96,8 @@ def test_model_state_per_rank_equals_the_ep_memory_model(launched):
     for n, name in ALL:
         s = run_spec(n, name)
         p = s["parallel"]
-        if p["tp"] > 1 or p.get("zero_stage") or p.get("engine") == "native":
+        if p["tp"] > 1 or p.get("pp", 1) > 1 or p.get("zero_stage") or \
+                p.get("engine") == "native":
             continue
         m = parse_spec(s, max_world_size=8).model
         want = ep_model_state(param_count(m), expert_params(m.layers, m.hidden, m.experts),
@@ -131,8 +137,8 @@ def test_all_to_all_bytes_equal_theory_exactly(launched):
             assert not any(a2a.values()), name
             continue
         p = s["parallel"]
-        dims = ParallelDims(dp=p["dp"], tp=p["tp"], pp=1, world_size=n)
-        dp_groups = {tuple(dims.group_ranks("dp", r)) for r in range(n)}  # one per tp index
+        dims = ParallelDims(dp=p["dp"], tp=p["tp"], pp=p.get("pp", 1), world_size=n)
+        dp_groups = {tuple(dims.group_ranks("dp", r)) for r in range(n)}  # per (pp, tp)
         groups = [list(g[i * ep:(i + 1) * ep]) for g in sorted(dp_groups)
                   for i in range(len(g) // ep)]
         checked = 0
@@ -167,8 +173,8 @@ def test_all_to_all_bytes_equal_theory_exactly(launched):
                     assert x["payload_bytes"] == sum(x["send_bytes"])
                     for j, peer in enumerate(ranks):
                         assert x["send_bytes"][j] == by_seq[peer][q]["recv_bytes"][me], name
-        steps, layers = s["train"]["steps"], MODEL["layers"]
-        rounds = s["train"].get("grad_accum", 1)
+        steps, layers = s["train"]["steps"], MODEL["layers"] // p.get("pp", 1)  # per stage
+        rounds = s["train"].get("grad_accum", 1) * p.get("microbatches", 1)
         assert checked == len(groups) * steps * rounds * layers, (name, checked)
 
 

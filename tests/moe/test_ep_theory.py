@@ -28,13 +28,6 @@ RUNS = {
 }
 
 
-# Known measurement gap: the model-parallel runtime (tp > 1; jobs/parallel/pipeline/runtime.py)
-# excludes the storages of its stages' parameters only, and EP keeps the experts outside the
-# module tree, so its counter counts the expert weights F.linear saves (jobs/runners.py
-# excludes them for the data-parallel runner). Asserted exactly, to be dropped with the fix.
-WEIGHTS_COUNTED = {"tp2-ep2"}
-
-
 def full(s: dict) -> dict:
     return {**s, "train": {"steps": STEPS, "global_batch": 8}, "runtime": {"nproc_per_node": N}}
 
@@ -107,8 +100,6 @@ def test_activations_equal_theory_given_the_observed_routing(runs, name):
     r = runs[name]
     dims = moe_dims(r["pred"]["inputs"])
     uniform = r["pred"]["memory"]["per_rank"][0]["activations"]
-    if name in WEIGHTS_COUNTED:  # F.linear saves the weights as views: E/ep experts, fc1 + fc2
-        uniform += MODEL["experts"] // EP * MODEL["layers"] * 8 * MODEL["hidden"] ** 2 * 4
     checked = 0
     for rank, t in r["traces"].items():
         corr = routing_correction(t, **dims)

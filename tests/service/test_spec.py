@@ -129,7 +129,8 @@ def test_valid_default_spec_and_labels():
 def test_every_preset_is_a_valid_spec_with_its_own_label(name):
     spec = parse_spec({"preset": name})
     expected = {"fsdp": "fsdp", "collective-sweep": "collective-sweep", "moe": "ddp+moe",
-                "moe-ep": "ddp+moe-ep"}.get(name, name)
+                "moe-ep": "ddp+moe-ep", "4d-moe": "3d+moe-ep",
+                "cp-3d": "tp+pp-1f1b+cp"}.get(name, name)
     assert derive_strategy(spec) == expected
 
 

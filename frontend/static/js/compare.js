@@ -26,13 +26,15 @@ function flatten(obj, prefix = "", out = {}) {
 const label = (r) => `${r.name} (${r.id})`;
 const show = (v) => (v === undefined ? "—" : Array.isArray(v) ? v.join(", ") : String(v));
 
-// The layout columns lead the diff and are always shown: the mesh degrees, expert parallelism
-// and the experts a MoE model routes to (ep 1 and "none" on a dense model).
+// The layout columns lead the diff and are always shown: the mesh degrees, expert and context
+// parallelism (both carved out of dp: 1 when unused) and the experts a MoE model routes to
+// ("none" on a dense model).
 export function layoutOf(r) {
   const ep = Number(r.spec?.parallel?.ep || 1);
+  const cp = Number(r.spec?.parallel?.cp || 1);
   const experts = Number(r.spec?.model?.experts || 0);
   return { strategy: r.strategy, world_size: r.world_size,
-    degrees: degrees(r) + (ep > 1 ? `·ep${ep}` : ""), ep,
+    degrees: degrees(r) + (ep > 1 ? `·ep${ep}` : "") + (cp > 1 ? `·cp${cp}` : ""), ep, cp,
     experts: experts > 0 ? experts : "none", top_k: experts > 0 ? r.spec?.model?.top_k : "–" };
 }
 
