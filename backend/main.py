@@ -23,6 +23,7 @@ from backend.api.middleware import AuthMiddleware
 from backend.api.routes import auth as auth_routes
 from backend.api.routes import (
     cluster,
+    collective_sweeps,
     history,
     internal,
     internal_nodes,
@@ -254,6 +255,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(internal.router)
     app.include_router(internal_nodes.router)
     app.include_router(predict.router)
+    app.include_router(collective_sweeps.router)
     app.include_router(sweeps.router)
     app.include_router(schedules.router)
     app.include_router(auth_routes.router)

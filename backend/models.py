@@ -306,3 +306,47 @@ class SavedComparison(Base):
     owner: Mapped[str] = mapped_column(String(100), index=True)
     run_ids: Mapped[list] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class Sweep(Base):
+    """A group of runs submitted as one (backend/services/sweeps.py, docs/sweeps.md). Its
+    status is derived from its members' runs (backend/crud/sweeps.py sweep_status), never
+    stored, so it cannot drift from them."""
+
+    __tablename__ = "sweeps"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    owner: Mapped[str] = mapped_column(String(100), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # the submitted body's base, grid (null for an explicit member list), tags and notes
+    base: Mapped[dict] = mapped_column(JSON)
+    grid: Mapped[dict | None] = mapped_column(JSON(none_as_null=True))
+    tags: Mapped[list] = mapped_column(JSON)
+    notes: Mapped[str] = mapped_column(Text, default="")
+
+    members: Mapped[list[SweepMember]] = relationship(
+        cascade="all, delete-orphan", lazy="selectin", order_by="SweepMember.position")
+
+    __table_args__ = (Index("ix_sweeps_created_id", "created_at", "id"),)
+
+
+class SweepMember(Base):
+    """One member: its overrides over the base, and either the run it launched or the 422
+    errors that kept it from launching (kept, so the sweep page shows why)."""
+
+    __tablename__ = "sweep_members"
+
+    sweep_id: Mapped[str] = mapped_column(
+        ForeignKey("sweeps.id", ondelete="CASCADE"), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    overrides: Mapped[dict] = mapped_column(JSON)
+    # SET NULL: deleting a member's run from the history keeps the member (status "deleted")
+    run_id: Mapped[str | None] = mapped_column(
+        ForeignKey("runs.id", ondelete="SET NULL"), index=True)
+    errors: Mapped[list | None] = mapped_column(JSON(none_as_null=True))
+    # jobs.theory.predict's figures for the member's spec, taken once at submit (the spec
+    # cannot change): the sweep page sets them against the run's measured ones
+    predicted: Mapped[dict | None] = mapped_column(JSON(none_as_null=True))
+
+    run: Mapped[Run | None] = relationship(lazy="selectin")

@@ -2,7 +2,8 @@
 
 viewer: read everything (runs, logs, files, comparisons) and manage their own API tokens and
         password; writes nothing else (no stars, no saved comparisons, no runs).
-member: also submit runs; cancel, edit and delete their own runs; star runs; save comparisons.
+member: also submit runs and sweeps; cancel, edit and delete their own runs; cancel their own
+        sweeps; star runs; save comparisons.
 admin:  everything, including other people's runs, users and the audit log.
 
 Per-user limits (concurrent queued+running runs, maximum world size) are checked at submit.
@@ -56,23 +57,42 @@ def require_modify_run(user: Principal, run: Run, action: str) -> None:
                                  f"run {run.id}")
 
 
+def can_modify_sweep(user: Principal, owner: str) -> bool:
+    """A sweep is shared like a run: its owner (a member) or an admin cancels it."""
+    return at_least(user, "admin") or (at_least(user, "member") and owner == user.username)
+
+
+def require_modify_sweep(user: Principal, sweep, action: str) -> None:
+    if not can_modify_sweep(user, sweep.owner):
+        if not at_least(user, "member"):
+            raise Forbidden(f"{action} needs the member role (you are {user.role})")
+        raise Forbidden(f"only the sweep's owner ({sweep.owner}) or an admin may {action} "
+                        f"sweep {sweep.id}")
+
+
 def require_admin(user: Principal, what: str) -> None:
     require_role(user, "admin", what)
 
 
-def check_submit_limits(db: Session, user: Principal, world_size: int) -> None:
-    """Forbidden (403) naming the limit when this submission would exceed the user's own limits."""
-    if user.max_world_size is not None and world_size > user.max_world_size:
-        raise Forbidden(f"per-user limit max_world_size={user.max_world_size}: this "
-                                 f"run needs world size {world_size} (ask an admin to raise it)")
+def check_submit_limits(db: Session, user: Principal, world_size: int, runs: int = 1) -> None:
+    """Forbidden (403) naming the limit when this submission (`runs` runs at once: a sweep's
+    members) would exceed the user's own limits."""
+    check_world_size(user, world_size)
     if user.max_concurrent_runs is not None:
         if db.bind is not None and db.bind.dialect.name == "postgresql":
             # Serialise concurrent submissions of one user, so two at once cannot both pass.
             db.execute(select(User.id).where(User.id == user.id).with_for_update())
         active = db.scalar(select(func.count()).select_from(Run).where(
             Run.owner == user.username, Run.status.in_(ACTIVE)))
-        if active >= user.max_concurrent_runs:
+        if active + runs > user.max_concurrent_runs:
+            adds = "" if runs == 1 else f" and this sweep adds {runs}"
             raise Forbidden(f"per-user limit max_concurrent_runs="
                                      f"{user.max_concurrent_runs}: you already have {active} "
-                                     "queued or running runs; wait for one to finish or "
+                                     f"queued or running runs{adds}; wait for one to finish or "
                                      "cancel one")
+
+
+def check_world_size(user: Principal, world_size: int) -> None:
+    if user.max_world_size is not None and world_size > user.max_world_size:
+        raise Forbidden(f"per-user limit max_world_size={user.max_world_size}: this "
+                                 f"run needs world size {world_size} (ask an admin to raise it)")

@@ -1,7 +1,7 @@
 """`paralab` command line: the parser and `main`. Client commands (HTTP to PARALAB_URL) are in
-client.py, service commands (up, serve, worker, migrate, users, token) in service.py, the
-user and token commands in users.py. Errors print as `paralab: <message>`, exit code 2
-(3: the server cannot be reached).
+client.py (`sweep ...`: sweeps.py), service commands (up, serve, worker, migrate, users, token)
+in service.py, the user and token commands in users.py. Errors print as `paralab: <message>`,
+exit code 2 (3: the server cannot be reached).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from backend.cli.service import (
     cmd_users,
     cmd_worker,
 )
+from backend.cli.sweeps import add_parser as add_sweep_parser
 
 __all__ = ["CliError", "build_parser", "main"]
 
@@ -131,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--table", help="one analysis table (csv/json)")
     s.add_argument("-o", "--output")
     s.set_defaults(fn=cmd_export)
+    add_sweep_parser(sub)
     return p
 
 

@@ -3,6 +3,7 @@ function here and return; `from backend import crud; crud.get_run(...)` reaches 
 
 from backend.crud.audit import audit, list_audit
 from backend.crud.cluster import count_queued, queued_runs, running_runs
+from backend.crud.collective_sweeps import collective_sweeps, latest_sweep
 from backend.crud.history import (
     create_comparison,
     delete_comparison,
@@ -53,7 +54,14 @@ from backend.crud.runs import (
     request_cancel,
     unclaimed_runs,
 )
-from backend.crud.sweeps import latest_sweep, sweeps
+from backend.crud.sweeps import (
+    SweepFilter,
+    create_sweep,
+    get_sweep,
+    list_sweeps,
+    sweep_of_run,
+    sweep_status,
+)
 from backend.crud.tokens import (
     create_credential,
     list_tokens,
@@ -84,7 +92,7 @@ __all__ = [
     "get_run", "get_user", "heartbeat", "latest_sweep", "list_audit", "list_files", "list_runs",
     "list_tokens", "list_users", "list_workers", "local_user", "logs_after",
     "lookup_credential", "new_run_id", "reap_lost_runs", "record_file", "request_cancel",
-    "revoke_credential", "set_password", "sweeps", "update_user", "upsert_worker",
+    "revoke_credential", "set_password", "collective_sweeps", "update_user", "upsert_worker",
     # the reconciler and health (backend/services/reconcile.py, health.py)
     "fail_unclaimed", "list_rejections", "mark_enqueued", "record_rejection", "unclaimed_runs",
     # the cluster page (backend/services/cluster.py)
@@ -94,4 +102,6 @@ __all__ = [
     "fail_gang", "finish_node", "host_lost_error", "mark_republished", "node_heartbeat", "nodes_of",
     "reap_lost_nodes", "release", "reserve", "set_endpoint", "unclaimed_nodes",
     "waiting_gang_runs",
+    # sweeps (backend/services/sweeps.py)
+    "SweepFilter", "create_sweep", "get_sweep", "list_sweeps", "sweep_of_run", "sweep_status",
 ]

@@ -37,7 +37,10 @@ def new_run_id() -> str:
     return secrets.token_hex(6)
 
 
-def create_run(db: Session, spec: JobSpec, *, owner: str, tags: list[str], notes: str) -> Run:
+def create_run(db: Session, spec: JobSpec, *, owner: str, tags: list[str], notes: str,
+               commit: bool = True) -> Run:
+    """A queued run. commit=False: the caller commits it with others (a sweep's members, all
+    in one transaction)."""
     run = Run(id=new_run_id(), name=spec.name, owner=owner, kind=spec.kind,
               strategy=spec.strategy, spec=spec.to_dict(), spec_version=spec.version,
               world_size=spec.world_size, dp=spec.parallel.dp, tp=spec.parallel.tp,
@@ -47,7 +50,8 @@ def create_run(db: Session, spec: JobSpec, *, owner: str, tags: list[str], notes
               tags=[RunTag(tag=t) for t in dict.fromkeys(tags)],
               parent_id=spec.resume.run_id or None)
     db.add(run)
-    db.commit()
+    if commit:
+        db.commit()
     return run
 
 
@@ -172,10 +176,13 @@ def request_cancel(db: Session, run: Run) -> Run:
     """Queued runs are cancelled at once (a worker that later receives the message finds them
     cancelled and skips them); running runs get the cooperative flag their worker polls."""
     if run.status == "queued":
-        db.execute(update(Run).where(Run.id == run.id, Run.status == "queued").values(
+        res = db.execute(update(Run).where(Run.id == run.id, Run.status == "queued").values(
             status="cancelled", finished_at=utcnow(), cancel_requested=True,
             error="cancelled before it started"))
-        if run.nnodes > 1:  # its reserved hosts are free again at once
+        if res.rowcount == 0:  # a worker claimed it meanwhile: the running run's flag
+            db.execute(update(Run).where(Run.id == run.id, Run.status == "running").values(
+                cancel_requested=True))
+        elif run.nnodes > 1:  # its reserved hosts are free again at once
             from backend.crud.nodes import cancel_reserved
             cancel_reserved(db, run.id)
     elif run.status == "running":

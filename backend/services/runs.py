@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 _TAG_RULE = "tags: must be a list of at most 20 strings of 1-64 characters"
 
 
-def _meta(body: dict[str, Any]) -> tuple[list[str], str, list[dict]]:
+def run_meta(body: dict[str, Any]) -> tuple[list[str], str, list[dict]]:
     errors = []
     tags = body.pop("tags", [])
     notes = body.pop("notes", "")
@@ -73,7 +73,7 @@ def memory_gate(db: Session, settings: Settings, spec: JobSpec) -> dict | None:
                    "?force=true to run it anyway"}
 
 
-def _lock_for_limit(db: Session) -> None:
+def lock_for_limit(db: Session) -> None:
     """The concurrent-run limit counts the user's active runs, then adds one: two submissions
     at once must not both count the same number. On SQLite the transaction takes the write lock
     before it counts (BEGIN IMMEDIATE: the others wait, busy_timeout, then count again); on
@@ -96,7 +96,7 @@ def submit(db: Session, settings: Settings, body: dict[str, Any], *,
     if user is not None:
         permissions.require_submit(user)
     body = dict(body)
-    tags, notes, errors = _meta(body)
+    tags, notes, errors = run_meta(body)
     try:
         spec = parse_spec(body, max_world_size=settings.max_world_size, require_available=True)
     except SpecError as exc:
@@ -106,7 +106,7 @@ def submit(db: Session, settings: Settings, body: dict[str, Any], *,
     if errors:
         raise Invalid(errors=errors)
     if user is not None and user.max_concurrent_runs is not None:
-        _lock_for_limit(db)
+        lock_for_limit(db)
     try:
         if user is not None:
             permissions.check_submit_limits(db, user, spec.world_size)

@@ -213,7 +213,7 @@ NUL_PARAMS = [
     ("/api/comparisons?owner=a%00b", ["query", "owner"]),
     ("/api/users/a%00b", ["path", "username"]),
     ("/api/audit?actor=a%00b", ["query", "actor"]),
-    ("/api/sweeps?ids=a%00b", ["query", "ids"]),
+    ("/api/collective-sweeps?ids=a%00b", ["query", "ids"]),
 ]
 
 

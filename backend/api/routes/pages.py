@@ -106,3 +106,15 @@ def page_schedules(request: Request) -> Response:
 @router.get("/cluster")
 def page_cluster(request: Request) -> Response:
     return _page(request, "cluster.html")
+
+
+@router.get("/sweeps")
+def page_sweeps(request: Request) -> Response:
+    return _page(request, "sweeps.html")
+
+
+@router.get("/sweeps/{sweep_id}")
+def page_sweep(request: Request, sweep_id: str, db: DbDep) -> Response:
+    if not _RUN_ID.match(sweep_id) or crud.get_sweep(db, sweep_id) is None:
+        raise NotFound(f"sweep {sweep_id!r} not found")
+    return _page(request, "sweep.html")

@@ -1,29 +1,80 @@
-"""The collective-sweep list (the collectives page compares these); the one "latest sweep"
-rule and the query live in backend/crud/sweeps.py."""
+"""Sweeps: one submission, a group of runs (backend/services/sweeps.py; docs/sweeps.md)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Query
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Query, Request
 
 from backend import crud
-from backend.api.deps import CheckedParams, DbDep
+from backend.api.deps import CheckedParams, DbDep, SettingsDep, UserDep
+from backend.api.sweep_schemas import SweepOut, SweepPage
+from backend.core.identity import client_address
+from backend.errors import NotFound
+from backend.services import sweeps as service
+from backend.services.sweep_body import MAX_MEMBERS
 
-router = APIRouter(prefix="/api", tags=["sweeps"], dependencies=[CheckedParams])
+router = APIRouter(prefix="/api/sweeps", tags=["sweeps"], dependencies=[CheckedParams])
+
+_DESCRIPTION = (
+    "A group of runs from one submission. `base`: a job spec or {\"preset\": NAME, "
+    "...overrides}. Exactly one of `grid` and `members`. `grid`: {dotted spec path: [values]}, "
+    "the cartesian product in key order (last key fastest); a value that is an object is "
+    "deep-merged at its path, and the key \".\" is the spec's root, so one axis can change "
+    "several fields together, e.g. {\".\": [{\"parallel\": {\"dp\": 2}, \"runtime\": "
+    "{\"nproc_per_node\": 2}}, ...]}. `members`: a list of override objects, each deep-merged "
+    f"into the base. At most {MAX_MEMBERS} members. Optional `name`, `queue` (every member's "
+    "runtime.queue), `tags` (given to every member run) and `notes`. A member that "
+    "POST /api/runs would refuse is kept with its 422 `errors` and not launched; when none is "
+    "valid the answer is 422 with each member's errors under [\"body\", \"members\", i, ...].")
+_EXAMPLE = {"name": "zero stages x buckets", "base": {"preset": "ddp", "model": {"arch": "mlp"}},
+            "grid": {"parallel.zero_stage": [0, 2, 3], "parallel.bucket_mb": [1, 25]}}
 
 
-def _sweep_out(r) -> dict:
-    s = r.summary or {}
-    return {"id": r.id, "name": r.name, "created_at": r.created_at, "queue": r.queue,
-            "world_size": r.world_size, "backend": s.get("backend"), "device": s.get("device"),
-            "copy_bandwidth_GBps": s.get("copy_bandwidth_GBps"),
-            "results": [{k: x.get(k) for k in ("op", "algorithm", "bytes", "time_us_mean",
-                                               "algbw_GBps", "busbw_GBps", "correct")}
-                        for x in s.get("results") or []]}
+def _sweep(db, sweep_id: str):
+    s = crud.get_sweep(db, sweep_id)
+    if s is None:
+        raise NotFound(f"no sweep {sweep_id!r}")
+    return s
 
 
-@router.get("/sweeps")
-def sweeps(db: DbDep, ids: str | None = Query(None, description="comma-separated run IDs"),
-           limit: int = Query(20, ge=1, le=100)) -> list[dict]:
-    """Collective-sweep runs with their result tables: the given IDs, else the latest."""
-    return [_sweep_out(r) for r in crud.sweeps(db, ids.split(",") if ids else None,
-                                               limit=limit)]
+@router.post("", status_code=201, response_model=SweepOut, description=_DESCRIPTION)
+def submit_sweep(
+    request: Request, db: DbDep, settings: SettingsDep, user: UserDep,
+    body: Annotated[dict[str, Any], Body(examples=[_EXAMPLE])],
+    force: bool = Query(False, description="launch members whose predicted memory exceeds "
+                        "what the workers report"),
+) -> SweepOut:
+    s = service.submit(db, settings, body, owner=user, force=force,
+                       client=client_address(request))
+    return SweepOut.of(s, user)
+
+
+@router.get("", response_model=SweepPage)
+def list_sweeps(
+    db: DbDep, user: UserDep,
+    status: str | None = Query(None, description="comma-separated sweep statuses"),
+    owner: str | None = None,
+    tag: str | None = None,
+    q: str | None = Query(None, max_length=200, description="text search in name/notes"),
+    offset: int = Query(0, ge=0, le=1_000_000),
+    limit: int = Query(50, ge=1, le=200),
+) -> SweepPage:
+    """Newest first, without their members (GET /api/sweeps/{id} has them)."""
+    rows, nxt = crud.list_sweeps(db, crud.SweepFilter(owner=owner, q=q, tag=tag, status=status),
+                                 limit=limit, offset=offset)
+    return SweepPage(items=[SweepOut.of(s, user, full=False) for s in rows], next_offset=nxt)
+
+
+@router.get("/{sweep_id}", response_model=SweepOut)
+def get_sweep(db: DbDep, user: UserDep, sweep_id: str) -> SweepOut:
+    return SweepOut.of(_sweep(db, sweep_id), user)
+
+
+@router.post("/{sweep_id}/cancel", response_model=SweepOut)
+def cancel_sweep(request: Request, db: DbDep, settings: SettingsDep, user: UserDep,
+                 sweep_id: str) -> SweepOut:
+    """Cancel every queued and running member run (the run cancel path); 409 when none is."""
+    s = service.cancel(db, settings, _sweep(db, sweep_id), actor=user,
+                       client=client_address(request))
+    return SweepOut.of(s, user)

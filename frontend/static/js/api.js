@@ -49,7 +49,11 @@ export const api = {
   liveStream: (id) => new EventSource(`/api/runs/${enc(id)}/live`),
   ganttSteps: (id) => request("GET", `/api/runs/${enc(id)}/gantt/steps`),
   gantt: (id, params = {}) => request("GET", `/api/runs/${enc(id)}/gantt` + qs(params)),
-  sweeps: (ids) => request("GET", "/api/sweeps" + qs({ ids: ids?.join(",") })),
+  collectiveSweeps: (ids) => request("GET", "/api/collective-sweeps" + qs({ ids: ids?.join(",") })),
+  sweeps: (params = {}) => request("GET", "/api/sweeps" + qs(params)),
+  sweep: (id) => request("GET", `/api/sweeps/${enc(id)}`),
+  submitSweep: (body) => request("POST", "/api/sweeps", body),
+  cancelSweep: (id) => request("POST", `/api/sweeps/${enc(id)}/cancel`),
   schedules: () => request("GET", "/api/schedules"),
   exploreSchedule: (params) => request("GET", "/api/schedules/explore" + qs(params)),
   // The run's analysis (jobs.analysis: headline, rules, tables): every figure a page shows

@@ -7,7 +7,7 @@ const params = new URLSearchParams(location.search);
 
 async function init() {
   let sweeps;
-  try { sweeps = await api.sweeps(); } catch (e) { $("#coll-error").textContent = e.message; return; }
+  try { sweeps = await api.collectiveSweeps(); } catch (e) { $("#coll-error").textContent = e.message; return; }
   const wanted = new Set((params.get("ids") || "").split(",").filter(Boolean));
   if (!wanted.size) sweeps.slice(0, 3).forEach((s) => wanted.add(s.id));
   const table = $("#sweeps");

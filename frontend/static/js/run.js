@@ -244,7 +244,7 @@ async function refreshLive() {
 }
 
 async function sweepOf(a) {
-  try { return (await api.sweeps([a.bandwidth_vs_sweep.sweep_run_id]))[0] || null; } catch {
+  try { return (await api.collectiveSweeps([a.bandwidth_vs_sweep.sweep_run_id]))[0] || null; } catch {
     return null;
   }
 }

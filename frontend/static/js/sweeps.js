@@ -40,7 +40,7 @@ export function sweepChartTraces(sweeps, metric = "busbw_GBps") {
 
 export async function mountSweepChart(div, ids, timeDiv = null) {
   let sweeps;
-  try { sweeps = await api.sweeps(ids); } catch (e) { emptyChart(div, e.message); return []; }
+  try { sweeps = await api.collectiveSweeps(ids); } catch (e) { emptyChart(div, e.message); return []; }
   sweeps = sweeps.filter((s) => s.results?.length);
   if (!sweeps.length) { emptyChart(div, "no sweep results"); return []; }
   const shapes = sweeps.filter((s) => s.copy_bandwidth_GBps).map((s, i) => ({

@@ -16,7 +16,7 @@ from fastapi.responses import FileResponse, Response
 
 from backend import gantt, run_traces
 from backend.api.deps import DbDep, RunDep, SettingsDep
-from backend.crud.sweeps import latest_sweep
+from backend.crud.collective_sweeps import latest_sweep
 from backend.errors import Invalid, NotFound
 from backend.storage import resolve_run_path
 from jobs.analysis import PERFETTO_FILE, TABLES, tables_to_csv

@@ -1,0 +1,139 @@
+// A sweep (/sweeps/{id}): its members in a sortable table with their key figures, measured
+// (the run's analysis headline, as the runs table shows them) next to predicted (jobs.theory,
+// taken at submit), the reason an invalid member was not launched, and a parallel-coordinates
+// plot of the varying fields against the figures. Refreshes while any member is active.
+import { api } from "./api.js";
+import { emptyChart, plot } from "./charts.js";
+import { $, el, esc, fmtDate, statusBadge } from "./dom.js";
+import { fmt, fmtBytes, fmtPct, fmtTime } from "./units.js";
+
+const sweepId = decodeURIComponent(location.pathname.split("/").pop());
+const state = { sort: "index", dir: 1, sweep: null };
+const ACTIVE = ["queued", "running"];
+
+// leaf path -> value of an overrides object ("parallel.zero_stage": 2)
+function leaves(obj, prefix = "", out = {}) {
+  for (const [k, v] of Object.entries(obj || {})) {
+    const path = prefix ? `${prefix}.${k}` : k;
+    if (v && typeof v === "object" && !Array.isArray(v)) leaves(v, path, out);
+    else out[path] = v;
+  }
+  return out;
+}
+
+const meas = (k) => (m) => m.run?.measured?.[k] ?? null;
+const pred = (k) => (m) => m.predicted?.[k] ?? null;
+const overridesText = (m) => Object.entries(leaves(m.overrides))
+  .map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(", ") || "(base)";
+const reason = (m) => (m.errors ? m.errors.map((e) => `${(e.loc || []).join(".")}: ${e.msg}`)
+  .join("; ") : m.run?.error || "");
+const pct = (v) => fmtPct(v, true);
+
+// One column per figure; predicted beside measured.
+const COLUMNS = [
+  { key: "index", label: "#", value: (m) => m.index },
+  { key: "status", label: "status", value: (m) => m.status, cell: (m) => statusBadge(m.status) },
+  { key: "overrides", label: "overrides", value: overridesText },
+  { key: "run", label: "run", value: (m) => m.run_id || "",
+    cell: (m) => (m.run_id ? el("a", { href: `/runs/${encodeURIComponent(m.run_id)}`,
+      text: m.run_id }) : "–") },
+  { key: "strategy", label: "strategy", value: (m) => m.run?.strategy ?? null },
+  { key: "world_size", label: "world", value: (m) => m.run?.world_size ?? null },
+  { key: "step_time_s", label: "step time", value: meas("step_time_s"), fmt: fmtTime },
+  { key: "pred_step_time_s", label: "step time (pred.)", value: pred("step_time_s"),
+    fmt: fmtTime },
+  { key: "tokens_per_s", label: "tokens/s", value: meas("tokens_per_s"),
+    fmt: (v) => fmt(v, "tok/s") },
+  { key: "peak_memory_bytes", label: "peak mem / rank", value: meas("peak_memory_bytes"),
+    fmt: fmtBytes },
+  { key: "pred_peak_memory_bytes", label: "peak mem / rank (pred.)",
+    value: pred("peak_memory_bytes"), fmt: fmtBytes },
+  { key: "exposed_comm_s", label: "exposed comm", value: meas("exposed_comm_s"), fmt: fmtTime },
+  { key: "comm_bytes_per_rank", label: "sent / rank / step", value: meas("comm_bytes_per_rank"),
+    fmt: fmtBytes },
+  { key: "pred_comm_bytes_per_rank", label: "sent / rank / step (pred.)",
+    value: pred("comm_bytes_per_rank"), fmt: fmtBytes },
+  { key: "bubble_fraction", label: "bubble", value: meas("bubble_fraction"), fmt: pct },
+  { key: "pred_bubble_fraction", label: "bubble (pred.)", value: pred("bubble_fraction"),
+    fmt: pct },
+  { key: "reason", label: "not launched because / error", value: reason },
+];
+
+function compare(a, b) {
+  if (a === b) return 0;
+  if (a === null || a === "") return 1; // empty cells last, either direction
+  if (b === null || b === "") return -1;
+  const d = typeof a === "number" && typeof b === "number" ? a - b
+    : String(a).localeCompare(String(b));
+  return d * state.dir;
+}
+
+function renderTable() {
+  const col = COLUMNS.find((c) => c.key === state.sort);
+  const rows = [...state.sweep.members].sort((x, y) => compare(col.value(x), col.value(y))
+    || x.index - y.index);
+  const head = el("tr", {}, COLUMNS.map((c) => el("th", { dataset: { sort: c.key,
+    dir: c.key === state.sort ? (state.dir > 0 ? "asc" : "desc") : "" },
+  onclick: () => { state.dir = state.sort === c.key ? -state.dir : 1; state.sort = c.key;
+    renderTable(); } }, c.label)));
+  const body = rows.map((m) => el("tr", { dataset: { index: m.index, status: m.status } },
+    COLUMNS.map((c) => el("td", { dataset: { col: c.key } }, c.cell ? c.cell(m)
+      : c.fmt ? c.fmt(c.value(m)) : String(c.value(m) ?? "–")))));
+  $("#sweep-members").replaceChildren(el("thead", {}, head), el("tbody", {}, body));
+}
+
+// a parcoords dimension; text values become categories (ticks carry their escaped names)
+function dimension(label, values) {
+  if (values.every((v) => typeof v === "number")) return { label: esc(label), values };
+  const cats = [...new Set(values.map((v) => JSON.stringify(v)))].sort();
+  return { label: esc(label), values: values.map((v) => cats.indexOf(JSON.stringify(v))),
+    tickvals: cats.map((_, i) => i), ticktext: cats.map(esc) };
+}
+
+async function renderPlot() {
+  const div = $("#sweep-parcoords");
+  const launched = state.sweep.members.filter((m) => m.run_id);
+  const figures = ["step_time_s", "tokens_per_s", "peak_memory_bytes", "exposed_comm_s"];
+  const done = launched.filter((m) => meas("step_time_s")(m) !== null);
+  const rows = done.length ? done : launched;
+  if (!rows.length) { emptyChart(div, "no launched member"); return; }
+  const flat = rows.map((m) => leaves(m.overrides));
+  const keys = [...new Set(flat.flatMap(Object.keys))].filter((k) => new Set(flat.map((f) =>
+    JSON.stringify(f[k] ?? null))).size > 1);
+  const dims = keys.map((k) => dimension(k, flat.map((f) => f[k] ?? null)));
+  dims.push(dimension("peak mem / rank (pred.)", rows.map((m) => pred("peak_memory_bytes")(m)
+    ?? 0)));
+  for (const f of figures) {
+    const vals = rows.map((m) => meas(f)(m));
+    if (vals.every((v) => v !== null)) dims.push(dimension(f, vals));
+  }
+  const color = rows.map((m) => meas("step_time_s")(m) ?? 0);
+  await plot(div, [{ type: "parcoords", dimensions: dims,
+    line: { color, colorscale: "Viridis", showscale: done.length > 0,
+      colorbar: { title: { text: "step time (s)" } } } }],
+  { title: { text: done.length ? "Members with measured figures" :
+    "Members (measured figures appear as runs finish)" }, margin: { l: 80, r: 80, t: 80 } });
+}
+
+async function load() {
+  try { state.sweep = await api.sweep(sweepId); } catch (e) {
+    $("#sweep-error").textContent = e.message; return;
+  }
+  const s = state.sweep;
+  $("#sweep-name").textContent = s.name;
+  document.title = `${s.name} · sweep · paralab`;
+  $("#sweep-status").replaceChildren(statusBadge(s.status));
+  const c = Object.entries(s.counts).filter(([k]) => k !== "total").map(([k, n]) => `${n} ${k}`);
+  $("#sweep-meta").textContent = `${s.id} · ${s.owner} · ${fmtDate(s.created_at)} · `
+    + `${s.counts.total} members: ${c.join(", ")}`;
+  $("#sweep-cancel").hidden = !(s.can_modify && ACTIVE.includes(s.status));
+  renderTable();
+  await renderPlot();
+  if (ACTIVE.includes(s.status)) setTimeout(load, 3000);
+}
+
+$("#sweep-cancel").addEventListener("click", async () => {
+  try { await api.cancelSweep(sweepId); } catch (e) { $("#sweep-error").textContent = e.message; }
+  load();
+});
+load();
