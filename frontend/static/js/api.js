@@ -49,6 +49,9 @@ export const api = {
   liveStream: (id) => new EventSource(`/api/runs/${enc(id)}/live`),
   ganttSteps: (id) => request("GET", `/api/runs/${enc(id)}/gantt/steps`),
   gantt: (id, params = {}) => request("GET", `/api/runs/${enc(id)}/gantt` + qs(params)),
+  advise: (body) => request("POST", "/api/advise", body),
+  // POST /api/sweeps: a group of runs (issue 18 part 1), {name, base, members: [overrides]}
+  launchSweep: (body) => request("POST", "/api/sweeps", body),
   sweeps: (ids) => request("GET", "/api/sweeps" + qs({ ids: ids?.join(",") })),
   schedules: () => request("GET", "/api/schedules"),
   exploreSchedule: (params) => request("GET", "/api/schedules/explore" + qs(params)),
