@@ -20,8 +20,8 @@ from starlette.routing import compile_path
 
 from backend import crud, storage
 from backend.api.middleware import AuthMiddleware
-from backend.api.routes import auth as auth_routes
 from backend.api.routes import (
+    advise,
     cluster,
     collective_sweeps,
     history,
@@ -35,6 +35,7 @@ from backend.api.routes import (
     sweeps,
     users,
 )
+from backend.api.routes import auth as auth_routes
 from backend.api.schemas import NESTING_RULE
 from backend.core.config import Settings, get_settings
 from backend.core.db import get_engine, get_sessionmaker
@@ -256,6 +257,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(internal_nodes.router)
     app.include_router(predict.router)
     app.include_router(collective_sweeps.router)
+    app.include_router(advise.router)
     app.include_router(sweeps.router)
     app.include_router(schedules.router)
     app.include_router(auth_routes.router)

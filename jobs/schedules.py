@@ -102,6 +102,7 @@ Schedules (every rank r of p):
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zero-bubble", "zbv")
@@ -295,6 +296,13 @@ def schedule_actions(schedule: str, p: int, m: int, v: int = 1) -> list[list[Act
     return ranks
 
 
+@functools.lru_cache(maxsize=4096)
+def cached_actions(schedule: str, p: int, m: int, v: int = 1) -> tuple[tuple[Action, ...], ...]:
+    """schedule_actions as immutable tuples, memoised: the theory (jobs/theory/advisor.py) asks
+    for the same few schedules thousands of times."""
+    return tuple(tuple(acts) for acts in schedule_actions(schedule, p, m, v))
+
+
 def _act(kind: str, mb: int, stage: int, p: int) -> Action:
     return Action(kind, mb, stage // p, stage)
 
@@ -404,7 +412,7 @@ def closed_form_bubble(schedule: str, p: int, m: int, v: int = 1,
 def simulate(schedule: str, p: int, m: int, v: int = 1, t_f=1.0, t_b_input=1.0,
              t_b_weight=1.0, t_comm: float = 0.0) -> dict:
     """Ideal timeline of `schedule_actions(schedule, p, m, v)` (see module docstring)."""
-    actions = schedule_actions(schedule, p, m, v)
+    actions = cached_actions(schedule, p, m, v)
     n = p * v
     tf = _per_stage("t_f", t_f, n)
     tb = _per_stage("t_b_input", t_b_input, n)

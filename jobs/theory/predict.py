@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from jobs import schedules
 from jobs.spec import JobSpec, SpecError, parse_spec
 
@@ -20,6 +22,10 @@ TRANSIENT = {  # labelled next to the model states (jobs/theory/ranks.py)
     "comm_buffers": "data-parallel collective buffers the implementation allocates",
 }
 
+
+# The simulator is pure and predict() only reads its result: memoised, because the advisor
+# (advisor.py) predicts thousands of layouts sharing a few (schedule, p, m, v, times).
+_simulate = lru_cache(maxsize=4096)(schedules.simulate)
 
 EP_STATE = "convention 'ep-state': reference EP, experts not ZeRO-sharded"
 ACT_CONVENTION = ("saved tensors as autograd keeps them (jobs.memory.SavedTensorCounter) for "
@@ -124,7 +130,7 @@ def _pipeline(w: dict) -> dict:
     closed_i = schedules.closed_form_bubble(sched, p, m, v, "ideal")
     sim = None
     if p * m * v * 3 <= MAX_SIM_ACTIONS:
-        full = schedules.simulate(sched, p, m, v, tf, tb, tw)
+        full = _simulate(sched, p, m, v, tf, tb, tw)
         sim = {"makespan_s": full["makespan_s"], "times_note": times_note,
                "times": {"t_f": tf, "t_b_input": tb, "t_b_weight": tw},
                "ranks": [{k: r[k] for k in ("rank", "busy_s", "idle_s", "idle_fraction",
@@ -137,7 +143,7 @@ def _pipeline(w: dict) -> dict:
     elif sched == "zbv" and m >= 2 * p - 1 and p * (2 * p - 1) * v * 3 <= MAX_SIM_ACTIONS:
         # ZB-V with equal stages: the idle per rank stops growing once m >= 2p-1 (the steady
         # phase adds no bubble), so simulate m = 2p-1 and add the extra micro-batches' work
-        small = schedules.simulate(sched, p, 2 * p - 1, v, tf, tb, tw)
+        small = _simulate(sched, p, 2 * p - 1, v, tf, tb, tw)
         idle = max(r["idle_s"] for r in small["ranks"])
         busy = v * m * (tf + tb + tw)
         total, ideal = idle / (busy + idle), idle / busy

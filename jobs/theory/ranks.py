@@ -114,7 +114,7 @@ def pipeline_ranks(w: dict, act_bytes: float) -> list[dict] | None:
     else:
         boundary = w["micro_batch_size"] * w["hidden"] * RECV_BYTES
     walk = p == 1 or p * m * v * 3 <= MAX_WALK_ACTIONS
-    acts = schedules.schedule_actions(sched, p, m, v) if walk and p > 1 else None
+    acts = schedules.cached_actions(sched, p, m, v) if walk and p > 1 else None
     home = [schedules.rank_of(s, p, v, place) for s in range(chunks)]
     out = []
     for r in range(p):

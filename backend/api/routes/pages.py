@@ -93,6 +93,11 @@ def page_compare(request: Request) -> Response:
     return _page(request, "compare.html")
 
 
+@router.get("/advise")
+def page_advise(request: Request) -> Response:
+    return _page(request, "advise.html")
+
+
 @router.get("/collectives")
 def page_collectives(request: Request) -> Response:
     return _page(request, "collectives.html")

@@ -54,6 +54,7 @@ export const api = {
   sweep: (id) => request("GET", `/api/sweeps/${enc(id)}`),
   submitSweep: (body) => request("POST", "/api/sweeps", body),
   cancelSweep: (id) => request("POST", `/api/sweeps/${enc(id)}/cancel`),
+  advise: (body) => request("POST", "/api/advise", body),
   schedules: () => request("GET", "/api/schedules"),
   exploreSchedule: (params) => request("GET", "/api/schedules/explore" + qs(params)),
   // The run's analysis (jobs.analysis: headline, rules, tables): every figure a page shows

@@ -1,0 +1,33 @@
+"""Request body of POST /api/advise (jobs/theory/advisor.py answers it). The model is a free
+dict (a preset name or ModelSpec fields) that jobs.spec validates, as for runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ConfigDict, Field
+
+from backend.api.schemas import Input, JsonInt, SafeStr
+
+
+class AdviseCluster(Input):
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
+    hosts: JsonInt = Field(ge=1, le=1024, description="hosts")
+    devices_per_host: JsonInt = Field(ge=1, le=1024, description="devices (ranks) per host")
+    device_memory_bytes: float = Field(gt=0, le=1e15, description="memory of one device")
+    intra_GBps: float | None = Field(None, gt=0, le=1e6, description="intra-host busbw, GB/s "
+                                     "(with `queue`: default the latest collective sweep's)")
+    inter_GBps: float | None = Field(None, gt=0, le=1e6, description="inter-host busbw, GB/s "
+                                     "(with `queue`: default the sweep's figure)")
+    flops: float | None = Field(None, gt=0, le=1e21, description="FLOP/s per device: the "
+                                "compute term of gpt / mlp (timed: its configured times)")
+
+
+class AdviseIn(Input):
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
+    model: dict[str, Any] = Field(description="{'preset': NAME, ...} or ModelSpec fields")
+    global_batch: JsonInt = Field(ge=1, le=1_000_000)
+    cluster: AdviseCluster
+    queue: SafeStr | None = Field(None, max_length=64, description="this queue's workers: "
+                                  "bandwidth from its latest collective sweep")
+    top: JsonInt = Field(20, ge=1, le=500, description="candidates returned")

@@ -1,0 +1,139 @@
+"""The advisor (jobs/theory/advisor.py): every candidate is a spec the service accepts and fits,
+the ranking is by predicted step time, the timed model's compute is exactly its configured
+times, and seed 004's rules hold on the 8 x 8 GPT setting (or the reasons say why not)."""
+
+import math
+
+import pytest
+
+from jobs.schedules import simulate
+from jobs.spec import SpecError, parse_spec
+from jobs.theory import predict, stage_times
+from jobs.theory.advisor import advise
+from jobs.theory.compute import training_flops
+
+GB = 1e9
+TIMED = {"arch": "timed", "layers": 8, "hidden": 8, "t_forward": 0.02,
+         "t_backward_input": 0.01, "t_backward_weight": 0.015}
+ONE_HOST = {"hosts": 1, "devices_per_host": 4, "device_memory_bytes": 16 * GB,
+            "intra_GBps": 2.0, "inter_GBps": 1.0}
+GPT3B = {"arch": "gpt", "layers": 32, "hidden": 2560, "heads": 32, "seq_len": 2048,
+         "vocab": 50304}
+SEED004 = {"hosts": 8, "devices_per_host": 8, "device_memory_bytes": 80 * GB,
+           "intra_GBps": 300, "inter_GBps": 25, "flops": 300e12}
+
+
+@pytest.fixture(scope="module")
+def seed004():
+    return advise(GPT3B, 512, SEED004, top=10)
+
+
+def _check_valid_and_fitting(out, cluster):
+    world = cluster["hosts"] * cluster["devices_per_host"]
+    assert out["candidates"]
+    for c in out["candidates"]:
+        spec = parse_spec(c["spec"], max_world_size=world, require_available=True)
+        assert spec.world_size == world
+        mem = predict(spec)["memory"]["per_rank_bytes"]
+        assert mem == pytest.approx(c["predicted"]["memory_bytes"])
+        assert mem <= cluster["device_memory_bytes"]
+    steps = [c["predicted"]["step_s"] for c in out["candidates"]]
+    assert steps == sorted(steps)
+    assert [c["rank"] for c in out["candidates"]] == list(range(1, len(steps) + 1))
+    n = out["counts"]
+    assert n["considered"] == sum(n["pruned"].values()) + sum(n["invalid"].values()) + \
+        n["not_fitting"] + n["fitting"]
+
+
+def test_timed_candidates_valid_fitting_ranked():
+    out = advise(TIMED, 8, ONE_HOST, top=50)
+    _check_valid_and_fitting(out, ONE_HOST)
+    assert "configured times" in out["conventions"]["compute"]
+
+
+def test_timed_compute_is_exactly_the_configured_times():
+    out = advise(TIMED, 8, ONE_HOST, top=50)
+    per_layer = TIMED["t_forward"] + TIMED["t_backward_input"] + TIMED["t_backward_weight"]
+    seen_pp = set()
+    for c in out["candidates"]:
+        p, pred = c["layout"], c["predicted"]
+        rounds = p["microbatches"]  # grad_accum = 1 in every advised spec
+        assert pred["compute_s"] == pytest.approx(rounds * TIMED["layers"] / p["pp"] * per_layer,
+                                                  rel=1e-12)
+        spec = parse_spec(c["spec"], max_world_size=4)
+        if p["pp"] == 1:
+            assert pred["bubble_s"] == 0
+        else:  # the schedule simulator's makespan on the configured per-stage times
+            sim = simulate(p["pp_schedule"], p["pp"], p["microbatches"], p["virtual_stages"],
+                           **stage_times(spec))
+            assert pred["bubble_s"] == pytest.approx(sim["makespan_s"] - pred["compute_s"])
+        assert pred["step_s"] == pytest.approx(pred["compute_s"] + pred["bubble_s"]
+                                               + sum(pred["comm_s"].values()))
+        seen_pp.add(p["pp"])
+    assert seen_pp >= {1, 2, 4}
+
+
+def test_gpt_compute_from_flops_at_the_given_rate(seed004):
+    c = seed004["candidates"][0]
+    flops, _ = training_flops(GPT3B, 512, c["layout"]["activation_checkpointing"])
+    assert c["predicted"]["compute_s"] == pytest.approx(flops / SEED004["flops"] / 64)
+    assert "300000000000000 FLOP/s" in seed004["conventions"]["compute"] or \
+        "3e+14 FLOP/s" in seed004["conventions"]["compute"]
+
+
+def test_seed004_rules(seed004):
+    _check_valid_and_fitting(seed004, SEED004)
+    top = seed004["candidates"][:5]
+    for c in top:
+        lay, links = c["layout"], c["predicted"]["links"]
+        assert lay["tp"] <= 8 and 8 % lay["tp"] == 0
+        assert links["tp"] == "intra"
+        assert lay["pp"] > 1 and links["pp"] == "inter"
+    for c in seed004["candidates"]:
+        rules = {r["rule"]: r for r in c["rules"]}
+        assert set(rules) >= {"tp-inside-host", "pp-across-hosts", "zero3-or-pp-by-bandwidth",
+                              "dp-for-the-rest", "small-batch-grad-accum"}
+        for r in c["rules"]:  # a departure carries its figures
+            if r["status"] == "breaks":
+                assert any(ch.isdigit() for ch in r["why"]) and len(r["why"]) > 20
+        assert c["why"] and c["why"][0].startswith("step ")
+
+
+def test_seed004_neighbours_and_not_fitting(seed004):
+    assert seed004["counts"]["not_fitting"] > 0
+    for r in seed004["not_fitting"]:
+        assert r["reason"].startswith("memory: ")
+        assert r["memory_bytes"] > SEED004["device_memory_bytes"]
+    kinds = {n["status"] for c in seed004["candidates"] for n in c["neighbours"]}
+    assert "memory" in kinds and "invalid" in kinds
+    mem = [n for c in seed004["candidates"] for n in c["neighbours"] if n["status"] == "memory"]
+    assert all("GB per rank > device 80.00 GB" in n["reason"] for n in mem)
+
+
+def test_a_model_too_large_fits_nowhere():
+    out = advise(GPT3B, 512, {**SEED004, "hosts": 1, "device_memory_bytes": 1 * GB})
+    assert out["candidates"] == [] and out["counts"]["fitting"] == 0
+    assert out["not_fitting"] and all(r["reason"].startswith("memory") for r in
+                                      out["not_fitting"])
+
+
+@pytest.mark.parametrize("model, batch, cluster, loc", [
+    (TIMED, 8, {**ONE_HOST, "device_memory_bytes": -1}, ["cluster", "device_memory_bytes"]),
+    (TIMED, 8, {**ONE_HOST, "hosts": 0}, ["cluster", "hosts"]),
+    (TIMED, 8, {**ONE_HOST, "intra_GBps": math.nan}, ["cluster", "intra_GBps"]),
+    (TIMED, 8, {**ONE_HOST, "colour": 1}, ["cluster", "colour"]),
+    ({"preset": "nope"}, 8, ONE_HOST, ["model", "preset"]),
+    ({**TIMED, "hidden": 0}, 8, ONE_HOST, ["model", "hidden"]),
+    (GPT3B, 8, ONE_HOST, ["cluster", "flops"]),
+    (TIMED, 0, ONE_HOST, ["global_batch"]),
+])
+def test_bad_input_names_the_field(model, batch, cluster, loc):
+    with pytest.raises(SpecError) as exc:
+        advise(model, batch, cluster)
+    assert exc.value.errors[0]["loc"] == loc
+
+
+def test_preset_model():
+    out = advise({"preset": "pp-1f1b", "arch": "timed", "layers": 4}, 8, ONE_HOST)
+    assert out["model"]["arch"] == "timed" and out["model"]["layers"] == 4
+    assert out["candidates"]
