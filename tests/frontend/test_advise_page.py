@@ -69,7 +69,17 @@ def test_advise_page_table_bars_errors_and_sweep_body(backend, page):
         parse_spec(m, max_world_size=4, require_available=True)
     page.unroute("**/api/sweeps")
 
-    # without the sweeps endpoint answering (part 1 not merged here) the error is shown
+    # the real endpoint: the sweep is stored with the page's members, linked from the status
+    page.click("#launch-go")
+    expect(page.locator("#launch-status a")).to_have_count(1)
+    sweep_id = page.locator("#launch-status a").text_content()
+    got = backend.http.get(f"/api/sweeps/{sweep_id}").json()
+    assert got["name"] == "adv <b>x</b>" and len(got["members"]) == 3, got
+
+    # a refused launch is shown as an error
+    page.route("**/api/sweeps", lambda route: route.fulfill(
+        status=422, content_type="application/json",
+        body=json.dumps({"detail": [{"loc": ["body", "members"], "msg": "too many"}]})))
     page.click("#launch-go")
     expect(page.locator("#launch-status")).to_contain_text("could not launch the sweep")
     expect(page.locator("#launch-status")).to_have_class("error")

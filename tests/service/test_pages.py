@@ -42,12 +42,20 @@ IDS = {
                   "resume", "resume-section",
                   "run-error", "run-head",
                   "run-meta", "run-status", "run-title", "throughput-chart"],
+    "/advise": ["a-arch", "a-devices_per_host", "a-global_batch", "a-heads", "a-hidden",
+        "a-hosts", "a-inter", "a-intra", "a-layers", "a-memory", "a-preset", "a-queue",
+        "a-seq_len", "a-t_backward_input", "a-t_backward_weight", "a-t_forward", "a-tflops",
+        "a-top", "a-vocab", "advise-bars", "advise-conventions", "advise-counts", "advise-error",
+        "advise-form", "advise-go", "advise-table", "launch-form", "launch-go", "launch-k",
+        "launch-name", "launch-status"],
+    "/sweeps": ["sweeps-error", "sweeps-filters", "sweeps-q", "sweeps-status", "sweeps-table"],
     "/schedules": ["s-m", "s-p", "s-schedule", "s-t_b_input", "s-t_b_weight", "s-t_comm", "s-t_f",
                    "s-v", "sched-actions", "sched-cards", "sched-convention", "sched-error",
                    "sched-form", "sched-gantt", "sched-results", "sched-status"],
 }
 SCRIPTS = {"/cluster": "cluster.js", "/collectives": "collectives.js", "/compare": "compare.js",
-           "/": "runs.js", "/new": "new.js", "/runs/abc": "run.js", "/schedules": "schedules.js"}
+           "/": "runs.js", "/new": "new.js", "/runs/abc": "run.js", "/schedules": "schedules.js",
+           "/advise": "advise.js", "/sweeps": "sweep_list.js"}
 
 
 @pytest.fixture
@@ -65,12 +73,13 @@ def test_every_page_keeps_its_ids_and_shares_the_base(client, path):
     ids = re.findall(r'\bid="([^"]+)"', r.text)
     assert len(ids) == len(set(ids)), "duplicate ids"
     assert sorted(set(ids) - {"content"}) == IDS["/runs/abc" if path.startswith("/runs/") else path]
-    assert r.text.count("<nav") == 1 and r.text.count('data-nav="') == 6
+    assert r.text.count("<nav") == 1 and r.text.count('data-nav="') == 8
     assert '<a class="skip-link" href="#content">Skip to content</a>' in r.text
     assert r.text.count('<main id="content"') == 1
     script = SCRIPTS["/runs/abc" if path.startswith("/runs/") else path]
     assert f'<script type="module" src="/static/js/{script}"></script>' in r.text
-    assert ("/static/vendor/plotly.min.js" in r.text) == (path not in ("/", "/cluster"))
+    assert ("/static/vendor/plotly.min.js" in r.text) == (path not in ("/", "/cluster",
+                                                                        "/sweeps"))
     assert "{%" not in r.text and "{{" not in r.text
 
 
@@ -82,7 +91,7 @@ def test_an_unknown_run_is_an_html_404(client):
 
 def test_the_nav_bar_is_written_once_in_the_templates():
     pages = sorted(p for p in TEMPLATES.glob("*.html") if p.name != "base.html")
-    assert len(pages) == 9  # the eight pages and the 404 page
+    assert len(pages) == 12  # the eleven pages and the 404 page
     for page in pages:
         text = page.read_text()
         assert text.startswith('{% extends "base.html" %}'), page.name
