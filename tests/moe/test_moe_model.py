@@ -85,7 +85,6 @@ def moe_spec(model=None, par=None, n=4, train=None):
     (moe_spec(par={"ep": 2, "zero_stage": 3}), ("parallel", "zero_stage"), "ZeRO-3"),
     (moe_spec(par={"ep": 2, "dp_mode": "ps"}), ("parallel", "dp_mode"), "allreduce"),
     (moe_spec(par={"ep": 2, "engine": "native"}), ("parallel", "engine"), "reference"),
-    (moe_spec(par={"dp": 2, "pp": 2}), ("parallel", "pp"), "pipeline"),
     (moe_spec(par={"dp": 2, "tp": 2, "sequence_parallel": True}),
      ("parallel", "sequence_parallel"), "partial sequences"),
     (moe_spec(par={"dp": 2, "tp": 2, "engine": "native"}), ("parallel", "engine"), "DTensor"),
@@ -94,6 +93,20 @@ def moe_spec(model=None, par=None, n=4, train=None):
 def test_validation_names_field_and_rule(data, loc, words):
     errs = errors(data)
     assert any(e[0] == loc and words in e[1] for e in errs), errs
+
+
+def test_moe_runs_inside_a_pipeline_with_the_tested_schedules_only():
+    """1F1B and GPipe compose with experts (tests/moe/test_ep.py); zero-bubble, which splits
+    the backward, is refused at submit as not available, with the list of what is."""
+    s = parse_spec(moe_spec(model={"layers": 2}, par={"dp": 2, "pp": 2, "ep": 2,
+                                                      "microbatches": 2}),
+                   require_available=True)
+    assert s.strategy == "ddp+pp-1f1b+moe-ep"
+    with pytest.raises(SpecError) as e:
+        parse_spec(moe_spec(model={"layers": 2}, par={"dp": 2, "pp": 2, "microbatches": 2,
+                                                  "pp_schedule": "zero-bubble"}),
+                   require_available=True)
+    assert "'ddp+pp-zb+moe' is not available yet" in str(e.value)
 
 
 def test_presets_and_labels():
