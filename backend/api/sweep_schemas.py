@@ -11,11 +11,12 @@ from backend import permissions
 from backend.core.identity import Principal
 from backend.crud.sweeps import counts, member_status, sweep_status
 from backend.models import METRIC_COLUMNS, Sweep, SweepMember
+from jobs.theory.calibration import restate
 
 # A member's measured figures: the run's key-figure columns (models.METRIC_COLUMNS, set from
 # its analysis headline), plus the headline's bytes sent per rank per step (next to the
-# predicted bytes).
-MEASURED_EXTRA = ("comm_bytes_per_rank",)
+# predicted bytes) and its per-step compute / bubble / idle means (the calibration's terms).
+MEASURED_EXTRA = ("comm_bytes_per_rank", "compute_s", "bubble_s", "idle_s")
 
 
 class MemberRun(BaseModel):
@@ -73,14 +74,28 @@ class SweepOut(BaseModel):
     base: dict[str, Any] | None = None
     grid: dict[str, Any] | None = None
     members: list[SweepMemberOut] | None = Field(None, description="in order (list: omitted)")
+    calibration: dict[str, Any] | None = Field(
+        None, description="a sweep launched from the advisor (its members predicted with a "
+        "cluster): the ranking re-stated with the measured figures, Spearman's rank "
+        "correlation and the error per term (jobs.theory.calibration.restate)")
 
     @classmethod
     def of(cls, s: Sweep, user: Principal, *, full: bool = True) -> SweepOut:
+        members = [SweepMemberOut.of(m) for m in s.members] if full else None
         return cls(id=s.id, name=s.name, owner=s.owner, status=sweep_status(s),
                    created_at=s.created_at, tags=s.tags or [], notes=s.notes or "",
                    counts=counts(s), can_modify=permissions.can_modify_sweep(user, s.owner),
                    base=s.base if full else None, grid=s.grid if full else None,
-                   members=[SweepMemberOut.of(m) for m in s.members] if full else None)
+                   members=members, calibration=_calibration(members) if full else None)
+
+
+def _calibration(members: list[SweepMemberOut]) -> dict | None:
+    """Only where the members carry the advisor's breakdown (a compute term)."""
+    if not any((m.predicted or {}).get("compute_s") is not None for m in members):
+        return None
+    return restate([{"label": m.run.name if m.run else f"member {m.index}", "index": m.index,
+                     "predicted": m.predicted, "measured": m.run.measured if m.run else None}
+                    for m in members if m.run_id is not None])
 
 
 class SweepPage(BaseModel):

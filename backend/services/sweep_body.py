@@ -19,7 +19,10 @@ from backend.errors import Invalid
 from jobs.spec import deep_merge, text_problem
 
 MAX_MEMBERS = 256
-FIELDS = ("name", "base", "grid", "members", "queue", "tags", "notes")
+FIELDS = ("name", "base", "grid", "members", "queue", "cluster", "tags", "notes")
+# `cluster`: the advisor's link bandwidths and compute rate, so each member's prediction is
+# the advisor's breakdown (compute, bubble, comm, step) the sweep page re-states as measured
+CLUSTER_FIELDS = {"intra_GBps": True, "inter_GBps": True, "flops": False}
 ROOT = (".", "")
 
 
@@ -67,6 +70,24 @@ def _members_errors(members: Any) -> list[dict]:
             for i, m in enumerate(members) if not isinstance(m, dict)]
 
 
+def _cluster_errors(cluster: Any) -> list[dict]:
+    if cluster is None:
+        return []
+    if not isinstance(cluster, dict):
+        return [_err(["cluster"], "cluster: must be an object {intra_GBps, inter_GBps, flops}")]
+    errors = [_err(["cluster", k], f"cluster.{k}: unknown field; allowed: "
+                   f"{', '.join(CLUSTER_FIELDS)}", "extra_forbidden")
+              for k in cluster if k not in CLUSTER_FIELDS]
+    for k, required in CLUSTER_FIELDS.items():
+        v = cluster.get(k)
+        if v is None:
+            if required:
+                errors.append(_err(["cluster", k], f"cluster.{k}: field required", "missing"))
+        elif isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < float("inf"):
+            errors.append(_err(["cluster", k], f"cluster.{k}: must be a positive finite number"))
+    return errors
+
+
 def parse(body: Any) -> tuple[str, dict, dict | None, list[dict], str | None]:
     """(name, base, grid or None, each member's overrides, queue or None). Invalid (422) naming
     the field when the body breaks a rule. Tags and notes are runs._meta's."""
@@ -86,6 +107,7 @@ def parse(body: Any) -> tuple[str, dict, dict | None, list[dict], str | None]:
     queue = body.get("queue")
     if queue is not None and (not isinstance(queue, str) or not queue or text_problem(queue)):
         errors.append(_err(["queue"], "queue: must be a non-empty string (a worker queue)"))
+    errors += _cluster_errors(body.get("cluster"))
     has_grid, has_members = "grid" in body, "members" in body
     if has_grid == has_members:
         errors.append(_err(["grid" if has_grid else "members"], "grid, members: give exactly "

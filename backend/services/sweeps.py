@@ -19,28 +19,36 @@ from backend.models import FINISHED, Sweep
 from backend.services import placement, resume
 from backend.services import runs as run_service
 from backend.services.sweep_body import member_body, parse
-from jobs.spec import JobSpec, SpecError, parse_spec
+from jobs.spec import JobSpec, SpecError, parse_spec, to_dict
 from jobs.theory import predict
+from jobs.theory.advisor import evaluate_spec
 from worker.app import enqueue_run
 
 log = logging.getLogger(__name__)
 
 
-def predicted(spec: JobSpec) -> dict | None:
+def predicted(spec: JobSpec, cluster: dict | None = None) -> dict | None:
     """The theory's figures the sweep page sets against the measured ones (jobs.theory.predict:
-    the one model), None for kinds it does not model."""
+    the one model), None for kinds it does not model. With the advisor's `cluster` (a sweep
+    launched from /advise), also its step-time breakdown (jobs.theory.advisor.terms) at those
+    bandwidths and compute rate: what the page's calibration re-states."""
     if spec.kind != "train":
         return None
     try:
         p = predict(spec)
+        out = {"peak_memory_bytes": p["memory"]["per_rank_bytes"],
+               "comm_bytes_per_rank": p["comm"]["bytes_per_rank"],
+               "bubble_fraction": (p["pipeline"]["bubble_fraction"] if spec.parallel.pp > 1
+                                   else None),
+               "step_time_s": p["step"]["time_no_overlap_s"],
+               "step_time_full_overlap_s": p["step"]["time_full_overlap_s"]}
+        if cluster:
+            out.update(evaluate_spec(to_dict(spec), cluster),
+                       **{k: float(v) for k, v in cluster.items()})
     except Exception:  # noqa: BLE001 - a theory gap must not refuse a valid run
         log.warning("theory prediction failed for a sweep member", exc_info=True)
         return None
-    return {"peak_memory_bytes": p["memory"]["per_rank_bytes"],
-            "comm_bytes_per_rank": p["comm"]["bytes_per_rank"],
-            "bubble_fraction": p["pipeline"]["bubble_fraction"] if spec.parallel.pp > 1 else None,
-            "step_time_s": p["step"]["time_no_overlap_s"],
-            "step_time_full_overlap_s": p["step"]["time_full_overlap_s"]}
+    return out
 
 
 def _check_member(db: Session, settings: Settings, body: dict, user: Principal | None,
@@ -72,13 +80,14 @@ def submit(db: Session, settings: Settings, body: Any, *, owner: str | Principal
         permissions.require_submit(user)
     body = dict(body) if isinstance(body, dict) else body
     name, base, grid, overrides, queue = parse(body)
+    cluster = body.get("cluster")
     tags, notes, errors = run_service.run_meta(body)
     if errors:
         raise Invalid(errors=errors)
     members = []
     for o in overrides:
         spec, errs = _check_member(db, settings, member_body(name, base, o, queue), user, force)
-        members.append((o, spec, errs, predicted(spec) if spec else None))
+        members.append((o, spec, errs, predicted(spec, cluster) if spec else None))
     valid = [spec for _, spec, _, _ in members if spec is not None]
     if not valid:
         raise Invalid(errors=[{**e, "loc": ["body", "members", i, *e["loc"][1:]]}

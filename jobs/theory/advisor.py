@@ -22,7 +22,7 @@ from functools import lru_cache
 from jobs.spec import SpecError, parse_spec, resolve_preset
 
 from . import advisor_rules as R
-from .compute import timed_busy_s, training_flops
+from .compute import training_flops
 from .predict import predict
 
 # (schedule, virtual stages) tried for pp > 1; naive is GPipe with m = 1, always dominated
@@ -158,25 +158,39 @@ def _evaluate(spec_json: str, intra: float, inter: float, flops: float | None) -
         e = exc.errors[0]  # the first rule it breaks names the reason; the list is elided
         return {"invalid": f"{'.'.join(map(str, e['loc']))}: {e['msg'].split(' (available:')[0]}"}
     over = {"intra_bandwidth_GBps": intra, "inter_bandwidth_GBps": inter}
-    if spec.model.arch != "timed":
+    if spec.model.arch != "timed" and flops:  # no rate: no compute term, no step time
         total, _ = training_flops(spec.model, spec.train.global_batch,
                                   spec.train.activation_checkpointing)
         over["compute_ms"] = total / flops * 1000
     pred = predict(spec, **over)
-    step = pred["step"]
-    if spec.model.arch == "timed":
-        busy = timed_busy_s(spec)
-        pipe = step["pipeline_compute_s"] if spec.parallel.pp > 1 else busy
-    else:
-        busy, pipe = step["per_rank_compute_s"], step["pipeline_compute_s"]
+    step = pred["step"]  # predict's own step time: one definition (jobs/theory/predict.py)
+    busy, pipe = step["per_rank_compute_s"], step["pipeline_compute_s"]
     comm = {r["axis"]: r["time_s"] for r in pred["comm"]["links"]["per_axis"]}
     links = {r["axis"]: r["link"] for r in pred["comm"]["links"]["per_axis"]}
     return {"memory_bytes": pred["memory"]["per_rank_bytes"],
             "memory_components": pred["memory"]["components"],
             "compute_s": busy, "bubble_s": max(0.0, pipe - busy), "comm_s": comm,
             "links": links, "comm_bytes": pred["comm"]["components"],
-            "step_s": pipe + sum(comm.values()),
+            "step_s": step["time_no_overlap_s"],
             "bubble_fraction": pred["pipeline"]["bubble_fraction_total"]}
+
+
+def terms(ev: dict) -> dict:
+    """The step-time breakdown of one evaluated layout under the names the sweep page and
+    jobs.theory.calibration compare with the measured headline (per rank per step)."""
+    return {"step_time_s": ev["step_s"], "compute_s": ev["compute_s"],
+            "bubble_s": ev["bubble_s"], "comm_s": sum(ev["comm_s"].values())}
+
+
+def evaluate_spec(spec: dict, cluster: dict) -> dict:
+    """terms() of one job-spec dict on a cluster {intra_GBps, inter_GBps, flops (gpt / mlp)}:
+    what a sweep launched from the advisor stores as each member's prediction. Raises
+    SpecError naming the cluster field when the compute term cannot be formed."""
+    ev = _evaluate(json.dumps(spec, sort_keys=True), cluster["intra_GBps"],
+                   cluster["inter_GBps"], cluster.get("flops"))
+    if "invalid" in ev:
+        raise SpecError([_err(["spec"], ev["invalid"])])
+    return terms(ev)
 
 
 def advise(model, global_batch, cluster, *, top: int = 20) -> dict:

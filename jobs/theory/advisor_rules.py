@@ -161,7 +161,7 @@ def conventions(m: dict, c: dict) -> dict:
     if m["arch"] == "timed":
         compute = ("compute from the timed model's configured times, exact: rounds x layers/pp "
                    "x (t_forward + t_backward_input + t_backward_weight) "
-                   "(jobs.theory.compute.timed_busy_s)")
+                   "(jobs.theory.predict, step.per_rank_compute_s)")
     else:
         compute = (f"compute from FLOPs at {c['flops']:g} FLOP/s per device, "
                    f"{c.get('flops_source', 'given')} (jobs.theory.compute.training_flops), "

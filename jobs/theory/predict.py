@@ -273,8 +273,14 @@ def _step(w: dict, pipe: dict, com: dict) -> dict:
     out = dict.fromkeys(keys)
     out["devices"] = n
     sim = pipe.get("simulation")
-    if sim is not None and w["t_f"] is not None:
-        out["pipeline_compute_s"] = sim["makespan_s"] * w["grad_accum"]
+    if w["t_f"] is not None:  # configured stage times (timed): exact busy time per rank
+        busy = w["microbatches"] * w["grad_accum"] * w["virtual_stages"] * \
+            (w["t_f"] + (w["t_b_input"] or 0.0) + (w["t_b_weight"] or 0.0))
+        out["per_rank_compute_s"] = busy
+        if sim is not None:
+            out["pipeline_compute_s"] = sim["makespan_s"] * w["grad_accum"]
+        else:  # no pipeline, or too large to simulate: the bubble's share on top of busy
+            out["pipeline_compute_s"] = busy / (1 - pipe["bubble_fraction_total"])
     conv = "lower bound: compute split evenly over dp*tp*pp devices, pipeline bubble over " \
            "total time, comm at full bandwidth"
     explain = {}

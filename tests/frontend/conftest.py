@@ -5,9 +5,15 @@ worker` on a fresh SQLite database, embedded broker) and one headless Chromium (
 from __future__ import annotations
 
 import pytest
+from playwright.sync_api import expect
 
 from tests.conftest import embedded_service
 from tests.frontend.browser import chromium_browser
+
+# A page loads Plotly (megabytes of script) before its module runs: on a busy two-core machine
+# that alone can pass Playwright's 5 s default, so the assertions wait up to 30 s (they return
+# as soon as the condition holds; a failing one still fails)
+expect.set_options(timeout=30_000)
 
 
 @pytest.fixture(scope="module")

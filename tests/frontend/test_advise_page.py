@@ -1,7 +1,7 @@
 """The advisor page (/advise) in Chromium against a real backend: the ranked table and its
 breakdown bars for the timed model on one host, a 422 next to its field, user strings shown as
-text, and the body "launch top k as a sweep" POSTs to /api/sweeps (intercepted: the sweeps
-endpoint is issue 18 part 1), and a failed launch is shown."""
+text, the body "launch top k as a sweep" POSTs to /api/sweeps (intercepted, then for real:
+each member stored with the advisor's breakdown), and a failed launch is shown."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import json
 import pytest
 from playwright.sync_api import expect
 
-from jobs.spec import parse_spec
+from jobs.spec import deep_merge, parse_spec
 from tests.conftest import backend_only_service
 from tests.frontend.browser import shot
 
@@ -64,9 +64,15 @@ def test_advise_page_table_bars_errors_and_sweep_body(backend, page):
     body = sent[0]
     assert body["name"] == "adv <b>x</b>" and len(body["members"]) == 3
     first = page.locator("#advise-table tbody tr").first.get_attribute("data-label")
-    assert body["base"]["name"] == f"advise-{first}" and body["members"][0] == body["base"]
-    for m in body["members"]:
-        parse_spec(m, max_world_size=4, require_available=True)
+    assert body["base"]["name"] == f"advise-{first}" and body["members"][0] == {}
+    # the members are what each candidate changes in the base, with the advisor's cluster
+    labels = page.locator("#advise-table tbody tr").evaluate_all(
+        "rs => rs.slice(0, 3).map(r => r.dataset.label)")
+    for m, label in zip(body["members"], labels, strict=True):
+        spec = parse_spec(deep_merge(body["base"], m), max_world_size=4, require_available=True)
+        assert spec.name == f"advise-{label}"
+    assert {k: body["cluster"][k] for k in ("intra_GBps", "inter_GBps")} == \
+        {"intra_GBps": 2, "inter_GBps": 1}
     page.unroute("**/api/sweeps")
 
     # the real endpoint: the sweep is stored with the page's members, linked from the status
@@ -75,6 +81,12 @@ def test_advise_page_table_bars_errors_and_sweep_body(backend, page):
     sweep_id = page.locator("#launch-status a").text_content()
     got = backend.http.get(f"/api/sweeps/{sweep_id}").json()
     assert got["name"] == "adv <b>x</b>" and len(got["members"]) == 3, got
+    # each member stored the advisor's breakdown at the page's cluster: the calibration
+    steps = [float(t.split()[0]) for t in page.locator(
+        "#advise-table tbody tr td:nth-child(3)").all_text_contents()][:3]
+    assert [m["predicted"]["step_time_s"] for m in got["members"]] == pytest.approx(
+        steps, rel=0.01)
+    assert got["calibration"]["n"] == 0 and len(got["calibration"]["rows"]) == 3
 
     # a refused launch is shown as an error
     page.route("**/api/sweeps", lambda route: route.fulfill(

@@ -94,6 +94,13 @@ def test_explicit_members_invalid_ones_kept_with_their_422_reasons(client):
     ({"base": MLP, "members": [{}], "tags": "x"}, ["body", "tags"], "tags"),
     ({"base": MLP, "members": [{"train": {"steps": 0}}, {"parallel": {"dp": 3}}]},
      ["body", "members", 0, "train", "steps"], ""),
+    ({"base": MLP, "members": [{}], "cluster": 3}, ["body", "cluster"], "object"),
+    ({"base": MLP, "members": [{}], "cluster": {"intra_GBps": 1}},
+     ["body", "cluster", "inter_GBps"], "required"),
+    ({"base": MLP, "members": [{}], "cluster": {"intra_GBps": 1, "inter_GBps": -1}},
+     ["body", "cluster", "inter_GBps"], "positive"),
+    ({"base": MLP, "members": [{}], "cluster": {"intra_GBps": 1, "inter_GBps": 1, "x": 1}},
+     ["body", "cluster", "x"], "unknown field"),
 ])
 def test_bad_bodies_are_422_naming_the_field_and_nothing_is_stored(client, body, loc,
                                                                     fragment):
@@ -102,6 +109,28 @@ def test_bad_bodies_are_422_naming_the_field_and_nothing_is_stored(client, body,
     detail = r.json()["detail"]
     assert any(e["loc"] == loc and fragment in e["msg"] for e in detail), detail
     assert client.get("/api/sweeps").json()["items"] == [] and _runs(client) == []
+
+
+def test_cluster_gives_each_member_the_advisors_breakdown(client):
+    """With the advisor's cluster every member's prediction is jobs.theory.advisor's (compute,
+    bubble, comm, step at those bandwidths); without it, predict()'s alone and no
+    calibration."""
+    from jobs.theory.advisor import evaluate_spec
+    timed = {"name": "t", "model": {"arch": "timed", "layers": 4, "hidden": 8},
+             "parallel": {"dp": 2}, "runtime": {"nproc_per_node": 2}}
+    cluster = {"intra_GBps": 2.0, "inter_GBps": 1.0}
+    s = client.post("/api/sweeps", json={"base": timed, "cluster": cluster, "members": [
+        {}, {"parallel": {"dp": 1, "pp": 2, "microbatches": 2}}]}).json()
+    for m in s["members"]:
+        spec = client.get(f"/api/runs/{m['run_id']}").json()["spec"]
+        want = evaluate_spec(spec, cluster)
+        assert {k: m["predicted"][k] for k in want} == pytest.approx(want)
+        assert m["predicted"]["compute_s"] > 0 and m["predicted"]["inter_GBps"] == 1.0
+    assert s["members"][1]["predicted"]["bubble_s"] > 0 == s["members"][0]["predicted"][
+        "bubble_s"]
+    assert s["calibration"]["n"] == 0 and len(s["calibration"]["rows"]) == 2
+    plain = client.post("/api/sweeps", json={"base": timed, "members": [{}]}).json()
+    assert plain["calibration"] is None and "compute_s" not in plain["members"][0]["predicted"]
 
 
 def test_cancel_cancels_every_queued_member_then_409(client):

@@ -106,9 +106,31 @@ function table(cands) {
 }
 
 // The sweep body: candidate 1's spec as the base, each of the top k as a member's full spec.
-export function sweepBody(cands, k, name) {
+// What `spec` changes in `base`, as a sweep member's overrides (deep-merged back by the
+// service, docs/sweeps.md): the sweep table then shows what differs, not whole specs.
+function overrides(base, spec) {
+  const out = {};
+  for (const [k, v] of Object.entries(spec)) {
+    const b = base?.[k];
+    if (v && typeof v === "object" && !Array.isArray(v) && b && typeof b === "object") {
+      const sub = overrides(b, v);
+      if (Object.keys(sub).length) out[k] = sub;
+    } else if (JSON.stringify(v) !== JSON.stringify(b)) out[k] = v;
+  }
+  return out;
+}
+
+// `cluster`: the bandwidths and rate the ranking used, so every member stores the advisor's
+// breakdown and the sweep page can re-state the ranking as measured (docs/sweeps.md)
+export function sweepBody(cands, k, name, cluster) {
   const top = cands.slice(0, k);
-  return { name, base: top[0].spec, members: top.map((c) => c.spec) };
+  const body = { name, base: top[0].spec, members: top.map((c) => overrides(top[0].spec,
+    c.spec)) };
+  if (cluster) {
+    body.cluster = { intra_GBps: cluster.intra_GBps, inter_GBps: cluster.inter_GBps };
+    if (cluster.flops) body.cluster.flops = cluster.flops;
+  }
+  return body;
 }
 
 async function advise(ev) {
@@ -146,7 +168,8 @@ async function launch(ev) {
   const status = $("#launch-status");
   if (!result?.candidates.length) return;
   const k = Math.max(1, Math.min(Number($("#launch-k").value) || 1, result.candidates.length));
-  const body = sweepBody(result.candidates, k, $("#launch-name").value.trim() || "advisor");
+  const body = sweepBody(result.candidates, k, $("#launch-name").value.trim() || "advisor",
+    result.cluster);
   status.className = "";
   status.textContent = `launching ${k} runs…`;
   try {

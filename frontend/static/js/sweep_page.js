@@ -115,6 +115,44 @@ async function renderPlot() {
     "Members (measured figures appear as runs finish)" }, margin: { l: 80, r: 80, t: 80 } });
 }
 
+const ms = (v) => (v === null || v === undefined ? "–" : fmtTime(v));
+const signedPct = (v) => (v === null || v === undefined ? "–"
+  : `${v >= 0 ? "+" : ""}${v.toFixed(1)} %`);
+const TERMS = ["compute", "bubble", "comm", "step"];
+
+// The ranking re-stated with measured figures (the API's `calibration`,
+// jobs.theory.calibration.restate): only for sweeps launched from the advisor.
+function renderCalibration() {
+  const cal = state.sweep.calibration;
+  const sec = $("#sweep-calibration");
+  sec.hidden = !cal;
+  if (!cal) return;
+  $("#calib-spearman").textContent = cal.spearman === null
+    ? `Spearman's rank correlation: not yet (${cal.n} of the members measured; 3 needed)`
+    : `Spearman's rank correlation, predicted vs measured step time, over ${cal.n} members: `
+      + cal.spearman.toFixed(3);
+  const th = (t) => el("th", {}, t);
+  $("#calib-terms").replaceChildren(
+    el("thead", {}, el("tr", {}, ["term", "members", "mean error (pred − meas)",
+      "mean |error|", "mean |error| %"].map(th))),
+    el("tbody", {}, TERMS.map((t) => {
+      const e = cal.terms[t];
+      return el("tr", { dataset: { term: t } }, [t, String(e.members), ms(e.mean_error_s),
+        ms(e.mean_abs_error_s), e.mean_abs_error_pct === null ? "–"
+          : `${e.mean_abs_error_pct.toFixed(1)} %`].map((v) => el("td", {}, v)));
+    })));
+  const heads = ["measured rank", "predicted rank", "member"];
+  for (const t of TERMS) heads.push(`${t} pred.`, `${t} meas.`, `${t} error`);
+  heads.push("idle (meas.)");
+  $("#calib-rows").replaceChildren(
+    el("thead", {}, el("tr", {}, heads.map(th))),
+    el("tbody", {}, cal.rows.map((r) => el("tr", { dataset: { index: r.index } }, [
+      r.measured_rank ?? "–", r.predicted_rank ?? "–", r.label,
+      ...TERMS.flatMap((t) => [ms(r.terms[t].predicted_s), ms(r.terms[t].measured_s),
+        signedPct(r.terms[t].error_pct)]),
+      ms(r.idle_s)].map((v) => el("td", {}, String(v)))))));
+}
+
 async function load() {
   try { state.sweep = await api.sweep(sweepId); } catch (e) {
     $("#sweep-error").textContent = e.message; return;
@@ -128,6 +166,7 @@ async function load() {
     + `${s.counts.total} members: ${c.join(", ")}`;
   $("#sweep-cancel").hidden = !(s.can_modify && ACTIVE.includes(s.status));
   renderTable();
+  renderCalibration();
   await renderPlot();
   if (ACTIVE.includes(s.status)) setTimeout(load, 3000);
 }
