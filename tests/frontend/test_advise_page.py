@@ -144,3 +144,19 @@ def test_advise_page_names_the_flops_source(backend, page):
                                   "queue 'pageq' (model shape mlp hidden 256")
     expect(page.locator("#advise-sources [data-source='bandwidth']")).to_contain_text(
         f"collective sweep {runs['collective-sweep']}")
+
+
+def test_new_run_form_launches_a_calibration(backend, page):
+    """The new-run form with the compute-calibration preset: the model and compute sections,
+    not the parallel / train / collective ones; the spec it submits is the calibration's."""
+    page.goto(f"{backend.url}/new?preset=compute-calibration")
+    expect(page.locator("#f-compute-batch")).to_have_value("32")
+    expect(page.locator("#f-model-hidden")).to_be_visible()
+    for s in ("parallel", "train", "collective"):
+        expect(page.locator(f"fieldset[data-section='{s}']")).to_be_hidden()
+    page.fill("#f-compute-iters", "4")
+    page.click("#submit")
+    page.wait_for_function("() => location.pathname.startsWith('/runs/')")
+    run = backend.http.get(f"/api/runs/{page.url.rsplit('/', 1)[1]}").json()
+    assert run["kind"] == "compute_bench" and run["strategy"] == "compute-calibration"
+    assert run["spec"]["compute"]["iters"] == 4
