@@ -24,7 +24,7 @@ SPEC_VERSION = 1
 DEFAULT_MAX_WORLD_SIZE = 8
 
 ARCHS = ("mlp", "gpt", "timed")
-KINDS = ("train", "collective_bench")
+KINDS = ("train", "collective_bench", "compute_bench")
 DP_MODES = ("ps", "allreduce", "ddp")
 PP_PARTITIONS = ("even", "measured")
 PP_SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zero-bubble", "zbv")
@@ -38,6 +38,7 @@ COLLECTIVE_OPS = (
 ALLREDUCE_ALGOS = ("builtin", "naive", "ps", "ring", "tree", "butterfly")
 PS_PLACEMENTS = ("dedicated", "rank0")
 DTYPES = ("float32", "bfloat16", "float16", "float64", "int32")
+COMPUTE_DTYPES = ("float32", "bfloat16")
 
 _QUEUE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9_\-]{1,32}$")
@@ -169,6 +170,15 @@ class CollectiveSpec:
 
 
 @dataclass(frozen=True)
+class ComputeSpec:
+    batch: int = _f(8, "samples per timed forward + backward of one layer, per rank (gpt: "
+                    "sequences of model.seq_len tokens)", ge=1, le=1_000_000)
+    warmup: int = _f(3, "untimed iterations", ge=0, le=10_000)
+    iters: int = _f(10, "timed iterations per rank", ge=1, le=100_000)
+    dtype: str = _f("float32", "parameter and activation type", choices=COMPUTE_DTYPES)
+
+
+@dataclass(frozen=True)
 class ResumeSpec:
     run_id: str = _f("", "continue from a checkpoint of this earlier run ('' = start fresh)",
                      empty_ok=True)
@@ -180,12 +190,15 @@ class ResumeSpec:
 class JobSpec:
     version: int = _f(SPEC_VERSION, "spec schema version", ge=1, le=SPEC_VERSION)
     name: str = _f("run", "human-readable name")
-    kind: str = _f("train", "train, or a collective bandwidth sweep", choices=KINDS)
+    kind: str = _f("train", "train, a collective bandwidth sweep, or a compute-rate "
+                   "calibration", choices=KINDS)
     model: ModelSpec = _f(None, "model", factory=ModelSpec)
     parallel: ParallelSpec = _f(None, "parallel layout", factory=ParallelSpec)
     train: TrainSpec = _f(None, "training loop", factory=TrainSpec)
     runtime: RuntimeSpec = _f(None, "launch", factory=RuntimeSpec)
     collective: CollectiveSpec = _f(None, "collective_bench settings", factory=CollectiveSpec)
+    compute: ComputeSpec = _f(None, "compute_bench settings (the model shape is `model`)",
+                              factory=ComputeSpec)
     faults: tuple = _f(None, "faults injected on purpose (docs/faults.md): a list of "
                        "{kind, ranks, step, ...}", factory=tuple)
     resume: ResumeSpec = _f(None, "continue an earlier run from its checkpoint",
@@ -294,12 +307,16 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
          train={"global_batch": 8}, runtime={"nproc_per_node": 8}),
     _pre("collective-sweep", "Collective bandwidth sweep (nccl-tests style)",
          "torch.distributed collectives", "000", kind="collective_bench", **_DP2),
+    _pre("compute-calibration", "Compute-rate calibration: FLOP/s of one layer's forward + "
+         "backward per rank (the advisor's cluster.flops)", "torch matmul (aten::mm / addmm)",
+         "(beyond the seeds)", kind="compute_bench", model={"hidden": 256},
+         compute={"batch": 32}, **_DP2),
 ]}
 
 # Strategies whose jobs exist. Presets outside this set are listed but refused at submit, with
 # the reason, until their implementation lands.
 AVAILABLE: set[str] = {"single", "ddp", "dp-allreduce", "dp-ps", "zero1", "zero2", "zero3", "fsdp",
-                       "collective-sweep"}
+                       "collective-sweep", "compute-calibration"}
 AVAILABLE |= {"tp", "sp", "pp-gpipe", "pp-1f1b", "pp-interleaved", "pp-zb", "pp-zbv", "3d",
               "ddp+tp", "ddp+sp", "zero1+tp", "zero2+tp", "fsdp+tp", "zero1+pp-1f1b",
               "dp-allreduce+pp-interleaved"}  # model parallelism (issue 4)
@@ -320,6 +337,8 @@ def derive_strategy(spec: JobSpec) -> str:
     """A short label for filtering: `ddp`, `zero2`, `tp`, `pp-1f1b`, `ddp+tp`, `3d`, ..."""
     if spec.kind == "collective_bench":
         return "collective-sweep"
+    if spec.kind == "compute_bench":
+        return "compute-calibration"
     p = spec.parallel
     parts = []
     # dp == cp with plain DDP: no data replicas, the DDP all-reduce is CP's gradient sum
@@ -442,7 +461,7 @@ def _parse_section(cls, data, loc, errors):
         value, floc = data[name], (*loc, name)
         ftype = f.type if isinstance(f.type, str) else f.type.__name__
         if ftype in ("ModelSpec", "ParallelSpec", "TrainSpec", "RuntimeSpec", "CollectiveSpec",
-                     "ResumeSpec"):
+                     "ResumeSpec", "ComputeSpec"):
             kwargs[name] = _parse_section(globals()[ftype], value, floc, errors)
         elif cls is JobSpec and name == "faults":
             kwargs[name] = parse_faults(value, _check_scalar, errors)
@@ -500,6 +519,16 @@ def _cross_checks(s: JobSpec, max_world_size: int) -> list[dict]:
         if "butterfly" in c.algorithms and world & (world - 1):
             e.append(_err(("collective", "algorithms"),
                           f"butterfly needs a power-of-two world size, got {world}"))
+        return e
+    if s.kind == "compute_bench":  # one layer on every rank: the parallel degrees do not apply
+        if m.arch not in ("mlp", "gpt"):
+            e.append(_err(("model", "arch"), f"compute_bench times mlp or gpt layers, not "
+                          f"{m.arch!r} (timed layers sleep their configured times)"))
+        if m.experts:
+            e.append(_err(("model", "experts"), "compute_bench times dense layers only"))
+        if m.arch == "gpt" and m.hidden % m.heads:
+            e.append(_err(("model", "heads"),
+                          f"heads = {m.heads} must divide model.hidden = {m.hidden}"))
         return e
     if p.dp * p.tp * p.pp != world:
         e.append(_err(("parallel",),

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from worker.procs import PROC_KEY, proc_key
 
-JOB_MODULES = {"train": "jobs.train", "collective_bench": "jobs.collective_bench"}
+JOB_MODULES = {"train": "jobs.train", "collective_bench": "jobs.collective_bench",
+               "compute_bench": "jobs.compute_bench"}
 
 # Credentials and service URLs of the worker never reach user code running in the job.
 _SCRUBBED = ("PARALAB_WORKER_TOKEN", "PARALAB_SECRET_KEY", "DATABASE_URL", "REDIS_URL",

@@ -20,7 +20,8 @@ class AdviseCluster(Input):
     inter_GBps: float | None = Field(None, gt=0, le=1e6, description="inter-host busbw, GB/s "
                                      "(with `queue`: default the sweep's figure)")
     flops: float | None = Field(None, gt=0, le=1e21, description="FLOP/s per device: the "
-                                "compute term of gpt / mlp (timed: its configured times)")
+                                "compute term of gpt / mlp (timed: its configured times; with "
+                                "`queue`: default its latest compute calibration's median)")
 
 
 class AdviseIn(Input):
@@ -29,5 +30,6 @@ class AdviseIn(Input):
     global_batch: JsonInt = Field(ge=1, le=1_000_000)
     cluster: AdviseCluster
     queue: SafeStr | None = Field(None, max_length=64, description="this queue's workers: "
-                                  "bandwidth from its latest collective sweep")
+                                  "bandwidth from its latest collective sweep, FLOP/s from its "
+                                  "latest compute calibration")
     top: JsonInt = Field(20, ge=1, le=500, description="candidates returned")

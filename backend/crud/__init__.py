@@ -3,7 +3,11 @@ function here and return; `from backend import crud; crud.get_run(...)` reaches 
 
 from backend.crud.audit import audit, list_audit
 from backend.crud.cluster import count_queued, queued_runs, running_runs
-from backend.crud.collective_sweeps import collective_sweeps, latest_sweep
+from backend.crud.collective_sweeps import (
+    collective_sweeps,
+    latest_compute_calibration,
+    latest_sweep,
+)
 from backend.crud.history import (
     create_comparison,
     delete_comparison,
@@ -90,6 +94,7 @@ __all__ = [
     "starred_ids", "stars_of",
     "create_credential", "create_run", "create_user", "decode_cursor", "delete_run", "finish",
     "get_run", "get_user", "heartbeat", "latest_sweep", "list_audit", "list_files", "list_runs",
+    "latest_compute_calibration",
     "list_tokens", "list_users", "list_workers", "local_user", "logs_after",
     "lookup_credential", "new_run_id", "reap_lost_runs", "record_file", "request_cancel",
     "revoke_credential", "set_password", "collective_sweeps", "update_user", "upsert_worker",

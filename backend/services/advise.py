@@ -1,13 +1,16 @@
 """POST /api/advise: the cluster the advisor sees (given, or this queue's measured bandwidth
-from its latest collective sweep), then jobs.theory.advisor."""
+from its latest collective sweep and FLOP/s from its latest compute calibration), then
+jobs.theory.advisor."""
 
 from __future__ import annotations
 
 from backend import crud
 from backend.errors import Invalid
 from jobs.analysis.history import sweep_points
-from jobs.spec import SpecError
+from jobs.spec import ModelSpec, SpecError, resolve_preset
 from jobs.theory.advisor import advise
+
+CALIBRATE = "run a compute calibration (preset compute-calibration) on the queue"
 
 
 def sweep_bandwidth(db, queue: str) -> tuple[float, str] | None:
@@ -23,28 +26,85 @@ def sweep_bandwidth(db, queue: str) -> tuple[float, str] | None:
     return best, f"peak all_reduce busbw of collective sweep {sweep.id} on queue {queue!r}"
 
 
+def calibration_flops(db, queue: str) -> tuple[float, str] | None:
+    """The median achieved FLOP/s per device of the queue's latest compute calibration (over
+    its ranks and timed passes, jobs/compute_bench.py), with its provenance; None without
+    one."""
+    run = crud.latest_compute_calibration(db, queue)
+    if run is None:
+        return None
+    s = run.summary
+    rate = s.get("median_flops_per_s")
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
+        return None
+    m = s.get("model") or {}
+    shape = f"{m.get('arch')} hidden {m.get('hidden')}"
+    if m.get("arch") == "gpt":
+        shape += f" heads {m.get('heads')} seq_len {m.get('seq_len')}"
+    return float(rate), (f"median achieved FLOP/s of compute calibration run {run.id} on queue "
+                         f"{queue!r} (model shape {shape}, batch {s.get('batch')}, "
+                         f"{s.get('dtype')} on {s.get('world_size')} x {s.get('device_name')})")
+
+
+def _arch(model) -> str | None:
+    """The model family the request names (its preset's, else the spec default); None when
+    the model is invalid (the advisor then names the field)."""
+    if not isinstance(model, dict):
+        return None
+    try:
+        base = resolve_preset({"preset": model["preset"]}) if "preset" in model else {}
+    except SpecError:
+        return None
+    return model.get("arch", base.get("model", {}).get("arch", ModelSpec().arch))
+
+
+def _fill_bandwidth(db, cluster: dict, queue: str) -> None:
+    missing = [k for k in ("intra_GBps", "inter_GBps") if k not in cluster]
+    if not missing:
+        return
+    got = sweep_bandwidth(db, queue)
+    if got is None:
+        raise Invalid(f"queue: no collective sweep with all_reduce results on queue "
+                      f"{queue!r}; run one or give cluster.intra_GBps and "
+                      "cluster.inter_GBps", field="queue")
+    # the sweep measures the link its ranks used (one host: intra); a missing inter
+    # figure takes the same number, said so in the conventions
+    for k in missing:
+        cluster[k] = got[0]
+    cluster["bandwidth_source"] = got[1] + " (" + ", ".join(missing) + ")"
+
+
+def _fill_flops(db, cluster: dict, queue: str | None, arch: str | None) -> str | None:
+    """Fill cluster.flops from the queue's calibration where gpt / mlp need it; else the hint
+    for the advisor's "field required" error (None: nothing to add)."""
+    if "flops" in cluster or arch not in ("gpt", "mlp"):
+        return None
+    got = calibration_flops(db, queue) if queue is not None else None
+    if got is None:
+        return (f"no succeeded compute calibration with results on queue {queue!r}: "
+                f"{CALIBRATE}" if queue is not None else f"or give `queue` and {CALIBRATE}")
+    cluster["flops"], cluster["flops_source"] = got
+    return None
+
+
+def _hint(e: dict, hint: str | None) -> dict:
+    if hint and e["loc"] == ["cluster", "flops"] and e.get("type") == "missing":
+        e = {**e, "msg": f"{e['msg']}; {hint}"}
+    return {**e, "loc": ["body", *e["loc"]]}
+
+
 def run_advise(db, body) -> dict:
     cluster = body.cluster.model_dump(exclude_none=True)
     if body.queue is not None:
         cluster["queue"] = body.queue
-        missing = [k for k in ("intra_GBps", "inter_GBps") if k not in cluster]
-        if missing:
-            got = sweep_bandwidth(db, body.queue)
-            if got is None:
-                raise Invalid(f"queue: no collective sweep with all_reduce results on queue "
-                              f"{body.queue!r}; run one or give cluster.intra_GBps and "
-                              "cluster.inter_GBps", field="queue")
-            # the sweep measures the link its ranks used (one host: intra); a missing inter
-            # figure takes the same number, said so in the conventions
-            for k in missing:
-                cluster[k] = got[0]
-            cluster["bandwidth_source"] = got[1] + " (" + ", ".join(missing) + ")"
+        _fill_bandwidth(db, cluster, body.queue)
     for k in ("intra_GBps", "inter_GBps"):
         if k not in cluster:
             raise Invalid(errors=[{"loc": ["body", "cluster", k], "msg": "field required "
                                    "(or give `queue` with a collective sweep)",
                                    "type": "missing"}])
+    hint = _fill_flops(db, cluster, body.queue, _arch(body.model))
     try:
         return advise(body.model, body.global_batch, cluster, top=body.top)
     except SpecError as exc:
-        raise Invalid(errors=[{**e, "loc": ["body", *e["loc"]]} for e in exc.errors]) from exc
+        raise Invalid(errors=[_hint(e, hint) for e in exc.errors]) from exc

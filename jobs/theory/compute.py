@@ -9,6 +9,8 @@
             forward: x 4/3 (96 instead of 72).
     mlp     each Linear(h, h) is 2*h^2 FLOPs per sample forward, 4*h^2 backward (input and
             weight gradients): 6*B*L*h^2; recomputation adds a forward: 8*B*L*h^2.
+layer_flops is one layer's share (gpt without the LM head term); the compute-rate calibration
+(jobs/compute_bench.py) divides it by the measured time of one layer's forward + backward.
 FLOPs over a rate R (FLOP/s of one device) give the seconds of the whole batch on one device,
 predict()'s `compute_ms` (split evenly over dp*tp*pp devices, a lower bound).
 Standard library only.
@@ -17,21 +19,39 @@ Standard library only.
 from __future__ import annotations
 
 
+def _shape(model) -> dict:
+    return model if isinstance(model, dict) else {k: getattr(model, k) for k in
+                                                  ("arch", "layers", "hidden", "seq_len", "vocab")}
+
+
+def layer_flops(model, batch: int, checkpointing: bool = False) -> tuple[float, str]:
+    """FLOPs of one layer's forward + backward over `batch` samples (gpt: sequences), with the
+    formula: the per-layer term of training_flops (what jobs.compute_bench times)."""
+    m = _shape(model)
+    B, h = batch, m["hidden"]
+    if m["arch"] == "gpt":
+        s, k = m["seq_len"], 96 if checkpointing else 72
+        return float(k * B * s * h * h * (1 + s / (6 * h))), f"{k}*B*s*h^2*(1 + s/(6h))"
+    if m["arch"] == "mlp":
+        k = 8 if checkpointing else 6
+        return float(k * B * h * h), f"{k}*B*h^2"
+    raise ValueError(f"FLOPs are counted for gpt and mlp, not {m['arch']!r} (timed: "
+                     "configured times, timed_busy_s)")
+
+
 def training_flops(model, global_batch: int, checkpointing: bool = False) -> tuple[float, str]:
-    """FLOPs of one optimizer step over the global batch (gpt / mlp), with the formula."""
-    m = model if isinstance(model, dict) else {k: getattr(model, k) for k in
-                                               ("arch", "layers", "hidden", "seq_len", "vocab")}
+    """FLOPs of one optimizer step over the global batch (gpt / mlp), with the formula:
+    layers x layer_flops, plus for gpt the LM head's (k/12)*B*s*h*V (the formula's V term)."""
+    m = _shape(model)
     B, L, h = global_batch, m["layers"], m["hidden"]
+    per_layer, _ = layer_flops(m, B, checkpointing)
     if m["arch"] == "gpt":
         s, V = m["seq_len"], m["vocab"]
         k = 96 if checkpointing else 72
-        value = k * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
+        # = k*B*s*L*h^2*(1 + s/(6h) + V/(12*L*h)): the head term is k*B*s*L*h^2*V/(12*L*h)
+        value = L * per_layer + k * B * s * h * V / 12
         return float(value), f"{k}*B*s*L*h^2*(1 + s/(6h) + V/(12*L*h)) (Narayanan 2021)"
-    if m["arch"] == "mlp":
-        k = 8 if checkpointing else 6
-        return float(k * B * L * h * h), f"{k}*B*L*h^2"
-    raise ValueError(f"FLOPs are counted for gpt and mlp, not {m['arch']!r} (timed: "
-                     "configured times, timed_busy_s)")
+    return float(L * per_layer), f"{8 if checkpointing else 6}*B*L*h^2"
 
 
 def timed_busy_s(spec) -> float:

@@ -23,8 +23,9 @@ TOL = 0.05
 STEPS = {"train": {"steps": 2}}
 W4 = {"runtime": {"nproc_per_node": 4}}
 EIGHT_RANK = ("3d", "4d-moe", "cp-3d")
-TWO_RANK = [n for n, p in PRESETS.items()
-            if n not in (*EIGHT_RANK, "collective-sweep")]  # the sweep has no model
+BENCH = ("collective-sweep", "compute-calibration")  # no training run: the sweep has no model,
+# the calibration times one layer (tests/jobs/test_compute_bench.py)
+TWO_RANK = [n for n, p in PRESETS.items() if n not in (*EIGHT_RANK, *BENCH)]
 FOUR_RANK = {
     "pp-1f1b-p4": {"preset": "pp-1f1b", "parallel": {"pp": 4}, **W4},
     # the 3d preset's compositions at 4 ranks (tests run at most 4): tp x pp and dp x pp
@@ -42,8 +43,10 @@ UNMEASURED = {("fsdp", "gathered_unit")}
 
 
 def test_every_train_preset_is_covered():
-    assert {n for n, p in PRESETS.items() if p.overrides.get("kind") != "collective_bench"} \
+    assert {n for n, p in PRESETS.items() if p.overrides.get("kind", "train") == "train"} \
         == set(TWO_RANK) | set(EIGHT_RANK)
+    assert {n for n, p in PRESETS.items() if p.overrides.get("kind", "train") != "train"} \
+        == set(BENCH)
 
 
 SPECS = {**{n: {"preset": n, **STEPS} for n in TWO_RANK},

@@ -117,3 +117,58 @@ def test_advise_page_422_next_to_field_and_escaped(backend, page):
     expect(msg).to_contain_text("no collective sweep")
     assert evil in msg.text_content()
     assert page.locator("#advise-form img").count() == 0
+
+
+def test_advise_page_names_the_flops_source(backend, page):
+    """mlp with the TFLOP/s field empty and a queue: the queue's compute calibration (stored
+    like the worker stores one) and its sweep give the figures; the page names both sources."""
+    from backend import crud
+    from backend.core.db import get_sessionmaker
+
+    runs = {}
+    for preset, summary in (
+            ("compute-calibration", {"kind": "compute_bench", "median_flops_per_s": 3.5e9,
+                                     "model": {"arch": "mlp", "hidden": 256}, "batch": 32,
+                                     "dtype": "float32", "world_size": 2,
+                                     "device_name": "cpu", "results": [{"rank": 0}]}),
+            ("collective-sweep", {"results": [{"op": "all_reduce", "bytes": 1 << 20,
+                                               "busbw_GBps": 1.5, "n": 2}]})):
+        r = backend.http.post("/api/runs", json={"preset": preset,
+                                                 "runtime": {"queue": "pageq"}})
+        assert r.status_code == 201, r.text
+        runs[preset] = r.json()["id"]
+        with get_sessionmaker(backend.env["DATABASE_URL"])() as db:
+            crud.claim(db, runs[preset], worker="w", task_id=None)
+            crud.finish(db, runs[preset], status="succeeded", exit_code=0, error=None,
+                        summary=summary, provenance={})
+    page.goto(f"{backend.url}/advise")
+    expect(page.locator("body")).to_have_attribute("data-ready", "1")
+    page.select_option("#a-arch", "mlp")
+    for k, v in {"layers": "4", "hidden": "64", "global_batch": "8", "hosts": "1",
+                 "devices_per_host": "2", "memory": "16", "intra": "", "inter": "",
+                 "tflops": "", "queue": "pageq", "top": "5"}.items():
+        page.fill(f"#a-{k}", v)
+    page.click("#advise-go")
+    expect(page.locator("#advise-table tbody tr").first).to_be_visible()
+    flops = page.locator("#advise-sources [data-source='flops']")
+    expect(flops).to_contain_text("3.500 GFLOP/s per device")
+    expect(flops).to_contain_text(f"compute calibration run {runs['compute-calibration']} on "
+                                  "queue 'pageq' (model shape mlp hidden 256")
+    expect(page.locator("#advise-sources [data-source='bandwidth']")).to_contain_text(
+        f"collective sweep {runs['collective-sweep']}")
+
+
+def test_new_run_form_launches_a_calibration(backend, page):
+    """The new-run form with the compute-calibration preset: the model and compute sections,
+    not the parallel / train / collective ones; the spec it submits is the calibration's."""
+    page.goto(f"{backend.url}/new?preset=compute-calibration")
+    expect(page.locator("#f-compute-batch")).to_have_value("32")
+    expect(page.locator("#f-model-hidden")).to_be_visible()
+    for s in ("parallel", "train", "collective"):
+        expect(page.locator(f"fieldset[data-section='{s}']")).to_be_hidden()
+    page.fill("#f-compute-iters", "4")
+    page.click("#submit")
+    page.wait_for_function("() => location.pathname.startsWith('/runs/')")
+    run = backend.http.get(f"/api/runs/{page.url.rsplit('/', 1)[1]}").json()
+    assert run["kind"] == "compute_bench" and run["strategy"] == "compute-calibration"
+    assert run["spec"]["compute"]["iters"] == 4

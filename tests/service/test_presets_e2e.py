@@ -7,7 +7,7 @@ on cheap in-process-group runs instead (tests/analysis/test_memory_presets.py)."
 
 import pytest
 
-from jobs.spec import AVAILABLE, PRESETS, parse_spec
+from jobs.spec import AVAILABLE, KINDS, PRESETS, parse_spec
 from tests.conftest import embedded_service
 from tests.support.summary import check_train_summary
 
@@ -16,7 +16,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 FINISHED = ("succeeded", "failed", "cancelled", "timed_out")
 SMALL = {"train": {"steps": 2}}
-THROUGH_SERVICE = ("zero3", "3d", "collective-sweep")
+THROUGH_SERVICE = ("zero3", "3d", "collective-sweep", "compute-calibration")
+BENCH_BODY = {"collective_bench": {"collective": {"max_bytes": 1 << 14}},
+              "compute_bench": {"compute": {"batch": 4, "warmup": 1, "iters": 3}}}
 
 
 @pytest.fixture(scope="module")
@@ -32,13 +34,12 @@ def test_every_preset_is_available():
 def test_the_service_runs_one_preset_of_each_kind(service):
     svc = service
     kinds = {PRESETS[n].overrides.get("kind", "train") for n in THROUGH_SERVICE}
-    assert kinds == {"train", "collective_bench"}
+    assert kinds == set(KINDS)
     assert max(parse_spec({"preset": n}).world_size for n in PRESETS) == \
         parse_spec({"preset": "3d"}).world_size  # the largest launch goes through the service
     bodies = {name: {"preset": name, "name": f"preset {name}",
-                     **({"collective": {"max_bytes": 1 << 14}}
-                        if PRESETS[name].overrides.get("kind") == "collective_bench"
-                        else SMALL)} for name in THROUGH_SERVICE}
+                     **BENCH_BODY.get(PRESETS[name].overrides.get("kind"), SMALL)}
+              for name in THROUGH_SERVICE}
     runs = {name: svc.submit(body) for name, body in bodies.items()}
     for name, run in runs.items():
         done = svc.wait_status(run["id"], FINISHED, 600)
@@ -46,6 +47,9 @@ def test_the_service_runs_one_preset_of_each_kind(service):
         s = done["summary"]
         if PRESETS[name].overrides.get("kind") == "collective_bench":
             assert s["all_correct"] and all(r["busbw_GBps"] > 0 for r in s["results"])
+            continue
+        if PRESETS[name].overrides.get("kind") == "compute_bench":
+            assert s["median_flops_per_s"] > 0 and len(s["results"]) == done["world_size"]
             continue
         spec = parse_spec(run["spec"])
         assert done["world_size"] == spec.world_size, name

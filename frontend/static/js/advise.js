@@ -1,7 +1,8 @@
 // The advisor (/advise): model + cluster in, POST /api/advise, the ranked table with its
 // breakdown bars (compute, bubble, comm per axis), seed 004's rules and the reasons; "launch
 // top k as a sweep" POSTs {name, base, members} to /api/sweeps. Every string from the user or
-// the server reaches the page through textContent (dom.js el) or esc() in Plotly text.
+// the server (the cluster figures' sources too) reaches the page through textContent (dom.js
+// el) or esc() in Plotly text.
 import { api } from "./api.js";
 import { PALETTE, layout, plot } from "./charts.js";
 import { $, el, esc, fmtNum } from "./dom.js";
@@ -81,6 +82,19 @@ async function bars(cands) {
   await plot($("#advise-bars"), data, lay);
 }
 
+// Where the cluster figures came from: given, or measured on the queue (the latest collective
+// sweep's bandwidth, the latest compute calibration's FLOP/s), as the server names them.
+export function sources(c) {
+  const rows = [];
+  if (c.flops !== undefined) {
+    rows.push(["flops", `compute rate ${Number(c.flops / 1e9).toPrecision(4)} GFLOP/s per ` +
+      `device: ${c.flops_source ?? "given"}`]);
+  }
+  rows.push(["bandwidth", `bandwidth intra ${fmtNum(c.intra_GBps, 3)} GB/s, inter ` +
+    `${fmtNum(c.inter_GBps, 3)} GB/s: ${c.bandwidth_source ?? "given"}`]);
+  return rows.map(([k, t]) => el("div", { dataset: { source: k }, text: t }));
+}
+
 function ruleCell(rules) {
   return el("td", { class: "rules" }, rules.filter((r) => r.status !== "n/a").map((r) =>
     el("div", { class: `rule rule-${r.status}`, dataset: { rule: r.rule, status: r.status },
@@ -150,6 +164,7 @@ async function advise(ev) {
   $("#advise-counts").textContent = counts(result.counts);
   $("#advise-conventions").textContent = Object.entries(result.conventions)
     .map(([k, v]) => `${k}: ${v}`).join(" · ");
+  $("#advise-sources").replaceChildren(...sources(result.cluster));
   const cands = result.candidates;
   $("#launch-go").disabled = cands.length === 0;
   $("#launch-k").max = String(cands.length);

@@ -6,7 +6,8 @@ import { $, el } from "./dom.js";
 import { WHATIF_INPUTS, renderPrediction, whatIfAssumptions } from "./predict.js";
 
 const SECTIONS = [["", "Job"], ["model", "Model"], ["parallel", "Parallel layout"],
-  ["train", "Training"], ["runtime", "Runtime"], ["collective", "Collective sweep"]];
+  ["train", "Training"], ["runtime", "Runtime"], ["collective", "Collective sweep"],
+  ["compute", "Compute calibration"]];
 const SKIP = new Set(["version", "name", "faults"]); // faults: their own fieldset below
 let fields = {};
 let faultExamples = {};
@@ -130,11 +131,17 @@ function onEdit(ev) {
   schedulePredict();
 }
 
+// The sections a kind ignores (jobs/spec.py: a sweep has no model; a calibration times one
+// layer of `model` with its `compute` settings, on every rank).
+const IGNORED = {
+  collective_bench: ["model", "parallel", "train", "faults", "compute"],
+  compute_bench: ["parallel", "train", "faults", "collective"],
+};
+
 function refreshSections() {
-  const bench = spec.kind === "collective_bench";
+  const ignored = IGNORED[spec.kind] ?? ["collective", "compute"];
   for (const fs of document.querySelectorAll("fieldset[data-section]")) {
-    const s = fs.dataset.section;
-    fs.hidden = bench ? ["model", "parallel", "train", "faults"].includes(s) : s === "collective";
+    fs.hidden = ignored.includes(fs.dataset.section);
   }
 }
 
