@@ -3,7 +3,8 @@
     timed   exact: every layer call sleeps its configured time whatever the batch, so a rank
             does rounds x (layers on the rank) x (t_forward + t_backward_input +
             t_backward_weight), rounds = microbatches * grad_accum (jobs/loop.py), layers on
-            the rank = layers / pp (v chunks of layers/(pp*v) each).
+            the rank = layers / pp (v chunks of layers/(pp*v) each). predict()'s _step computes
+            it from the stage times (jobs.theory.whatif.stage_times), the one place.
     gpt     Narayanan et al. 2021 (eq. 3): forward + backward of one global batch B of s tokens
             is 72*B*s*L*h^2*(1 + s/(6h) + V/(12*L*h)) FLOPs; activation recomputation adds one
             forward: x 4/3 (96 instead of 72).
@@ -36,7 +37,7 @@ def layer_flops(model, batch: int, checkpointing: bool = False) -> tuple[float, 
         k = 8 if checkpointing else 6
         return float(k * B * h * h), f"{k}*B*h^2"
     raise ValueError(f"FLOPs are counted for gpt and mlp, not {m['arch']!r} (timed: "
-                     "configured times, timed_busy_s)")
+                     "configured times: jobs.theory.predict, step.per_rank_compute_s)")
 
 
 def training_flops(model, global_batch: int, checkpointing: bool = False) -> tuple[float, str]:
@@ -53,10 +54,3 @@ def training_flops(model, global_batch: int, checkpointing: bool = False) -> tup
         return float(value), f"{k}*B*s*L*h^2*(1 + s/(6h) + V/(12*L*h)) (Narayanan 2021)"
     return float(L * per_layer), f"{8 if checkpointing else 6}*B*L*h^2"
 
-
-def timed_busy_s(spec) -> float:
-    """Seconds one rank of a `timed` spec spends in its layers per step (exact)."""
-    m, p = spec.model, spec.parallel
-    rounds = p.microbatches * spec.train.grad_accum
-    per_layer = m.t_forward + m.t_backward_input + m.t_backward_weight
-    return rounds * (m.layers / p.pp) * per_layer

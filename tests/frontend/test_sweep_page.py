@@ -138,3 +138,11 @@ def test_plain_sweep_has_no_calibration(svc, sweep, page):
     page.goto(f"{svc.url}/sweeps/{sweep['id']}")
     expect(page.locator("#sweep-members tbody tr")).to_have_count(4)
     expect(page.locator("#sweep-calibration")).to_be_hidden()
+    # a member's run page links back to its sweep
+    run_id = sweep["members"][0]["run_id"]
+    assert svc.http.get(f"/api/runs/{run_id}").json()["sweep_id"] == sweep["id"]
+    page.goto(f"{svc.url}/runs/{run_id}")
+    link = page.locator("#run-sweep-link")
+    expect(link).to_have_text(sweep["id"])
+    link.click()
+    expect(page.locator("#sweep-name")).to_have_text(EVIL)

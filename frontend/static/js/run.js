@@ -37,6 +37,11 @@ function renderHead() {
     `created ${fmtDate(run.created_at)}`, run.finished_at ? `finished ${fmtDate(run.finished_at)}`
       : null, run.tags.length ? `tags: ${run.tags.join(", ")}` : null].filter(Boolean).join(" · ");
   $("#run-error").textContent = run.error || "";
+  $("#run-sweep").hidden = !run.sweep_id;
+  if (run.sweep_id) {
+    $("#run-sweep-link").textContent = run.sweep_id;
+    $("#run-sweep-link").href = `/sweeps/${encodeURIComponent(run.sweep_id)}`;
+  }
   $("#clone-link").href = `/new?clone=${encodeURIComponent(run.id)}`;
   const cancel = $("#cancel-btn");
   cancel.hidden = FINISHED.includes(run.status) || run.can_modify === false;

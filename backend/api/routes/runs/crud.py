@@ -34,6 +34,7 @@ class RunView(RunOut):
                                         "worker, ranks, status (docs/hosts.md)")
     placement_wait: str | None = Field(None, description="why a queued multi-host run is not "
                                        "placed yet: which hosts, what is missing")
+    sweep_id: str | None = Field(None, description="the sweep this run is a member of")
 
 
 class RunViewPage(BaseModel):
@@ -69,7 +70,8 @@ def view(db: Session, user: Principal, run: Run, *, full: bool = True,
     return RunView(**RunOut.of(run, full=full).model_dump(),
                    can_modify=permissions.can_modify_run(user, run), starred=run.id in starred,
                    faults=describe_all((run.spec or {}).get("faults")) if full else [],
-                   nodes=placement.node_view(db, run.id) if full and run.nnodes > 1 else [])
+                   nodes=placement.node_view(db, run.id) if full and run.nnodes > 1 else [],
+                   sweep_id=crud.sweep_of_run(db, run.id) if full else None)
 
 
 _SPEC_EXAMPLE = {"preset": "ddp", "name": "my first run", "train": {"steps": 5},
