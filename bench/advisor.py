@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jobs.analysis.run import analyze_run_dir  # noqa: E402
-from jobs.theory.advisor import advise, terms  # noqa: E402
+from jobs.theory.advisor import advise  # noqa: E402
+from jobs.theory.advisor_rules import terms  # noqa: E402
 from jobs.theory.calibration import restate  # noqa: E402
 from tests.support.launch import run_job  # noqa: E402
 

@@ -107,17 +107,28 @@ def enumerate_layouts(m: dict, batch: int, hosts: int, per_host: int):
                 yield lay, _pruned(m, batch, lay)
 
 
+def _cps(m: dict, dp: int) -> tuple[int, ...]:
+    """Context-parallel degrees tried: 1, and for gpt every divisor of dp that splits the
+    sequence into 2*cp load-balanced chunks (jobs.spec's CP rules re-check the rest)."""
+    if m["arch"] != "gpt":
+        return (1,)
+    return tuple(c for c in _divisors(dp) if c == 1 or m["seq_len"] % (2 * c) == 0)
+
+
 def _variants(m: dict, dp: int, tp: int, pp: int):
     scheds = SCHEDULES if pp > 1 else (("1f1b", 1),)
     micro = (pp, 2 * pp, 4 * pp) if pp > 1 else (1, 2, 4, 8)
     ckpts = (False, True) if m["arch"] == "gpt" else (False,)
-    for zero in range(4) if dp > 1 else (0,):
-        for sched, v in scheds:
-            for mb in micro:
-                for ck in ckpts:
-                    yield {"dp": dp, "tp": tp, "pp": pp, "zero_stage": zero,
-                           "pp_schedule": sched, "virtual_stages": v, "microbatches": mb,
-                           "activation_checkpointing": ck}
+    for cp in _cps(m, dp):
+        for zero in range(4) if dp > 1 else (0,):
+            for sched, v in scheds:
+                for mb in micro:
+                    for ck in ckpts:
+                        if cp > 1 and (ck or zero == 3):
+                            continue  # refused with cp (jobs.spec._cp_checks): not counted
+                        yield {"dp": dp, "tp": tp, "pp": pp, "zero_stage": zero,
+                               "pp_schedule": sched, "virtual_stages": v, "microbatches": mb,
+                               "activation_checkpointing": ck, "cp": cp}
 
 
 def _pruned(m: dict, batch: int, lay: dict) -> str | None:
@@ -126,8 +137,8 @@ def _pruned(m: dict, batch: int, lay: dict) -> str | None:
         return "tp must divide hidden and heads (gpt only)"
     if m["layers"] % (lay["pp"] * lay["virtual_stages"]):
         return "pp*virtual_stages must divide layers"
-    if batch % (lay["dp"] * lay["microbatches"]):
-        return "dp*microbatches must divide global_batch"
+    if batch % (lay["dp"] // lay.get("cp", 1) * lay["microbatches"]):
+        return "dp/cp*microbatches must divide global_batch"
     return None
 
 
@@ -143,6 +154,8 @@ def spec_of(m: dict, batch: int, c: dict, lay: dict, steps: int = 5) -> dict:
             "runtime": {"nnodes": c["hosts"], "nproc_per_node": c["devices_per_host"]}}
     if lay["zero_stage"] == 3 and mp:  # reference ZeRO-3 refuses tp/pp: FSDP2 does it
         spec["parallel"]["engine"] = "native"
+    if lay.get("cp", 1) > 1:
+        spec["parallel"]["cp"] = lay["cp"]
     if c.get("queue"):
         spec["runtime"]["queue"] = c["queue"]
     return spec
@@ -175,13 +188,6 @@ def _evaluate(spec_json: str, intra: float, inter: float, flops: float | None) -
             "bubble_fraction": pred["pipeline"]["bubble_fraction_total"]}
 
 
-def terms(ev: dict) -> dict:
-    """The step-time breakdown of one evaluated layout under the names the sweep page and
-    jobs.theory.calibration compare with the measured headline (per rank per step)."""
-    return {"step_time_s": ev["step_s"], "compute_s": ev["compute_s"],
-            "bubble_s": ev["bubble_s"], "comm_s": sum(ev["comm_s"].values())}
-
-
 def evaluate_spec(spec: dict, cluster: dict) -> dict:
     """terms() of one job-spec dict on a cluster {intra_GBps, inter_GBps, flops (gpt / mlp)}:
     what a sweep launched from the advisor stores as each member's prediction. Raises
@@ -190,7 +196,7 @@ def evaluate_spec(spec: dict, cluster: dict) -> dict:
                    cluster["inter_GBps"], cluster.get("flops"))
     if "invalid" in ev:
         raise SpecError([_err(["spec"], ev["invalid"])])
-    return terms(ev)
+    return R.terms(ev)
 
 
 def advise(model, global_batch, cluster, *, top: int = 20) -> dict:

@@ -13,6 +13,8 @@ def label(lay: dict) -> str:
     if lay["pp"] > 1:
         s += f"-{lay['pp_schedule']}"
     s += f"-m{lay['microbatches']}"
+    if lay.get("cp", 1) > 1:
+        s += f"-cp{lay['cp']}"
     return s + ("-ckpt" if lay["activation_checkpointing"] else "")
 
 
@@ -91,14 +93,16 @@ def rules(r: dict, c: dict) -> list[dict]:
 TERMS = ("compute_s", "bubble_s", "comm_s")
 
 
-def _terms(p: dict) -> dict:
-    return {"compute_s": p["compute_s"], "bubble_s": p["bubble_s"],
-            "comm_s": sum(p["comm_s"].values())}
+def terms(p: dict) -> dict:
+    """The step-time breakdown of one evaluated layout (per rank per step), under the names the
+    sweep page and jobs.theory.calibration compare with the measured headline."""
+    return {"step_time_s": p["step_s"], "compute_s": p["compute_s"],
+            "bubble_s": p["bubble_s"], "comm_s": sum(p["comm_s"].values())}
 
 
 def why(r: dict, best: dict, c: dict) -> list[str]:
     p = r["predicted"]
-    t = _terms(p)
+    t = terms(p)
     axes = ", ".join(f"{a} {v:.3g} s ({p['links'][a]})" for a, v in p["comm_s"].items() if v)
     head = (f"step {p['step_s']:.4g} s = compute {t['compute_s']:.4g} + bubble "
             f"{t['bubble_s']:.4g} + exposed comm {t['comm_s']:.4g}" +
@@ -106,7 +110,7 @@ def why(r: dict, best: dict, c: dict) -> list[str]:
             f"{c['device_memory_bytes'] / GB:.3g} GB")
     if r is best or r["label"] == best["label"]:
         return [head, "fastest predicted layout that fits"]
-    bt = _terms(best["predicted"])
+    bt = terms(best["predicted"])
     diff = {k: t[k] - bt[k] for k in TERMS}
     worst = max(diff, key=diff.get)
     return [head, f"{p['step_s'] - best['predicted']['step_s']:+.4g} s against #1 "
@@ -135,6 +139,10 @@ def _neighbour_layouts(lay: dict):
     for mb in (lay["microbatches"] * 2, lay["microbatches"] // 2):
         if mb >= 1:
             yield f"microbatches {lay['microbatches']} -> {mb}", v(microbatches=mb)
+    cp = lay.get("cp", 1)
+    for c in (cp * 2, cp // 2):
+        if c >= 1 and lay["dp"] % c == 0:
+            yield f"cp {cp} -> {c}", v(cp=c)
     yield ("recompute off" if lay["activation_checkpointing"] else "recompute on",
            v(activation_checkpointing=not lay["activation_checkpointing"]))
 

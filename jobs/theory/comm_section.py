@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import comm as C
+from . import cp as CP
 from . import links as L
 from . import moe as M
 from .figures import GB, fig
@@ -57,6 +58,15 @@ def comm_section(w: dict) -> dict:
     comps = {"dp": dp["value"], "tp": tp["value"] * rounds, "pp": pp["value"] * rounds}
     if ep_n > 1:  # the axes exist with expert parallelism only (keys stay as before without)
         comps.update(ep=ep["value"], edp=edp["value"])
+    cp_n = w.get("cp") or 1
+    ring = None
+    if cp_n > 1:  # the axis exists with context parallelism only: ring attention's sends
+        ring = CP.ring_bytes(batch=w["cp_batch"], seq_len=s, hidden=w["hidden"], cp=cp_n,
+                             act_bytes=act_bytes, tp=w["tp"])
+        comps["cp"] = CP.step_ring_bytes(layers=w["layers"] // w["pp"], rounds=rounds,
+                                         micro_batch=w["cp_batch"], seq_len=s,
+                                         hidden=w["hidden"], cp=cp_n, act_bytes=act_bytes,
+                                         tp=w["tp"])
     total = sum(comps.values())
     links = L.links_section(w, comps)
     t = links["time_s"] if L.has_bandwidth(w) else None
@@ -80,6 +90,12 @@ def comm_section(w: dict) -> dict:
                                   "one-direction bus bandwidth per link; latency ignored; "
                                   + L.CONVENTION),
     }
+    if ring is not None:
+        explain["components.cp"] = fig(comps["cp"], "bytes", "layers/pp x microbatches*"
+                                       f"grad_accum x [{ring['formula']}]",
+                                       {"block_bytes": ring["block"], "cp": cp_n,
+                                        "rounds": rounds, "cp_batch": w["cp_batch"]},
+                                       CP.CONVENTION + ": bytes each CP rank sends per step")
     if ep_n > 1:
         explain["components.ep"] = fig(ep["value"], "bytes", ep["formula"], ep["inputs"],
                                        EP_CONVENTION)

@@ -131,9 +131,13 @@ def links_section(w: dict, comps: dict[str, float]) -> dict:
     npn = w["nproc_per_node"] or w["dp"] * w["tp"] * w["pp"]
     ep = w.get("ep") or 1
     cross = axis_crossing(w["dp"], w["tp"], w["pp"], npn, w["nnodes"], ep)
+    cp = w.get("cp") or 1
+    if cp > 1:  # CP groups are cp consecutive DP ranks, laid out as EP's groups are
+        cross["cp"] = axis_crossing(w["dp"], w["tp"], w["pp"], npn, w["nnodes"], cp)["ep"]
     bws = link_bandwidths(w)
     rows = []
-    for axis in ("tp", "dp", "pp") + (("ep", "edp") if ep > 1 else ()):
+    for axis in ("tp", "dp", "pp") + (("ep", "edp") if ep > 1 else ()) + \
+            (("cp",) if cp > 1 else ()):
         link = cross[axis]["link"]
         bw, source = bws[link]
         b = comps.get(axis, 0.0)

@@ -19,6 +19,7 @@ import torch
 
 from jobs.dims import ParallelDims
 from jobs.spec import AVAILABLE, SpecError, parse_spec
+from jobs.theory import predict
 from jobs.theory.cp import ring_bytes, ring_step_bytes, step_ring_bytes
 from tests.support.gate import TOL, dumped_state, loss_err, rel_err, single_reference
 from tests.support.launch import launch_by_world, multirun, read_trace
@@ -104,6 +105,8 @@ def test_ring_bytes_equal_theory_exactly(launched, n, name):
         step_total = step_ring_bytes(layers=len(layers), rounds=rounds, micro_batch=mb,
                                      seq_len=m.seq_len, hidden=m.hidden, cp=p.cp, tp=p.tp)
         assert dict(per_step) == {st: step_total for st in range(t.steps)}, (name, r)
+        # predict()'s cp axis (what the advisor and the sweep page price) is that total
+        assert predict(s)["comm"]["components"]["cp"] == step_total, name
 
 
 def test_sends_pair_with_receives_around_the_ring(launched):

@@ -137,3 +137,28 @@ def test_preset_model():
     out = advise({"preset": "pp-1f1b", "arch": "timed", "layers": 4}, 8, ONE_HOST)
     assert out["model"]["arch"] == "timed" and out["model"]["layers"] == 4
     assert out["candidates"]
+
+
+def test_long_sequences_on_one_host_bring_context_parallel_candidates():
+    """seq_len 8192 on one 8-device host: without recomputation only CP (each rank holding
+    seq_len/cp tokens) fits, and the ranking prices its ring traffic on the cp axis."""
+    model = {**GPT3B, "seq_len": 8192}
+    cluster = {**SEED004, "hosts": 1}
+    out = advise(model, 64, cluster, top=200)
+    _check_valid_and_fitting(out, cluster)
+    cps = [c for c in out["candidates"] if c["layout"]["cp"] > 1]
+    assert cps, [c["label"] for c in out["candidates"]]
+    for c in cps:
+        assert c["spec"]["parallel"]["cp"] == c["layout"]["cp"] and c["label"].endswith(
+            f"-cp{c['layout']['cp']}")
+        assert c["predicted"]["comm_s"]["cp"] > 0 and c["predicted"]["links"]["cp"] == "intra"
+        assert not c["layout"]["activation_checkpointing"]  # refused with cp: not tried
+    best_cp = cps[0]
+    assert any(n["change"].startswith("cp ") for n in best_cp["neighbours"])
+    no_recompute = [c for c in out["candidates"]
+                    if not c["layout"]["activation_checkpointing"]]
+    assert all(c["layout"]["cp"] > 1 for c in no_recompute)
+    # the same layout with cp halved to 1 does not fit: the activations cp splits are why
+    cp = best_cp["layout"]["cp"]
+    halved = [n for n in best_cp["neighbours"] if n["change"] == f"cp {cp} -> {cp // 2}"]
+    assert halved and halved[0]["status"] == "memory" and "activations" in halved[0]["reason"]
