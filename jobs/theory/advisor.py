@@ -30,6 +30,7 @@ SCHEDULES = (("1f1b", 1), ("gpipe", 1), ("interleaved", 2), ("zero-bubble", 1), 
 MAX_TP = 64
 MODEL_KEYS = ("arch", "layers", "hidden", "heads", "seq_len", "vocab", "t_forward",
               "t_backward_input", "t_backward_weight")
+MOE_KEYS = ("experts", "top_k", "capacity_factor", "shared_expert", "aux_loss_coef")
 CLUSTER_RULES = {"hosts": (int, 1, 1024), "devices_per_host": (int, 1, 1024),
                  "device_memory_bytes": (float, 1, None), "intra_GBps": (float, 1e-9, None),
                  "inter_GBps": (float, 1e-9, None), "flops": (float, 1, None)}
@@ -53,10 +54,7 @@ def _model(model) -> dict:
     except SpecError as exc:
         raise SpecError([e for e in exc.errors if e["loc"][:1] == ["model"]]
                         or exc.errors) from exc
-    if spec.model.experts:
-        raise SpecError([_err(["model", "experts"], "the advisor covers dense models only "
-                              "(mixture of experts: not yet)")])
-    return {k: getattr(spec.model, k) for k in MODEL_KEYS}
+    return {k: getattr(spec.model, k) for k in MODEL_KEYS + MOE_KEYS}
 
 
 def _cluster(cluster, arch: str) -> dict:
@@ -115,20 +113,29 @@ def _cps(m: dict, dp: int) -> tuple[int, ...]:
     return tuple(c for c in _divisors(dp) if c == 1 or m["seq_len"] % (2 * c) == 0)
 
 
+def _eps(m: dict, dp: int) -> tuple[int, ...]:
+    """Expert-parallel degrees tried for a mixture of experts: divisors of dp that divide the
+    experts (jobs.spec's EP rules re-check the rest); 1 for a dense model."""
+    return tuple(e for e in _divisors(dp) if m["experts"] % e == 0) if m["experts"] else (1,)
+
+
 def _variants(m: dict, dp: int, tp: int, pp: int):
     scheds = SCHEDULES if pp > 1 else (("1f1b", 1),)
     micro = (pp, 2 * pp, 4 * pp) if pp > 1 else (1, 2, 4, 8)
     ckpts = (False, True) if m["arch"] == "gpt" else (False,)
-    for cp in _cps(m, dp):
-        for zero in range(4) if dp > 1 else (0,):
-            for sched, v in scheds:
-                for mb in micro:
-                    for ck in ckpts:
-                        if cp > 1 and (ck or zero == 3):
-                            continue  # refused with cp (jobs.spec._cp_checks): not counted
-                        yield {"dp": dp, "tp": tp, "pp": pp, "zero_stage": zero,
-                               "pp_schedule": sched, "virtual_stages": v, "microbatches": mb,
-                               "activation_checkpointing": ck, "cp": cp}
+    cps = (1,) if m["experts"] else _cps(m, dp)  # CP with experts is refused (jobs.spec)
+    for cp in cps:
+        for ep in _eps(m, dp):
+            for zero in range(4) if dp > 1 else (0,):
+                for sched, v in scheds:
+                    for mb in micro:
+                        for ck in ckpts:
+                            if (cp > 1 or ep > 1) and (ck or zero == 3):
+                                continue  # refused with cp / ep (jobs.spec): not counted
+                            yield {"dp": dp, "tp": tp, "pp": pp, "zero_stage": zero,
+                                   "pp_schedule": sched, "virtual_stages": v,
+                                   "microbatches": mb, "activation_checkpointing": ck,
+                                   "cp": cp, "ep": ep}
 
 
 def _pruned(m: dict, batch: int, lay: dict) -> str | None:
@@ -146,6 +153,8 @@ def spec_of(m: dict, batch: int, c: dict, lay: dict, steps: int = 5) -> dict:
     """The job-spec dict of one layout (what the page launches)."""
     mp = lay["tp"] > 1 or lay["pp"] > 1
     model = {k: m[k] for k in MODEL_KEYS if m["arch"] == "timed" or not k.startswith("t_")}
+    if m["experts"]:
+        model.update({k: m[k] for k in MOE_KEYS})
     spec = {"name": "advise-" + R.label(lay), "model": model,
             "parallel": {k: lay[k] for k in ("dp", "tp", "pp", "zero_stage", "pp_schedule",
                                              "virtual_stages", "microbatches")},
@@ -154,8 +163,9 @@ def spec_of(m: dict, batch: int, c: dict, lay: dict, steps: int = 5) -> dict:
             "runtime": {"nnodes": c["hosts"], "nproc_per_node": c["devices_per_host"]}}
     if lay["zero_stage"] == 3 and mp:  # reference ZeRO-3 refuses tp/pp: FSDP2 does it
         spec["parallel"]["engine"] = "native"
-    if lay.get("cp", 1) > 1:
-        spec["parallel"]["cp"] = lay["cp"]
+    for axis in ("cp", "ep"):
+        if lay.get(axis, 1) > 1:
+            spec["parallel"][axis] = lay[axis]
     if c.get("queue"):
         spec["runtime"]["queue"] = c["queue"]
     return spec

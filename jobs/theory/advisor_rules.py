@@ -13,8 +13,9 @@ def label(lay: dict) -> str:
     if lay["pp"] > 1:
         s += f"-{lay['pp_schedule']}"
     s += f"-m{lay['microbatches']}"
-    if lay.get("cp", 1) > 1:
-        s += f"-cp{lay['cp']}"
+    for axis in ("ep", "cp"):
+        if lay.get(axis, 1) > 1:
+            s += f"-{axis}{lay[axis]}"
     return s + ("-ckpt" if lay["activation_checkpointing"] else "")
 
 
@@ -139,10 +140,11 @@ def _neighbour_layouts(lay: dict):
     for mb in (lay["microbatches"] * 2, lay["microbatches"] // 2):
         if mb >= 1:
             yield f"microbatches {lay['microbatches']} -> {mb}", v(microbatches=mb)
-    cp = lay.get("cp", 1)
-    for c in (cp * 2, cp // 2):
-        if c >= 1 and lay["dp"] % c == 0:
-            yield f"cp {cp} -> {c}", v(cp=c)
+    for axis in ("cp", "ep"):
+        d = lay.get(axis, 1)
+        for c in (d * 2, d // 2):
+            if c >= 1 and lay["dp"] % c == 0:
+                yield f"{axis} {d} -> {c}", v(**{axis: c})
     yield ("recompute off" if lay["activation_checkpointing"] else "recompute on",
            v(activation_checkpointing=not lay["activation_checkpointing"]))
 

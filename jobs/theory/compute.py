@@ -8,6 +8,10 @@
     gpt     Narayanan et al. 2021 (eq. 3): forward + backward of one global batch B of s tokens
             is 72*B*s*L*h^2*(1 + s/(6h) + V/(12*L*h)) FLOPs; activation recomputation adds one
             forward: x 4/3 (96 instead of 72).
+    gpt MoE every block's MLP is experts (jobs/models/moe.py): each token runs top_k of them
+            (+ the shared expert), each the dense MLP's h -> 4h -> h, and the router h x E:
+            per layer k*B*s*h^2*(1/3 + 2/3*(top_k + shared) + s/(6h)) + k/12*B*s*h*E with
+            k = 72 (96 recomputing); tokens over capacity are not subtracted (an upper bound).
     mlp     each Linear(h, h) is 2*h^2 FLOPs per sample forward, 4*h^2 backward (input and
             weight gradients): 6*B*L*h^2; recomputation adds a forward: 8*B*L*h^2.
 layer_flops is one layer's share (gpt without the LM head term); the compute-rate calibration
@@ -21,8 +25,9 @@ from __future__ import annotations
 
 
 def _shape(model) -> dict:
-    return model if isinstance(model, dict) else {k: getattr(model, k) for k in
-                                                  ("arch", "layers", "hidden", "seq_len", "vocab")}
+    return model if isinstance(model, dict) else {
+        k: getattr(model, k) for k in ("arch", "layers", "hidden", "seq_len", "vocab",
+                                       "experts", "top_k", "shared_expert")}
 
 
 def layer_flops(model, batch: int, checkpointing: bool = False) -> tuple[float, str]:
@@ -30,6 +35,14 @@ def layer_flops(model, batch: int, checkpointing: bool = False) -> tuple[float, 
     formula: the per-layer term of training_flops (what jobs.compute_bench times)."""
     m = _shape(model)
     B, h = batch, m["hidden"]
+    if m["arch"] == "gpt" and m.get("experts"):
+        # the dense 72 = 24 attention + 48 MLP: every token runs top_k experts (+ the shared
+        # one), each the dense MLP's size, and the router's h x E; no drops (an upper bound)
+        s, k, E = m["seq_len"], 96 if checkpointing else 72, m["experts"]
+        n = m.get("top_k", 1) + (1 if m.get("shared_expert") else 0)
+        value = k * B * s * h * h * (1 / 3 + 2 / 3 * n + s / (6 * h)) + k / 12 * B * s * h * E
+        return float(value), (f"{k}*B*s*h^2*(1/3 + 2/3*(top_k + shared) + s/(6h)) + "
+                              f"{k}/12*B*s*h*E (MoE, every block; no token dropped)")
     if m["arch"] == "gpt":
         s, k = m["seq_len"], 96 if checkpointing else 72
         return float(k * B * s * h * h * (1 + s / (6 * h))), f"{k}*B*s*h^2*(1 + s/(6h))"
@@ -45,12 +58,14 @@ def training_flops(model, global_batch: int, checkpointing: bool = False) -> tup
     layers x layer_flops, plus for gpt the LM head's (k/12)*B*s*h*V (the formula's V term)."""
     m = _shape(model)
     B, L, h = global_batch, m["layers"], m["hidden"]
-    per_layer, _ = layer_flops(m, B, checkpointing)
+    per_layer, form = layer_flops(m, B, checkpointing)
     if m["arch"] == "gpt":
         s, V = m["seq_len"], m["vocab"]
         k = 96 if checkpointing else 72
         # = k*B*s*L*h^2*(1 + s/(6h) + V/(12*L*h)): the head term is k*B*s*L*h^2*V/(12*L*h)
         value = L * per_layer + k * B * s * h * V / 12
+        if m.get("experts"):
+            return float(value), f"L x [{form}] + {k}/12*B*s*h*V (LM head)"
         return float(value), f"{k}*B*s*L*h^2*(1 + s/(6h) + V/(12*L*h)) (Narayanan 2021)"
     return float(L * per_layer), f"{8 if checkpointing else 6}*B*L*h^2"
 

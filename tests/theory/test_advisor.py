@@ -162,3 +162,38 @@ def test_long_sequences_on_one_host_bring_context_parallel_candidates():
     cp = best_cp["layout"]["cp"]
     halved = [n for n in best_cp["neighbours"] if n["change"] == f"cp {cp} -> {cp // 2}"]
     assert halved and halved[0]["status"] == "memory" and "activations" in halved[0]["reason"]
+
+
+MOE = {"arch": "gpt", "layers": 16, "hidden": 1024, "heads": 16, "seq_len": 1024,
+       "vocab": 32000, "experts": 8, "top_k": 2}
+
+
+def test_moe_flops_reduce_to_dense_with_one_expert_per_token():
+    dense = {k: v for k, v in MOE.items() if k not in ("experts", "top_k")}
+    one = {**MOE, "top_k": 1}
+    B, s, h, E = 4, MOE["seq_len"], MOE["hidden"], MOE["experts"]
+    for ck, k in ((False, 72), (True, 96)):
+        router = k / 12 * B * s * h * E * MOE["layers"]
+        assert training_flops(one, B, ck)[0] == pytest.approx(
+            training_flops(dense, B, ck)[0] + router)
+        # each extra expert per token adds the dense MLP's 2/3 share of the 72*B*s*h^2 term
+        assert training_flops(MOE, B, ck)[0] - training_flops(one, B, ck)[0] == \
+            pytest.approx(2 / 3 * k * B * s * h * h * MOE["layers"])
+        assert training_flops({**one, "shared_expert": True}, B, ck)[0] == \
+            pytest.approx(training_flops(MOE, B, ck)[0])
+
+
+def test_moe_model_brings_expert_parallel_candidates():
+    cluster = {**SEED004, "hosts": 1, "device_memory_bytes": 16 * GB}
+    out = advise(MOE, 64, cluster, top=60)
+    _check_valid_and_fitting(out, cluster)
+    eps = [c for c in out["candidates"] if c["layout"]["ep"] > 1]
+    assert eps and out["candidates"][0]["layout"]["ep"] > 1
+    for c in eps:
+        assert c["spec"]["model"]["experts"] == 8 and c["spec"]["parallel"]["ep"] == \
+            c["layout"]["ep"] and c["label"].endswith(f"-ep{c['layout']['ep']}")
+        assert c["predicted"]["comm_s"]["ep"] > 0  # the all-to-alls are priced
+    c = out["candidates"][0]
+    flops, _ = training_flops(c["spec"]["model"], 64)
+    assert c["predicted"]["compute_s"] == pytest.approx(flops / cluster["flops"] / 8)
+    assert any(n["change"].startswith("ep ") for n in c["neighbours"])
