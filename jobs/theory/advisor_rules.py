@@ -47,6 +47,14 @@ def rules(r: dict, c: dict) -> list[dict]:
                f"({c['inter_GBps']:g} GB/s), {comm['tp']:.3g} s per step"
                if links["tp"] == "inter" else f"tp = {tp} > {MAX_TP_RULE}")
         out.append(_rule("tp-inside-host", "breaks", why))
+    ep = lay.get("ep", 1)
+    if ep > 1:  # seed 004: "tensor / expert parallel up to the GPUs of one machine, at most 8"
+        inside = links.get("ep") == "intra" and ep <= MAX_TP_RULE
+        out.append(_rule("ep-inside-host", "follows" if inside else "breaks",
+                         f"ep = {ep}: its all-to-alls ({comm.get('ep', 0.0):.3g} s per step) "
+                         + ("stay inside one host" if inside else
+                            f"run on the {links.get('ep')} link" +
+                            (f" (ep > {MAX_TP_RULE})" if ep > MAX_TP_RULE else ""))))
     if c["hosts"] == 1:
         out.append(_rule("pp-across-hosts", "n/a", "one host"))
     elif lay["pp"] > 1 and links["pp"] == "inter" and links["tp"] == "intra":
@@ -76,7 +84,8 @@ def rules(r: dict, c: dict) -> list[dict]:
         out.append(_rule("zero3-or-pp-by-bandwidth", "n/a", "neither PP nor ZeRO-3 needed"))
     out.append(_rule("dp-for-the-rest", "follows", f"dp = {lay['dp']}: the devices left after "
                      f"tp*pp = {tp * lay['pp']}" + (f", ZeRO-{z} shards over it" if z else "")))
-    mb = r["spec"]["train"]["global_batch"] // (lay["dp"] * lay["microbatches"])
+    mb = r["spec"]["train"]["global_batch"] // (lay["dp"] // lay.get("cp", 1) *
+                                                 lay["microbatches"])
     if lay["microbatches"] > 1:
         out.append(_rule("small-batch-grad-accum", "follows", f"{lay['microbatches']} "
                          f"micro-batches of {mb} samples per replica" +

@@ -197,3 +197,5 @@ def test_moe_model_brings_expert_parallel_candidates():
     flops, _ = training_flops(c["spec"]["model"], 64)
     assert c["predicted"]["compute_s"] == pytest.approx(flops / cluster["flops"] / 8)
     assert any(n["change"].startswith("ep ") for n in c["neighbours"])
+    rule = next(r for r in c["rules"] if r["rule"] == "ep-inside-host")
+    assert rule["status"] == "follows" and f"ep = {c['layout']['ep']}" in rule["why"]
