@@ -58,24 +58,28 @@ def _args(r: dict) -> dict:
     return {k: v for k, v in r.items() if k not in _SKIP_ARGS and v is not None}
 
 
-def to_perfetto(traces, spec: dict | None = None) -> dict:
-    """Trace Event Format dict of a run: `traces` is a load.Traces or {rank: [records]}."""
-    tr = traces if isinstance(traces, Traces) else from_records(traces)
-    t0 = tr.t0_ns()
+def _in_window(r: dict, lo: int | None, hi: int | None) -> bool:
+    """A record overlapping [lo, hi] (absolute ns); instants and counters at a time in it."""
+    if lo is None:
+        return True
+    ts = r.get("ts_ns", 0)
+    return ts <= hi and ts + r.get("dur_ns", 0) >= lo
 
+
+def _events(tr: Traces, t0: int, lo: int | None, hi: int | None):
+    """The trace's events, rank by rank, restricted to records overlapping [lo, hi]."""
     def us(ns: int) -> float:
         return round((ns - t0) / 1000.0, 3)
 
-    events: list[dict] = []
-    for rank, recs in sorted(tr.ranks.items()):
+    for rank, all_recs in sorted(tr.ranks.items()):
+        recs = [r for r in all_recs if _in_window(r, lo, hi)]
         coords = tr.coords(rank)
         name = f"rank {rank}" + (f" ({_label(coords)})" if coords else "")
-        events += [
-            {"ph": "M", "pid": rank, "tid": 0, "name": "process_name", "args": {"name": name}},
-            {"ph": "M", "pid": rank, "tid": 0, "name": "process_sort_index",
-             "args": {"sort_index": rank}},
-            {"ph": "M", "pid": rank, "tid": 0, "name": "process_labels",
-             "args": {"labels": ",".join(f"{k}={v}" for k, v in coords.items())}}]
+        yield {"ph": "M", "pid": rank, "tid": 0, "name": "process_name", "args": {"name": name}}
+        yield {"ph": "M", "pid": rank, "tid": 0, "name": "process_sort_index",
+               "args": {"sort_index": rank}}
+        yield {"ph": "M", "pid": rank, "tid": 0, "name": "process_labels",
+               "args": {"labels": ",".join(f"{k}={v}" for k, v in coords.items())}}
         threads: dict[int, str] = {}
 
         def x_event(r, tid, name, cat, pid=rank):
@@ -88,7 +92,7 @@ def to_perfetto(traces, spec: dict | None = None) -> dict:
         for lane, r in assign_lanes(spans):
             tid = HOST_TID + lane
             threads[tid] = "host" if lane == 0 else f"host #{lane + 1}"
-            events.append(x_event(r, tid, str(r.get("name", "span")), str(r.get("cat", ""))))
+            yield x_event(r, tid, str(r.get("name", "span")), str(r.get("cat", "")))
         groups = sorted({str(r.get("group", r.get("axis", "?")))
                          for r in recs if r.get("type") == "comm"})
         for gi, g in enumerate(groups):
@@ -97,33 +101,77 @@ def to_perfetto(traces, spec: dict | None = None) -> dict:
             for lane, r in assign_lanes(comms):
                 tid = COMM_TID0 * (gi + 1) + lane
                 threads[tid] = f"comm {g}" + (f" #{lane + 1}" if lane else "")
-                events.append(x_event(r, tid, str(r.get("op", "comm")), "comm"))
+                yield x_event(r, tid, str(r.get("op", "comm")), "comm")
         for r in recs:
             t = r.get("type")
             if t == "mem":
                 for cname, keys in (("memory", MEM_KEYS), ("process memory", PROC_KEYS)):
                     vals = {k: r[k] for k in keys if isinstance(r.get(k), int | float)}
                     if vals:
-                        events.append({"ph": "C", "pid": rank, "tid": 0, "name": cname,
-                                       "ts": us(r["ts_ns"]), "args": vals})
+                        yield {"ph": "C", "pid": rank, "tid": 0, "name": cname,
+                               "ts": us(r["ts_ns"]), "args": vals}
             elif t in ("instant", "end"):
                 nm = str(r.get("name", "instant")) if t == "instant" else \
                     f"end: {r.get('reason')}"
-                events.append({"ph": "i", "s": "t", "pid": rank, "tid": HOST_TID, "name": nm,
-                               "ts": us(r["ts_ns"]), "args": _args(r)})
+                yield {"ph": "i", "s": "t", "pid": rank, "tid": HOST_TID, "name": nm,
+                       "ts": us(r["ts_ns"]), "args": _args(r)}
         threads.setdefault(HOST_TID, "host")
         for tid, tname in sorted(threads.items()):
-            events += [{"ph": "M", "pid": rank, "tid": tid, "name": "thread_name",
-                        "args": {"name": tname}},
-                       {"ph": "M", "pid": rank, "tid": tid, "name": "thread_sort_index",
-                        "args": {"sort_index": tid}}]
-    other = {"generator": "paralab jobs.analysis", "t0_ns": t0, "time_unit": "us from t0_ns",
-             "spec": spec if spec is not None else tr.spec_dict(),
-             "ranks": {str(r): {"coords": tr.coords(r),
-                                "clock_error_ns": (tr.meta.get(r) or {}).get("clock_error_ns"),
-                                "clock": (tr.meta.get(r) or {}).get("clock")}
-                       for r in sorted(tr.ranks)}}
-    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
+            yield {"ph": "M", "pid": rank, "tid": tid, "name": "thread_name",
+                   "args": {"name": tname}}
+            yield {"ph": "M", "pid": rank, "tid": tid, "name": "thread_sort_index",
+                   "args": {"sort_index": tid}}
+
+
+def _window(t0: int, window_ms: tuple[float, float] | None) -> tuple[int | None, int | None]:
+    if window_ms is None:
+        return None, None
+    a, b = window_ms
+    assert a < b, "window start before its end (checked by the caller)"
+    return t0 + round(a * 1e6), t0 + round(b * 1e6)
+
+
+def _other(tr: Traces, t0: int, spec: dict | None, window_ms) -> dict:
+    return {"generator": "paralab jobs.analysis", "t0_ns": t0, "time_unit": "us from t0_ns",
+            "window_ms": list(window_ms) if window_ms else None,
+            "spec": spec if spec is not None else tr.spec_dict(),
+            "ranks": {str(r): {"coords": tr.coords(r),
+                               "clock_error_ns": (tr.meta.get(r) or {}).get("clock_error_ns"),
+                               "clock": (tr.meta.get(r) or {}).get("clock")}
+                      for r in sorted(tr.ranks)}}
+
+
+def to_perfetto(traces, spec: dict | None = None, *,
+                window_ms: tuple[float, float] | None = None) -> dict:
+    """Trace Event Format dict of a run: `traces` is a load.Traces or {rank: [records]}.
+    `window_ms` (ms from the trace start, the Gantt's axis): only the records overlapping it,
+    times still from the run's origin so they line up with the whole run's."""
+    tr = traces if isinstance(traces, Traces) else from_records(traces)
+    t0 = tr.t0_ns()
+    lo, hi = _window(t0, window_ms)
+    return {"traceEvents": list(_events(tr, t0, lo, hi)), "displayTimeUnit": "ms",
+            "otherData": _other(tr, t0, spec, window_ms)}
+
+
+def iter_perfetto_json(traces, spec: dict | None = None, *,
+                       window_ms: tuple[float, float] | None = None, chunk: int = 2000):
+    """to_perfetto's document as JSON text in chunks of `chunk` events: what a streamed
+    download (and the file the worker writes) sends without holding the document."""
+    tr = traces if isinstance(traces, Traces) else from_records(traces)
+    t0 = tr.t0_ns()
+    lo, hi = _window(t0, window_ms)
+    enc = json.JSONEncoder(separators=(",", ":"), default=str)
+    yield '{"traceEvents":['
+    buf, first = [], True
+    for ev in _events(tr, t0, lo, hi):
+        buf.append(enc.encode(ev))
+        if len(buf) >= chunk:
+            yield ("" if first else ",") + ",".join(buf)
+            buf, first = [], False
+    if buf:
+        yield ("" if first else ",") + ",".join(buf)
+    yield '],"displayTimeUnit":"ms","otherData":' + enc.encode(
+        _other(tr, t0, spec, window_ms)) + "}"
 
 
 # A spreadsheet runs a cell that starts with one of these as a formula (OWASP "CSV

@@ -5,6 +5,7 @@ import io
 import json
 
 from jobs.analysis import assign_lanes, tables_to_csv, to_perfetto, write_analysis
+from jobs.analysis.export import iter_perfetto_json
 from tests.analysis import tef
 from tests.analysis.synth import comm, end, mem, meta, span
 
@@ -63,3 +64,23 @@ def test_real_4_rank_run_export_is_strict_tef(zero3_run):
     assert labels[3] == "pp=0,dp=3,tp=0"
     assert trace["otherData"]["spec"]["parallel"]["zero_stage"] == 3
     assert set(trace["otherData"]["ranks"]) == {"0", "1", "2", "3"}
+
+
+def test_window_keeps_the_records_overlapping_it_on_the_runs_clock():
+    whole = to_perfetto(synthetic())
+    part = to_perfetto(synthetic(), window_ms=(0.035, 0.065))  # 35-65 µs of a 120 µs run
+    tef.check(part, 2)
+    names = sorted({e["name"] for e in part["traceEvents"] if e["ph"] in ("X", "i")})
+    assert names == ["all_reduce", "backward", "marker", "step"]  # forward (1-30 µs) is out
+    back = [e for e in part["traceEvents"] if e["ph"] == "X" and e["name"] == "backward"][0]
+    assert back["ts"] == 30.0  # still from the run's origin: lines up with the whole trace
+    assert part["otherData"]["t0_ns"] == whole["otherData"]["t0_ns"]
+    assert part["otherData"]["window_ms"] == [0.035, 0.065]
+    assert not [e for e in part["traceEvents"] if e["ph"] == "C"]  # memory at 99 µs: out
+
+
+def test_streamed_json_is_the_same_document():
+    for window in (None, (0.035, 0.065)):
+        text = "".join(iter_perfetto_json(synthetic(), window_ms=window, chunk=3))
+        assert json.loads(text) == json.loads(json.dumps(to_perfetto(synthetic(),
+                                                                     window_ms=window)))

@@ -86,6 +86,26 @@ def test_exports_download(client, settings, run_id):
     assert isinstance(r.json(), list) and r.json()
 
 
+def test_perfetto_window_is_streamed_and_checked(client, settings, run_id):
+    analyzed(settings, run_id)  # ranks' records in 0-120 µs
+    r = client.get(f"/api/runs/{run_id}/export", params={"t0_ms": 0.0, "t1_ms": 0.015})
+    assert r.status_code == 200, r.text
+    assert f"paralab-{run_id}-0-0.015ms.perfetto.json" in r.headers["content-disposition"]
+    doc = r.json()
+    tef.check(doc, 2)
+    assert doc["otherData"]["window_ms"] == [0.0, 0.015]
+    assert {e["name"] for e in doc["traceEvents"] if e["ph"] == "X"} == {"step", "backward"}
+    for params, field, words in [({"t0_ms": 1}, "t1_ms", "both"),
+                                 ({"t1_ms": 1}, "t0_ms", "both"),
+                                 ({"t0_ms": 2, "t1_ms": 1}, "t1_ms", "greater than"),
+                                 ({"t0_ms": 0, "t1_ms": 1, "format": "json"}, "t0_ms",
+                                  "perfetto only")]:
+        r = client.get(f"/api/runs/{run_id}/export", params=params)
+        assert r.status_code == 422, (params, r.text)
+        e = r.json()["detail"][0]
+        assert e["loc"] == ["query", field] and words in e["msg"], (params, e)
+
+
 def test_metrics_join_the_latest_sweep_of_the_same_queue(client, settings, run_id):
     analyzed(settings, run_id)
     body = client.get(f"/api/runs/{run_id}/metrics").json()

@@ -152,6 +152,7 @@ export class Gantt {
     }
     // time axis: one unit for the window (ms from the trace start, drawn in its own unit)
     const w = data.window;
+    this.exportLink(range || [w.t0_ms, w.t1_ms]);
     const u = axisUnit([(w.t1_ms - w.t0_ms) / 1e3], "s");
     this.msPerUnit = u.div * 1e3;
     for (const t of traces) t.x = t.x.map((v) => (v === null ? null : v / this.msPerUnit));
@@ -191,6 +192,17 @@ export class Gantt {
           ` · ${Math.round(performance.now() - t0)} ms to draw`;
         if (!this.bound) this.bindEvents();
       });
+  }
+
+  // the Perfetto export of the window on view (GET /api/runs/{id}/export?t0_ms=&t1_ms=)
+  exportLink([a, b]) {
+    const link = document.getElementById("gantt-export");
+    if (!link || !(b > a)) return;
+    const q = new URLSearchParams({ format: "perfetto", t0_ms: String(Math.max(0, a)),
+      t1_ms: String(b) });
+    link.href = `/api/runs/${encodeURIComponent(this.runId)}/export?${q}`;
+    link.dataset.t0Ms = String(Math.max(0, a));
+    link.dataset.t1Ms = String(b);
   }
 
   details(i) {

@@ -12,7 +12,7 @@ import json
 from typing import Literal
 
 from fastapi import APIRouter, Query
-from fastapi.responses import FileResponse, Response
+from fastapi.responses import FileResponse, Response, StreamingResponse
 
 from backend import gantt, run_traces
 from backend.api.deps import DbDep, RunDep, SettingsDep
@@ -20,6 +20,7 @@ from backend.crud.collective_sweeps import latest_sweep
 from backend.errors import Invalid, NotFound
 from backend.storage import resolve_run_path
 from jobs.analysis import PERFETTO_FILE, TABLES, tables_to_csv
+from jobs.analysis.export import iter_perfetto_json
 from jobs.analysis.history import bandwidth_vs_sweep
 
 router = APIRouter(prefix="/api/runs", tags=["analysis"])
@@ -85,10 +86,33 @@ def export_run(run: RunDep, settings: SettingsDep,
                    "the analysis (or one table); csv: one table"),
                table: str | None = Query(None, json_schema_extra=_TABLE_ENUM,
                                          description=_TABLE_DOC + " (required for csv)"),
+               t0_ms: float | None = Query(None, ge=0, allow_inf_nan=False,
+                                           description="perfetto: window start, ms from the "
+                                           "trace start (the Gantt's axis; with t1_ms)"),
+               t1_ms: float | None = Query(None, ge=0, allow_inf_nan=False,
+                                           description="perfetto: window end (> t0_ms)"),
                ) -> Response:
     """Download the Perfetto trace, the analysis as JSON, or one table as CSV: the same
-    tables, names and values the run page shows."""
+    tables, names and values the run page shows. A Perfetto window (`t0_ms`, `t1_ms`: a run
+    too large for the UI) is built from the traces and streamed, only the records
+    overlapping it, times from the run's origin."""
     _check_table(table)
+    if (t0_ms is None) != (t1_ms is None):
+        raise _bad_query("t1_ms" if t1_ms is None else "t0_ms",
+                         "give both t0_ms and t1_ms (a window), or neither")
+    if t0_ms is not None:
+        if format != "perfetto":
+            raise _bad_query("t0_ms", "a window applies to format=perfetto only")
+        if not t1_ms > t0_ms:
+            raise _bad_query("t1_ms", f"must be greater than t0_ms = {t0_ms:g}")
+        rt = run_traces.get(settings.runs_dir / run.id)
+        if rt is None:
+            raise NotFound(f"run {run.id} has no trace files (yet)")
+        name = f"paralab-{run.id}-{t0_ms:g}-{t1_ms:g}ms.perfetto.json"
+        return StreamingResponse(
+            iter_perfetto_json(rt.traces, run.spec, window_ms=(t0_ms, t1_ms)),
+            media_type="application/json",
+            headers={"Content-Disposition": f'attachment; filename="{name}"'})
     if format == "perfetto":
         path = resolve_run_path(settings.runs_dir, run.id, PERFETTO_FILE)
         if not path.is_file():
