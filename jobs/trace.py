@@ -48,7 +48,7 @@ from jobs import commbytes
 from jobs.flight import FlightRecorder
 from jobs.trace_schedule import DETAIL_TYPES, is_scheduled, keeps_span
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: bounded tracing (untraced steps, `scalars` records)
 _ENCODER = json.JSONEncoder(default=str, separators=(",", ":"))
 
 # What the backend actually runs for a logical op (only where it differs from the logical op).

@@ -68,9 +68,40 @@ def _steps_set(text: str) -> frozenset:
     return s
 
 
+def iter_traced(trace, steps: int, start: int = 0):
+    """The scheduled steps of a run of `steps` steps (from `start` when resumed), in order,
+    jumping over untraced stretches (a run may have a million steps)."""
+    if trace is None or not (trace.steps or trace.active):
+        yield from range(start, steps)
+        return
+    if trace.steps:
+        yield from (s for s in parse_steps(trace.steps) if start <= s < steps)
+        return
+    cycle, off = trace.wait + trace.warmup + trace.active, trace.wait + trace.warmup
+    end = min(steps, trace.repeat * cycle) if trace.repeat else steps
+    base = start - start % cycle
+    while base < end:
+        yield from range(max(base + off, start), min(base + cycle, end))
+        base += cycle
+
+
 def traced_steps(trace, steps: int, start: int = 0) -> list[int]:
-    """The scheduled steps of a run of `steps` steps (from `start` when resumed)."""
-    return [s for s in range(start, steps) if is_scheduled(trace, s)]
+    return list(iter_traced(trace, steps, start))
+
+
+def traced_step_count(trace, steps: int, start: int = 0) -> int:
+    """len(traced_steps(...)) in closed form."""
+    if trace is None or not (trace.steps or trace.active):
+        return max(0, steps - start)
+    if trace.steps:
+        return sum(1 for s in parse_steps(trace.steps) if start <= s < steps)
+    cycle, off = trace.wait + trace.warmup + trace.active, trace.wait + trace.warmup
+
+    def upto(n: int) -> int:  # traced steps in [0, n)
+        if trace.repeat:
+            n = min(n, trace.repeat * cycle)
+        return n // cycle * trace.active + max(0, n % cycle - off)
+    return upto(steps) - upto(min(start, steps))
 
 
 def compact_ranges(steps) -> str:
@@ -132,13 +163,12 @@ def predicted_trace(spec) -> dict:
     """The new-run form's trace size: traced steps, records and bytes per rank and in all.
     `records` counts the predicted span / mem (and, where known, comm) records plus one
     `scalars` record per step; where `comm` is not predicted the figures are lower bounds."""
-    n = spec.train.steps - (spec.resume.step if spec.resume.run_id else 0)
-    traced = traced_steps(spec.trace, spec.train.steps,
-                          spec.resume.step if spec.resume.run_id else 0)
+    start = spec.resume.step if spec.resume.run_id else 0
+    n = spec.train.steps - start
     per = records_per_traced_step(spec)
     known = {k: v for k, v in per.items() if k in ("span", "mem", "comm") and v is not None}
     per_step = sum(known.values()) if per["span"] is not None else None
-    nt = len(traced)
+    nt = traced_step_count(spec.trace, spec.train.steps, start)
     if per_step is not None and spec.trace.max_records:
         # whole steps start while fewer than max_records were written
         nt = min(nt, math.ceil(spec.trace.max_records / per_step) if per_step else nt)
@@ -146,7 +176,13 @@ def predicted_trace(spec) -> dict:
     size = sum(BYTES_PER_RECORD[k] * v * nt for k, v in known.items()) \
         + BYTES_PER_RECORD["scalars"] * n
     world = spec.world_size
-    return {"traced_steps": compact_ranges(traced[:nt]), "traced_step_count": nt,
+    shown = []
+    for s in iter_traced(spec.trace, spec.train.steps, start):
+        if len(shown) >= min(nt, 1000):
+            break
+        shown.append(s)
+    ranges = compact_ranges(shown) + (",…" if nt > len(shown) else "")
+    return {"traced_steps": ranges, "traced_step_count": nt,
             "steps": n, "level": spec.trace.level,
             "records_per_traced_step": per_step, "by_type": per,
             "lower_bound": per["comm"] is None,

@@ -2,11 +2,12 @@
 // clone-and-edit (?clone=ID), and a live prediction panel (predict.js) that also reports
 // invalid combinations inline before submit.
 import { api, formatErrors } from "./api.js";
-import { $, el } from "./dom.js";
+import { $, el, fmtBytes } from "./dom.js";
 import { WHATIF_INPUTS, renderPrediction, whatIfAssumptions } from "./predict.js";
 
 const SECTIONS = [["", "Job"], ["model", "Model"], ["parallel", "Parallel layout"],
-  ["train", "Training"], ["runtime", "Runtime"], ["collective", "Collective sweep"]];
+  ["train", "Training"], ["trace", "Tracing"], ["runtime", "Runtime"],
+  ["collective", "Collective sweep"]];
 const SKIP = new Set(["version", "name", "faults"]); // faults: their own fieldset below
 let fields = {};
 let faultExamples = {};
@@ -134,7 +135,8 @@ function refreshSections() {
   const bench = spec.kind === "collective_bench";
   for (const fs of document.querySelectorAll("fieldset[data-section]")) {
     const s = fs.dataset.section;
-    fs.hidden = bench ? ["model", "parallel", "train", "faults"].includes(s) : s === "collective";
+    fs.hidden = bench ? ["model", "parallel", "train", "trace", "faults"].includes(s)
+      : s === "collective";
   }
 }
 
@@ -199,6 +201,7 @@ async function predictNow() {
     showErrors([]);
     $("#pred-status").textContent = "";
     renderPrediction(pred, Number($("#device-gb").value) * 1e9);
+    renderTraceSize(pred.trace);
   } catch (e) {
     if (mine !== seq) return;
     const detail = e.status === 422 && Array.isArray(e.detail) ? e.detail : [];
@@ -218,6 +221,24 @@ async function predictNow() {
       : `prediction unavailable: ${e.message}`;
   }
   $("#submit").disabled = !valid;
+}
+
+// The predicted trace size of the spec's `trace` section (jobs.trace_schedule.predicted_trace,
+// served by POST /api/predict): traced steps, records and bytes, a lower bound where the
+// collectives are not predicted.
+function renderTraceSize(t) {
+  const box = $("#pred-trace");
+  box.hidden = !t;
+  if (!t) return;
+  const ge = t.lower_bound ? "≥ " : "";
+  box.dataset.records = String(t.records);
+  box.dataset.bytes = String(t.bytes);
+  box.dataset.tracedSteps = t.traced_steps;
+  box.textContent = `Trace: ${t.traced_step_count} of ${t.steps} steps traced in detail ` +
+    `(${t.traced_steps || "none"}; level ${t.level}), ${ge}${t.records.toLocaleString()} records, ` +
+    `${ge}${fmtBytes(t.bytes)} over all ranks` + (t.records_per_traced_step === null ? ""
+    : ` · ${ge}${t.records_per_traced_step} records per traced step and rank`) +
+    "; every step keeps its loss and step time";
 }
 
 function usePreset(name) {
