@@ -132,7 +132,7 @@ def keeps_span(level: str, name: str, cat: str) -> bool:
 
 # Mean encoded size of a record (bytes, one JSON line), measured on tiny reference runs
 # (tests/jobs/test_trace_schedule.py prints the measured means); an estimate, unlike the counts.
-BYTES_PER_RECORD = {"span": 190, "mem": 260, "comm": 330, "scalars": 150}
+BYTES_PER_RECORD = {"span": 140, "mem": 195, "comm": 270, "scalars": 230}
 
 
 def records_per_traced_step(spec) -> dict:
