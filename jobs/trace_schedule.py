@@ -132,7 +132,8 @@ def keeps_span(level: str, name: str, cat: str) -> bool:
 
 # Mean encoded size of a record (bytes, one JSON line), measured on tiny reference runs
 # (tests/jobs/test_trace_schedule.py prints the measured means); an estimate, unlike the counts.
-BYTES_PER_RECORD = {"span": 140, "mem": 195, "comm": 270, "scalars": 230}
+BYTES_PER_RECORD = {"span": 140, "mem": 195, "comm": 270, "scalars": 230, "meta": 1500,
+                    "end": 140}
 
 
 def records_per_traced_step(spec) -> dict:
@@ -161,8 +162,9 @@ def records_per_traced_step(spec) -> dict:
 
 def predicted_trace(spec) -> dict:
     """The new-run form's trace size: traced steps, records and bytes per rank and in all.
-    `records` counts the predicted span / mem (and, where known, comm) records plus one
-    `scalars` record per step; where `comm` is not predicted the figures are lower bounds."""
+    `records` counts the predicted span / mem (and, where known, comm) records, one
+    `scalars` record per step and the fixed ones (`meta`, `end`, and the `init` memory sample
+    but at level `step`); where `comm` is not predicted the figures are lower bounds."""
     start = spec.resume.step if spec.resume.run_id else 0
     n = spec.train.steps - start
     per = records_per_traced_step(spec)
@@ -172,9 +174,11 @@ def predicted_trace(spec) -> dict:
     if per_step is not None and spec.trace.max_records:
         # whole steps start while fewer than max_records were written
         nt = min(nt, math.ceil(spec.trace.max_records / per_step) if per_step else nt)
-    rec = (per_step or 0) * nt + n
+    init = 0 if spec.trace.level == "step" else 1
+    rec = (per_step or 0) * nt + n + 2 + init
     size = sum(BYTES_PER_RECORD[k] * v * nt for k, v in known.items()) \
-        + BYTES_PER_RECORD["scalars"] * n
+        + BYTES_PER_RECORD["scalars"] * n + BYTES_PER_RECORD["meta"] + BYTES_PER_RECORD["end"] \
+        + BYTES_PER_RECORD["mem"] * init
     world = spec.world_size
     shown = []
     for s in iter_traced(spec.trace, spec.train.steps, start):

@@ -12,7 +12,7 @@ import pytest
 
 from jobs.analysis import analyze_run_dir
 from jobs.spec import parse_spec
-from jobs.trace_schedule import BYTES_PER_RECORD, records_per_traced_step
+from jobs.trace_schedule import BYTES_PER_RECORD, predicted_trace, records_per_traced_step
 from tests.support.launch import multirun, read_trace
 
 SCHED = {"name": "sched", "model": {"layers": 2, "hidden": 16}, "parallel": {"dp": 2},
@@ -107,6 +107,14 @@ def test_predicted_records_per_traced_step_are_the_records_written(runs):
         for line in lines:
             sizes.setdefault(json.loads(line)["type"], []).append(len(line) + 1)
     assert sorted(by_step(read_trace(runs / "steplevel", 0))) == [1, 3]
+    # whole files: exact at level step; at layer level short of exactly the collectives
+    for name, spec in (("sched", SCHED), ("steplevel", STEP)):
+        p = predicted_trace(parse_spec(spec))
+        for rank in (0, 1):
+            recs = read_trace(runs / name, rank)
+            comms = sum(r["type"] == "comm" for r in recs)
+            assert len(recs) - comms == p["records_per_rank"], (name, rank)
+            assert comms == 0 or p["lower_bound"]
     print("mean bytes per record:", {k: round(sum(v) / len(v)) for k, v in sizes.items()},
           "assumed:", BYTES_PER_RECORD)
 

@@ -100,13 +100,15 @@ def test_predicted_trace_counts_steps_and_the_cap():
     assert per == {"span": 20, "mem": 4, "comm": None, "exact": False}
     p = predicted_trace(spec)
     assert p["traced_steps"] == "6-7,14-15,22-23" and p["traced_step_count"] == 6
-    assert p["records_per_rank"] == 24 * 6 + 40 and p["records"] == 2 * p["records_per_rank"]
+    # + scalars per step, meta, end and the init memory sample
+    assert p["records_per_rank"] == 24 * 6 + 40 + 3
+    assert p["records"] == 2 * p["records_per_rank"]
     assert p["lower_bound"] and p["bytes"] > 0
     capped = parse_spec({**BASE, "model": {"layers": 3}, "train": {"steps": 40, "grad_accum": 2},
                          "trace": {"max_records": 50}})
     assert predicted_trace(capped)["traced_step_count"] == 3  # starts at 0, 24, 48 records
     step = parse_spec({**BASE, "trace": {"level": "step", "steps": "1,3"}})
-    assert predicted_trace(step)["records_per_rank"] == 2 + 40
+    assert predicted_trace(step)["records_per_rank"] == 2 + 40 + 2
     assert not predicted_trace(step)["lower_bound"]
     huge = parse_spec({**BASE, "train": {"steps": 1_000_000}, "trace": {"active": 1,
                                                                       "wait": 1}})
