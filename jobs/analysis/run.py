@@ -24,7 +24,8 @@ from . import stragglers as SG
 from .export import to_perfetto
 from .load import Traces, load_run_dir
 
-SCHEMA = 3  # 2: headline/ranks/bandwidth tables, bubble_s in step_rank, rules; 3: MoE tables
+SCHEMA = 4  # 2: headline/ranks/bandwidth tables, bubble_s in step_rank, rules; 3: MoE tables;
+# 4: bounded tracing (throughput `traced`, untraced steps from `scalars`, run.trace)
 TABLES = ("headline", "step_rank", "ranks", "throughput", "stragglers", "straggler_ranks",
           "collectives",
           "bandwidth", "axis_bytes", "links", "placement", "memory", "stage_bubbles",
