@@ -8,7 +8,11 @@
 Memory is sampled at `init`, `after_forward` (direct runner, per micro-batch, with the bytes
 autograd saved), `after_backward` and `after_step` (with the pipeline's peak activation bytes
 under model parallelism). With PARALAB_DUMP_PARAMS=1 the step-0 gradients are dumped for the
-correctness gate (jobs/dumps.py), after step 0's span: their gathers are not traced."""
+correctness gate (jobs/dumps.py), after step 0's span: their gathers are not traced.
+
+Bounded tracing (spec `trace`, jobs/trace_schedule.py): `tr.begin_step` says whether a step is
+traced in detail; every step, traced or not, ends with one `scalars` record (loss, step time,
+tokens/s, memory peaks), so loss and step time exist for every step of the run."""
 
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from jobs.data import local_microbatches
 from jobs.dumps import dump_grads
 from jobs.faults import of as faults_of
 from jobs.memory import MemoryBook, process_memory
-from jobs.summary import loss_weight
+from jobs.summary import loss_weight, tokens_per_step
 
 
 def train_loop(ctx: RunContext, comp) -> dict:
@@ -32,6 +36,8 @@ def train_loop(ctx: RunContext, comp) -> dict:
     book = MemoryBook()
     weight = loss_weight(ctx, ctx.rank, comp.schedule if comp.model_parallel else None)
     losses, step_times = [], []
+    tr.configure(spec.trace)
+    tokens = tokens_per_step(spec)
     # the profiler counts every collective of the run: no dump gathers under it
     dump = (os.environ.get("PARALAB_DUMP_PARAMS") == "1"
             and os.environ.get("PARALAB_PROFILE") != "1")
@@ -51,7 +57,7 @@ def train_loop(ctx: RunContext, comp) -> dict:
     for step in range(ctx.start_step, spec.train.steps):
         if faults.data_ends(step):
             break
-        tr.step = step
+        tr.begin_step(step)
         mbs = local_microbatches(spec, step, dp_rank, ctx.dims.dp, rounds, ctx.device)
         strategy.zero_grad()
         with tr.span("step", cat="step") as rec, strategy.comm_context(), \
@@ -73,6 +79,11 @@ def train_loop(ctx: RunContext, comp) -> dict:
             tr.flush()  # CUDA-event records resolve on the main thread only
         # the step span's duration (device time once resolved): the number the analysis reads
         step_times.append(rec["dur_ns"] / 1e9)
+        # every step, traced or not; the loss only where the step span would carry it
+        tr.scalars(step_s=step_times[-1], tokens=tokens, tokens_per_s=tokens / step_times[-1]
+                   if step_times[-1] > 0 else None,
+                   **({"loss": loss, "loss_weight": weight}
+                      if loss is not None and weight else {}))
         if weight:  # a line per step as it ends (the log is live); this rank's own samples
             print(f"step {step} loss {loss:.6f} (this rank's samples) time "
                   f"{step_times[-1] * 1e3:.1f} ms", flush=True)

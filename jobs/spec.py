@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobs.faultspec import FaultSpec, fault_cross_checks, fault_dict, parse_faults
+from jobs.trace_schedule import LEVELS, trace_checks
 
 SPEC_VERSION = 1
 DEFAULT_MAX_WORLD_SIZE = 8
@@ -187,6 +188,24 @@ class ResumeSpec:
 
 
 @dataclass(frozen=True)
+class TraceSpec:
+    """Bounded tracing (jobs/trace_schedule.py; docs/trace-schema.md)."""
+    wait: int = _f(0, "schedule: untraced steps at the start of each cycle (torch.profiler)",
+                   ge=0, le=1_000_000)
+    warmup: int = _f(0, "schedule: warm-up steps after `wait`, not recorded (the profiler "
+                     "discards them)", ge=0, le=1_000_000)
+    active: int = _f(0, "schedule: traced steps per cycle; 0 = no schedule, every step traced",
+                     ge=0, le=1_000_000)
+    repeat: int = _f(0, "schedule: cycles; 0 = repeat until the run ends", ge=0, le=1_000_000)
+    steps: str = _f("", "explicit traced steps instead of a schedule, e.g. '0-2,10' ('' = use "
+                    "the schedule)", empty_ok=True)
+    max_records: int = _f(0, "cap on detailed records per rank (a step starts traced only "
+                          "below it); 0 = no cap", ge=0, le=10**9)
+    level: str = _f("layer", "detail of a traced step: layer (per-layer spans), block (no "
+                    "per-layer spans), step (only the step span)", choices=LEVELS)
+
+
+@dataclass(frozen=True)
 class JobSpec:
     version: int = _f(SPEC_VERSION, "spec schema version", ge=1, le=SPEC_VERSION)
     name: str = _f("run", "human-readable name")
@@ -203,6 +222,8 @@ class JobSpec:
                        "{kind, ranks, step, ...}", factory=tuple)
     resume: ResumeSpec = _f(None, "continue an earlier run from its checkpoint",
                             factory=ResumeSpec)
+    trace: TraceSpec = _f(None, "which steps are traced in detail, and how much",
+                          factory=TraceSpec)
 
     @property
     def world_size(self) -> int:
@@ -461,7 +482,7 @@ def _parse_section(cls, data, loc, errors):
         value, floc = data[name], (*loc, name)
         ftype = f.type if isinstance(f.type, str) else f.type.__name__
         if ftype in ("ModelSpec", "ParallelSpec", "TrainSpec", "RuntimeSpec", "CollectiveSpec",
-                     "ResumeSpec", "ComputeSpec"):
+                     "ResumeSpec", "ComputeSpec", "TraceSpec"):
             kwargs[name] = _parse_section(globals()[ftype], value, floc, errors)
         elif cls is JobSpec and name == "faults":
             kwargs[name] = parse_faults(value, _check_scalar, errors)
@@ -485,7 +506,7 @@ def _parse_section(cls, data, loc, errors):
 
 
 def _cross_checks(s: JobSpec, max_world_size: int) -> list[dict]:
-    e: list[dict] = []
+    e: list[dict] = trace_checks(s)
     m, p, t, r = s.model, s.parallel, s.train, s.runtime
     world = s.world_size
     if world > max_world_size:

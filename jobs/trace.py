@@ -21,6 +21,14 @@ Flight recorder (jobs/flight.py; docs/faults.md): per process group, what was is
 and entered but not completed, written as `flight-rank{R}.json` by the flusher thread whenever
 it changed, even while the main thread is blocked inside a collective. `last_progress_ns` (the
 last completed collective or step) is what the worker's hang detector reads.
+
+Bounded tracing (jobs/trace_schedule.py): `begin_step` decides per step whether the step is
+traced in detail (`enabled`). On an untraced step `span`, `comm_start` and `memory` write
+nothing and take no CUDA events, but the step span is still timed (the loop's step times), a
+completed step and every completed collective still advance `last_progress_ns` and the flight
+recorder, and `comm_totals` / `comm_by_step` still count every collective of the run (the
+summary's formula checks cover all steps). `scalars` writes the one compact record every step
+gets whatever the schedule.
 """
 
 from __future__ import annotations
@@ -38,8 +46,9 @@ from pathlib import Path
 
 from jobs import commbytes
 from jobs.flight import FlightRecorder
+from jobs.trace_schedule import DETAIL_TYPES, is_scheduled, keeps_span
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: bounded tracing (untraced steps, `scalars` records)
 _ENCODER = json.JSONEncoder(default=str, separators=(",", ":"))
 
 # What the backend actually runs for a logical op (only where it differs from the logical op).
@@ -100,11 +109,11 @@ def _install_handlers() -> None:
 class _CommHandle:
     """An issued, possibly asynchronous communication; `done()` records its completion."""
 
-    __slots__ = ("tracer", "rec", "t0", "ev0", "closed", "entry")
+    __slots__ = ("tracer", "rec", "t0", "ev0", "closed", "entry", "keep")
 
-    def __init__(self, tracer: Tracer, rec: dict, t0: int, ev0, entry: dict):
+    def __init__(self, tracer: Tracer, rec: dict, t0: int, ev0, entry: dict, keep: bool = True):
         self.tracer, self.rec, self.t0, self.ev0, self.closed = tracer, rec, t0, ev0, False
-        self.entry = entry
+        self.entry, self.keep = entry, keep
 
     def done(self, **extra) -> None:
         if self.closed:
@@ -135,7 +144,7 @@ class _CommHandle:
             per = by_axis[rec["step"]] = [0.0, 0.0]
         per[0] += rec["bytes_sent"]
         per[1] += rec["bytes_recv"]
-        self.tracer._finish(self.rec, self.t0, self.ev0)
+        self.tracer._finish(self.rec, self.t0, self.ev0, self.keep)
 
 
 class Tracer:
@@ -164,6 +173,10 @@ class Tracer:
         self.group_ranks: dict[str, list[int]] = {}  # group key -> global ranks (if known)
         self.flight = FlightRecorder(Path(out_dir) / f"flight-rank{rank}.json")
         self.steps_completed = 0
+        # bounded tracing (jobs/trace_schedule.py): the default traces every step in full
+        self.trace_spec = None
+        self.enabled, self.level, self.max_records = True, "layer", 0
+        self.detail_records, self.capped = 0, False
         self._offset = time.time_ns() - time.perf_counter_ns()
         self.clock_error_ns = 0
         if sync_clock:
@@ -232,7 +245,38 @@ class Tracer:
         dist.barrier()
 
     # --- records -------------------------------------------------------------------------------
+    def configure(self, trace_spec) -> None:
+        """Take the spec's `trace` section (jobs.spec.TraceSpec)."""
+        self.trace_spec = trace_spec
+        self.level, self.max_records = trace_spec.level, trace_spec.max_records
+
+    def begin_step(self, step: int) -> bool:
+        """Enter `step`; returns whether it is traced in detail (the schedule, then the cap:
+        a step starts traced only while fewer than max_records detailed records were written,
+        so a step is never cut in half)."""
+        self.step = step
+        on = is_scheduled(self.trace_spec, step)
+        if on and self.max_records and self.detail_records >= self.max_records:
+            if not self.capped:
+                self.capped = True
+                self.instant("trace_capped", max_records=self.max_records,
+                             records=self.detail_records)
+            on = False
+        self.enabled = on
+        return on
+
+    def scalars(self, **fields) -> None:
+        """The compact per-step record (every step, traced or not): loss, step time, tokens/s,
+        peak memory figures; `traced` says whether the step has detailed records."""
+        rec = {"type": "scalars", "ts_ns": self.now(), "traced": self.enabled,
+               "rss_bytes": _rss_bytes(), **fields}
+        if self.cuda:
+            rec["cuda_peak_allocated_bytes"] = self._torch.cuda.max_memory_allocated()
+        self._emit(rec)
+
     def _emit(self, rec: dict) -> None:
+        if rec["type"] in DETAIL_TYPES:
+            self.detail_records += 1
         rec.setdefault("rank", self.rank)
         rec.setdefault("step", self.step)
         rec.setdefault("microbatch", self.microbatch)
@@ -243,13 +287,15 @@ class Tracer:
         ev.record()
         return ev
 
-    def _finish(self, rec: dict, t0: int, ev0) -> None:
+    def _finish(self, rec: dict, t0: int, ev0, keep: bool = True) -> None:
         t1 = self.now()
         rec["ts_ns"], rec["dur_ns"] = t0, t1 - t0
         if rec.get("cat") == "step":  # a completed step: progress for the hang detector
             self.steps_completed += 1
             self.last_progress_ns = t1
             self.flight.dirty = True
+        if not keep:  # an untraced step: timed (the loop reads dur_ns), not written
+            return
         if ev0 is not None:
             self._pending_cuda.append((rec, ev0, self._event()))
             rec["host_ts_ns"], rec["host_dur_ns"] = t0, t1 - t0
@@ -260,12 +306,13 @@ class Tracer:
         """A timed span (device-timed with CUDA events on GPU unless device=False)."""
         rec = {"type": "span", "name": name, "cat": cat, "step": self.step,
                "microbatch": self.microbatch, **args}
-        ev0 = self._event() if (self.cuda and device) else None
+        keep = self.enabled and (self.level == "layer" or keeps_span(self.level, name, cat))
+        ev0 = self._event() if (keep and self.cuda and device) else None
         t0 = self.now()
         try:
             yield rec
         finally:
-            self._finish(rec, t0, ev0)
+            self._finish(rec, t0, ev0, keep)
 
     def comm_start(self, op: str, *, payload_bytes: int, group_size: int, axis: str = "dp",
                    group: str | None = None, peer: int | None = None, is_root: bool = False,
@@ -296,13 +343,14 @@ class Tracer:
             rec["backend_op"], rec["backend_payload_bytes"] = backend_op, int(bp)
             rec["backend_bytes_sent"] = _bytes(backend_op, int(bp), group_size,
                                                bool(is_root))[0]
-        ev0 = self._event() if (self.cuda and device) else None  # async: host timing
+        keep = self.enabled and self.level != "step"
+        ev0 = self._event() if (keep and self.cuda and device) else None  # async: host timing
         t0 = self.now()
         entry = self.flight.enter(gkey, {
             "seq": seq, "op": op, "payload_bytes": rec["payload_bytes"],
             "dtype": args.get("dtype"), "group_size": group_size, "ts_ns": t0,
             "step": self.step, "end_ns": None})
-        return _CommHandle(self, rec, t0, ev0, entry)
+        return _CommHandle(self, rec, t0, ev0, entry, keep)
 
     @contextlib.contextmanager
     def comm(self, op: str, *, payload_bytes: int, group_size: int, axis: str = "dp",
@@ -317,6 +365,8 @@ class Tracer:
 
     def memory(self, **bytes_by_component) -> dict:
         """A memory sample: the given components (bytes) plus RSS / CUDA allocator figures."""
+        if not self.enabled or self.level == "step":
+            return {}
         rec = {"type": "mem", "ts_ns": self.now(), "step": self.step,
                "microbatch": self.microbatch, "rss_bytes": _rss_bytes(),
                **bytes_by_component}
@@ -333,7 +383,10 @@ class Tracer:
                     "microbatch": self.microbatch, **args})
 
     def record(self, type: str, **fields) -> None:
-        """Any other record type (e.g. `summary`-like facts another module wants kept)."""
+        """Any other record type (e.g. `summary`-like facts another module wants kept); the
+        detailed ones (`moe`) only on traced steps."""
+        if type in DETAIL_TYPES and (not self.enabled or self.level == "step"):
+            return
         self._emit({"type": type, "ts_ns": self.now(), **fields})
 
     def flight_note(self, key: str, value) -> None:
@@ -422,6 +475,7 @@ class NullTracer:
 
     step = -1
     microbatch = None
+    enabled = True
     backend = None
     clock_error_ns = 0
     fault = None
@@ -450,6 +504,16 @@ class NullTracer:
         return {}
 
     def instant(self, name, **args):
+        pass
+
+    def configure(self, trace_spec):
+        pass
+
+    def begin_step(self, step):
+        self.step = step
+        return True
+
+    def scalars(self, **fields):
         pass
 
     def record(self, type, **fields):

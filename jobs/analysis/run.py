@@ -24,7 +24,8 @@ from . import stragglers as SG
 from .export import to_perfetto
 from .load import Traces, load_run_dir
 
-SCHEMA = 3  # 2: headline/ranks/bandwidth tables, bubble_s in step_rank, rules; 3: MoE tables
+SCHEMA = 4  # 2: headline/ranks/bandwidth tables, bubble_s in step_rank, rules; 3: MoE tables;
+# 4: bounded tracing (throughput `traced`, untraced steps from `scalars`, run.trace)
 TABLES = ("headline", "step_rank", "ranks", "throughput", "stragglers", "straggler_ranks",
           "collectives",
           "bandwidth", "axis_bytes", "links", "placement", "memory", "stage_bubbles",
@@ -157,8 +158,11 @@ def analyze(tr: Traces, spec=None) -> dict:
         tr, sp, P.pipeline(pred), t["step_rank"]), [])
     t["expert_load"] = _safe(tr, "expert_load", lambda: MOE.expert_load_table(tr), [])
     t["all_to_all"] = _safe(tr, "all_to_all", lambda: MOE.all_to_all_table(tr), [])
+    scalars = _safe(tr, "scalars", lambda: S.scalar_rows(tr), [])
     t["throughput"] = _safe(tr, "throughput", lambda: S.throughput_table(
-        t["step_rank"], spec_dict, tr.summary), [])
+        t["step_rank"], spec_dict, tr.summary, scalars), [])
+    trace = _safe(tr, "trace coverage", lambda: S.trace_coverage(tr, t["step_rank"], scalars),
+                  {})
     peak = _safe(tr, "peak memory", lambda: M.peak_bytes(tr), None)
     pp = sp.parallel.pp if sp is not None else max(
         [tr.coords(r).get("pp", 0) for r in tr.ranks] or [0]) + 1
@@ -167,7 +171,8 @@ def analyze(tr: Traces, spec=None) -> dict:
     strategy = (tr.summary or {}).get("strategy") or (sp.strategy if sp is not None else None)
     run = {"world_size": tr.world_size, "ranks": sorted(tr.ranks), "strategy": strategy,
            "engine": sp.parallel.engine if sp is not None else None,
-           "coords": {str(r): tr.coords(r) for r in sorted(tr.ranks)}}
+           "coords": {str(r): tr.coords(r) for r in sorted(tr.ranks)},
+           "traced_steps": trace.get("traced_steps"), "trace": trace}
     tables = {name: t[name] for name in TABLES}
     return _json_safe({"schema": SCHEMA, "run": run, "spec": spec_dict, "headline": headline,
                        "rules": rules.RULES, "tables": tables, "warnings": list(tr.warnings)})

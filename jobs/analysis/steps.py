@@ -18,12 +18,18 @@ Definitions (docs/analysis.md, wording in rules.py): inside the rank's `step` sp
     idle        step − (compute ∪ comm ∪ bubble)
 so compute_s + exposed_comm_s + bubble_s + idle_s = step_s exactly.
 
+Bounded tracing (docs/trace-schema.md): the step_rank table has rows for the traced steps only
+(the steps with detailed records); the throughput table has every step, its step time and loss
+from the `scalars` records where a step was not traced (`traced` says which).
+
 Standard library only.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+
+from jobs.trace_schedule import compact_ranges
 
 from . import intervals as iv
 from . import rules
@@ -204,15 +210,49 @@ def traced_losses(step_rows: list[dict]) -> dict[int, float]:
     return {s: v for s, (v, w) in acc.items() if abs(w - 1.0) < 1e-9}
 
 
-def throughput_table(step_rows: list[dict], spec: dict | None, summary: dict | None) -> list:
-    """Per step: step time (slowest rank's step span), tokens/s, loss (summary.json's, else
-    from the traces: a cancelled or live run)."""
+def scalar_rows(tr: Traces) -> list[dict]:
+    """Per (step, rank): the `scalars` record (every step, traced or not; none in traces
+    written before bounded tracing)."""
+    rows = []
+    for rank, recs in sorted(tr.ranks.items()):
+        for r in recs:
+            st = r.get("step")
+            if r.get("type") == "scalars" and isinstance(st, int) and st >= 0:
+                rows.append({"step": st, "rank": rank, "step_s": r.get("step_s"),
+                             "loss": r.get("loss"), "loss_weight": r.get("loss_weight"),
+                             "traced": bool(r.get("traced", True))})
+    return rows
+
+
+def trace_coverage(tr: Traces, step_rows: list[dict], scalars: list[dict]) -> dict:
+    """Which steps have detailed records (`traced_steps`, compact ranges, over any rank) and
+    how many steps the run has scalars for; `capped_ranks`: ranks whose max_records cap
+    stopped detailed tracing."""
+    traced = sorted({r["step"] for r in step_rows})
+    every = sorted({r["step"] for r in scalars} | set(traced))
+    capped = sorted(rank for rank, recs in tr.ranks.items()
+                    if any(r.get("type") == "instant" and r.get("name") == "trace_capped"
+                           for r in recs))
+    return {"traced_steps": compact_ranges(traced), "traced_step_count": len(traced),
+            "steps": len(every), "untraced_step_count": len(set(every) - set(traced)),
+            "capped_ranks": capped}
+
+
+def throughput_table(step_rows: list[dict], spec: dict | None, summary: dict | None,
+                     scalars: list[dict] | None = None) -> list:
+    """Per step: step time (slowest rank's step span; on an untraced step the slowest rank's
+    `scalars` step time), tokens/s, loss (summary.json's, else from the traces: a cancelled
+    or live run), `traced` (the step has detailed records)."""
     by_step: dict[int, list[float]] = defaultdict(list)
     for r in step_rows:
         by_step[r["step"]].append(r["step_s"])
+    traced_set = set(by_step)
+    for r in scalars or []:
+        if r["step"] not in traced_set and isinstance(r.get("step_s"), int | float):
+            by_step[r["step"]].append(r["step_s"])
     losses = (summary or {}).get("loss") or []
     if not losses:
-        traced = traced_losses(step_rows)
+        traced = traced_losses(scalars or step_rows)
         losses = [traced.get(s) for s in range(max(traced) + 1)] if traced else []
     tokens = tokens_per_step(spec)
     rows = []
@@ -222,5 +262,6 @@ def throughput_table(step_rows: list[dict], spec: dict | None, summary: dict | N
         rows.append({"step": step, "step_s": t, "ranks": len(by_step.get(step, [])),
                      "tokens": tokens,
                      "tokens_per_s": tokens / t if tokens and t else None,
-                     "loss": loss if isinstance(loss, int | float) else None})
+                     "loss": loss if isinstance(loss, int | float) else None,
+                     "traced": step in traced_set})
     return rows

@@ -17,7 +17,8 @@ TEMPLATES = Path(__file__).resolve().parents[2] / "frontend" / "templates"
 # Element ids of each page as served before the pages shared base.html (the JS and the browser
 # tests look these up); the base template adds only "content". Since then: the runs list's
 # peak-memory filter (f-mem-max), the device-memory explanation (device-gb-help), the run
-# page's hang diagnosis and resume (#15), and the cluster page (#16).
+# page's hang diagnosis and resume (#15), the cluster page (#16), bounded tracing's predicted
+# trace size (pred-trace) and traced-steps line (trace-coverage) (#19).
 IDS = {
     "/cluster": ["cluster-error", "cluster-updated", "hosts", "hosts-empty", "queued",
                  "queued-empty", "queues", "unseen"],
@@ -30,7 +31,7 @@ IDS = {
     "/new": ["device-gb", "device-gb-help", "fields", "form-error", "form-title", "name",
              "new-run", "notes",
              "pred-cards", "pred-comm", "pred-formulas", "pred-links", "pred-links-caption",
-             "pred-memory", "pred-status", "prediction", "preset", "preset-title", "submit",
+             "pred-memory", "pred-status", "pred-trace", "prediction", "preset", "preset-title", "submit",
              "tags", "whatif-inter", "whatif-intra", "whatif-nnodes"],
     "/runs/abc": ["cancel-btn", "cards", "clone-link", "comm-axis", "comm-busbw",
                   "comm-links", "comm-overlap", "comm-section", "curves-section", "diagnosis",
@@ -43,7 +44,7 @@ IDS = {
                   "resume", "resume-section",
                   "run-error", "run-head",
                   "run-meta", "run-status", "run-sweep", "run-sweep-link", "run-title",
-                  "throughput-chart"],
+                  "throughput-chart", "trace-coverage"],
     "/advise": ["a-arch", "a-devices_per_host", "a-global_batch", "a-heads", "a-hidden",
         "a-hosts", "a-inter", "a-intra", "a-layers", "a-memory", "a-preset", "a-queue",
         "a-seq_len", "a-t_backward_input", "a-t_backward_weight", "a-t_forward", "a-tflops",

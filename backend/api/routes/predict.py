@@ -1,5 +1,6 @@
 """POST /api/predict: the theory model for a job spec or a what-if, every figure with its
-formula, inputs and convention (jobs/theory)."""
+formula, inputs and convention (jobs/theory); for a train spec also `trace`, the predicted
+trace size of its `trace` section (jobs.trace_schedule.predicted_trace)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from fastapi import APIRouter, Body
 from backend.api.deps import CheckedParams
 from backend.api.schemas import json_problems
 from backend.errors import Invalid
-from jobs.spec import SpecError
+from jobs.spec import SpecError, parse_spec
 from jobs.theory import predict as theory_predict
+from jobs.trace_schedule import predicted_trace
 
 router = APIRouter(prefix="/api", tags=["predict"], dependencies=[CheckedParams])
 
@@ -39,8 +41,9 @@ def run_predict(body: dict[str, Any]) -> dict:
                 raise SpecError([{"loc": ["assumptions"], "msg": "must be an object",
                                   "type": "dict_type"}])
             prefix = ["body", "spec"]
-            return theory_predict(body["spec"], **assumptions)
-        return theory_predict(body)
+            return _with_trace(theory_predict(body["spec"], **assumptions), body["spec"])
+        out = theory_predict(body)
+        return out if "params" in body else _with_trace(out, body)
     except SpecError as exc:
         assumed = set(body.get("assumptions") or {}) if prefix[-1] == "spec" else set()
         raise Invalid(errors=[
@@ -48,6 +51,13 @@ def run_predict(body: dict[str, Any]) -> dict:
                           else prefix) + list(e["loc"])} for e in exc.errors]) from exc
     except TypeError as exc:  # an unknown assumption keyword
         raise Invalid(str(exc), field="assumptions") from exc
+
+
+def _with_trace(out: dict, spec_body) -> dict:
+    """The theory's answer plus the trace size a train spec's `trace` section predicts (the
+    spec parsed already inside the theory: this parse cannot fail)."""
+    spec = parse_spec(spec_body, max_world_size=1 << 30)
+    return {**out, "trace": predicted_trace(spec)} if spec.kind == "train" else out
 
 
 @router.post("/predict")

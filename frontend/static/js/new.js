@@ -2,12 +2,12 @@
 // clone-and-edit (?clone=ID), and a live prediction panel (predict.js) that also reports
 // invalid combinations inline before submit.
 import { api, formatErrors } from "./api.js";
-import { $, el } from "./dom.js";
+import { $, el, fmtBytes } from "./dom.js";
 import { WHATIF_INPUTS, renderPrediction, whatIfAssumptions } from "./predict.js";
 
 const SECTIONS = [["", "Job"], ["model", "Model"], ["parallel", "Parallel layout"],
-  ["train", "Training"], ["runtime", "Runtime"], ["collective", "Collective sweep"],
-  ["compute", "Compute calibration"]];
+  ["train", "Training"], ["trace", "Tracing"], ["runtime", "Runtime"],
+  ["collective", "Collective sweep"], ["compute", "Compute calibration"]];
 const SKIP = new Set(["version", "name", "faults"]); // faults: their own fieldset below
 let fields = {};
 let faultExamples = {};
@@ -134,8 +134,8 @@ function onEdit(ev) {
 // The sections a kind ignores (jobs/spec.py: a sweep has no model; a calibration times one
 // layer of `model` with its `compute` settings, on every rank).
 const IGNORED = {
-  collective_bench: ["model", "parallel", "train", "faults", "compute"],
-  compute_bench: ["parallel", "train", "faults", "collective"],
+  collective_bench: ["model", "parallel", "train", "trace", "faults", "compute"],
+  compute_bench: ["parallel", "train", "trace", "faults", "collective"],
 };
 
 function refreshSections() {
@@ -206,6 +206,7 @@ async function predictNow() {
     showErrors([]);
     $("#pred-status").textContent = "";
     renderPrediction(pred, Number($("#device-gb").value) * 1e9);
+    renderTraceSize(pred.trace);
   } catch (e) {
     if (mine !== seq) return;
     const detail = e.status === 422 && Array.isArray(e.detail) ? e.detail : [];
@@ -225,6 +226,24 @@ async function predictNow() {
       : `prediction unavailable: ${e.message}`;
   }
   $("#submit").disabled = !valid;
+}
+
+// The predicted trace size of the spec's `trace` section (jobs.trace_schedule.predicted_trace,
+// served by POST /api/predict): traced steps, records and bytes, a lower bound where the
+// collectives are not predicted.
+function renderTraceSize(t) {
+  const box = $("#pred-trace");
+  box.hidden = !t;
+  if (!t) return;
+  const ge = t.lower_bound ? "≥ " : "";
+  box.dataset.records = String(t.records);
+  box.dataset.bytes = String(t.bytes);
+  box.dataset.tracedSteps = t.traced_steps;
+  box.textContent = `Trace: ${t.traced_step_count} of ${t.steps} steps traced in detail ` +
+    `(${t.traced_steps || "none"}; level ${t.level}), ${ge}${t.records.toLocaleString()} records, ` +
+    `${ge}${fmtBytes(t.bytes)} over all ranks` + (t.records_per_traced_step === null ? ""
+    : ` · ${ge}${t.records_per_traced_step} records per traced step and rank`) +
+    "; every step keeps its loss and step time";
 }
 
 function usePreset(name) {

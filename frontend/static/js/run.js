@@ -67,7 +67,24 @@ function partitionNote() {
   return ` · layers ${part.layers_per_stage.map(Number).join("/")} (${String(part.mode)})`;
 }
 
+// Which steps have detailed records (bounded tracing, spec `trace`): the analysis' run.trace;
+// every step has its loss and step time whatever the schedule.
+function renderTraceCoverage() {
+  const box = $("#trace-coverage");
+  const t = analysis?.run?.trace;
+  box.hidden = !t || !t.steps;
+  if (box.hidden) return;
+  const all = t.traced_step_count === t.steps;
+  box.dataset.tracedSteps = t.traced_steps || "";
+  box.textContent = all ? `Traced steps: all ${t.steps}` : `Traced steps: ` +
+    `${t.traced_steps || "none"} (${t.traced_step_count} of ${t.steps}; the others have loss ` +
+    "and step time only)" + (t.capped_ranks?.length
+      ? ` · record cap reached on rank${t.capped_ranks.length > 1 ? "s" : ""} ` +
+        t.capped_ranks.join(", ") : "");
+}
+
 function renderCards() {
+  renderTraceCoverage();
   const a = analysis;
   const h = headlineOf(a);
   const steps = a ? stepsLabel(h) : "no trace yet";
