@@ -9,7 +9,8 @@ Layout of the trace (open it in https://ui.perfetto.dev or chrome://tracing):
                          in-flight collectives overlap without nesting, so overlapping ones go
                          to extra lanes ("comm dp #2"): events on one (pid, tid) always nest
   counters ("C")         `memory` (params, grads, optimizer, activations, gathered bytes) and
-                         `process memory` (RSS, CUDA allocator) per rank
+                         `process memory` (RSS, CUDA allocator) per rank; `step scalars`
+                         (step time, tokens/s, loss, RSS) of every step, traced or not
   instants ("i")         `instant` records and the `end` record (its reason)
   otherData              spec, coordinates and clock error per rank, t0_ns (time origin)
 `ts` / `dur` are µs relative to the run's earliest record (absolute ns would lose precision in
@@ -29,6 +30,7 @@ COMM_TID0 = 1000
 MEM_KEYS = ("params", "grads", "optimizer", "activations", "gathered")
 PROC_KEYS = ("rss_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes",
              "cuda_peak_allocated_bytes")
+SCALAR_KEYS = ("step_s", "tokens_per_s", "loss", "rss_bytes", "cuda_peak_allocated_bytes")
 _SKIP_ARGS = {"type", "ts_ns", "dur_ns", "name", "cat", "rank"}
 
 
@@ -110,6 +112,12 @@ def _events(tr: Traces, t0: int, lo: int | None, hi: int | None):
                     if vals:
                         yield {"ph": "C", "pid": rank, "tid": 0, "name": cname,
                                "ts": us(r["ts_ns"]), "args": vals}
+            elif t == "scalars":  # every step, traced or not: the run's curves in the UI
+                vals = {k: r[k] for k in SCALAR_KEYS if isinstance(r.get(k), int | float)
+                        and not isinstance(r.get(k), bool)}
+                if vals:
+                    yield {"ph": "C", "pid": rank, "tid": 0, "name": "step scalars",
+                           "ts": us(r["ts_ns"]), "args": vals}
             elif t in ("instant", "end"):
                 nm = str(r.get("name", "instant")) if t == "instant" else \
                     f"end: {r.get('reason')}"

@@ -84,3 +84,17 @@ def test_streamed_json_is_the_same_document():
         text = "".join(iter_perfetto_json(synthetic(), window_ms=window, chunk=3))
         assert json.loads(text) == json.loads(json.dumps(to_perfetto(synthetic(),
                                                                      window_ms=window)))
+
+
+def test_scalars_of_every_step_are_counters():
+    recs = synthetic()
+    for r in recs:  # an untraced step: only its scalars record
+        recs[r].insert(-1, {"type": "scalars", "rank": r, "step": 1, "microbatch": None,
+                            "ts_ns": 110_000, "traced": False, "step_s": 0.5,
+                            "tokens_per_s": 8.0, "rss_bytes": 1000, "loss": 2.5})
+    trace = to_perfetto(recs)
+    tef.check(trace, 2)
+    got = [e for e in trace["traceEvents"] if e["name"] == "step scalars"]
+    assert [(e["pid"], e["ts"], e["args"]) for e in got] == [
+        (r, 110.0, {"step_s": 0.5, "tokens_per_s": 8.0, "loss": 2.5, "rss_bytes": 1000})
+        for r in range(2)]
