@@ -41,3 +41,35 @@ def test_scheduled_run_predicted_run_and_analysed(svc):
     assert [r["step"] for r in thr] == list(range(12))
     assert all(r["loss"] is not None and r["step_s"] for r in thr)
     assert {r["step"] for r in m["tables"]["step_rank"]} == {2, 3, 6, 7}
+
+
+LONG = {"preset": "ddp", "name": "2000 steps, 3 windows of 5",
+        "train": {"steps": 2000, "global_batch": 4},
+        "trace": {"wait": 600, "warmup": 5, "active": 5, "repeat": 3}}
+WINDOWS = [s for c in range(3) for s in range(c * 610 + 605, c * 610 + 610)]
+
+
+def test_2000_steps_with_3_windows_of_5(svc):
+    """Issue 19's acceptance: loss and step time for all 2,000 steps, detailed records for
+    exactly the 15 scheduled steps; the run page's analysis, the Gantt and the Perfetto export
+    (every step's scalars as counters) agree."""
+    run = svc.submit(LONG)
+    done = svc.wait_status(run["id"], ("succeeded", "failed"), 600)
+    assert done["status"] == "succeeded", done["error"]
+    assert len(done["summary"]["loss"]) == 2000
+    m = svc.http.get(f"/api/runs/{run['id']}/metrics").json()
+    assert m["run"]["traced_steps"] == "605-609,1215-1219,1825-1829"
+    thr = m["tables"]["throughput"]
+    assert [r["step"] for r in thr] == list(range(2000))
+    assert all(r["loss"] is not None and r["step_s"] > 0 for r in thr)
+    assert [r["step"] for r in thr if r["traced"]] == WINDOWS
+    assert sorted({r["step"] for r in m["tables"]["step_rank"]}) == WINDOWS
+    steps = svc.http.get(f"/api/runs/{run['id']}/gantt/steps").json()["steps"]
+    assert [s["step"] for s in steps] == WINDOWS
+    doc = svc.http.get(f"/api/runs/{run['id']}/export").json()
+    ev = doc["traceEvents"]
+    for rank in (0, 1):
+        spans = sorted(e["args"]["step"] for e in ev if e["ph"] == "X" and e["pid"] == rank
+                       and e["name"] == "step")
+        assert spans == WINDOWS
+        assert len([e for e in ev if e["pid"] == rank and e["name"] == "step scalars"]) == 2000
