@@ -9,8 +9,9 @@ rebuilds the same `Traces` from them for the Python tables.
 Round trip: a field listed in COLUMNS whose value has the column's Python type is stored in
 that column; anything else (other fields, other types, nested values, None) goes, JSON
 encoded, into the `args` column, so `records_of` gives back the records `load.parse_lines`
-produced, field for field. The one exception: a null `microbatch` reads back as present and
-None (every record of the schema has it). Imports pyarrow lazily (jobs/summary.py imports
+produced, field for field (==). Two exceptions: an int in a float column (`bytes_recv: 8192`)
+reads back as the equal float, and a null `microbatch` as present and None (every record of
+the schema has it). Imports pyarrow lazily (jobs/summary.py imports
 load.py inside the job process, which needs torch and the standard library only).
 """
 
@@ -43,6 +44,7 @@ COLUMNS: dict[str, str] = {
 }
 _PYTYPE = {_INT: int, _FLOAT: float, _STR: str, _BOOL: bool}
 _INT64 = 1 << 63
+_EXACT = 1 << 53  # ints a float holds exactly
 NULL_IS_NONE = ("microbatch",)  # every record has it: a null reads back as None
 
 
@@ -69,6 +71,10 @@ def to_columns(recs: list[dict]) -> tuple[dict[str, list], list]:
             t = types.get(k)
             if t is not None and type(v) is t and (t is not int or -_INT64 <= v < _INT64):
                 cols[k][i] = v
+            elif t is float and type(v) is int and -_EXACT <= v <= _EXACT:
+                cols[k][i] = float(v)  # a byte count written as an int: equal as a float
+            elif v is None and k in NULL_IS_NONE:
+                continue  # the column's null
             elif k == "rank" and type(v) is int:
                 continue  # the file's rank column
             else:
