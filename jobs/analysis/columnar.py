@@ -151,7 +151,9 @@ def read_rank(path: Path) -> tuple[list[dict], dict, int, bool]:
                          f"{COLUMNAR_SCHEMA}")
     state = json.loads(md.get(STATE_KEY, b"{}"))
     meta = json.loads(md.get(META_KEY, b"{}"))
-    return records_of(table), meta, int(state.get("bad", 0)), bool(state.get("empty"))
+    recs = records_of(table)
+    recs.sort(key=lambda r: r.get("ts_ns", 0))  # stable: a no-op on a converted file
+    return recs, meta, int(state.get("bad", 0)), bool(state.get("empty"))
 
 
 def records_of(table) -> list[dict]:

@@ -22,6 +22,7 @@ from . import pipeline as PL
 from . import predicted as P
 from . import steps as S
 from . import stragglers as SG
+from . import vec_steps as VS
 from . import vec_tables as V
 from .export import to_perfetto
 from .load import Traces, load_run_dir
@@ -156,7 +157,8 @@ def analyze(tr: Traces, spec=None, vec=None) -> dict:
     spec_dict = sp.to_dict() if sp is not None else tr.spec_dict()
     pred = _safe(tr, "theory", lambda: P.theory(sp, tr.warnings), None)
     t: dict = {}
-    t["step_rank"] = _safe(tr, "step_rank", lambda: S.step_rank_table(tr), [])
+    t["step_rank"] = _safe(tr, "step_rank", lambda: _vec_or(
+        vec, lambda: VS.step_rank_table(vec, tr)) or S.step_rank_table(tr), [])
     t["collectives"] = _safe(tr, "collectives", lambda: _vec_or(
         vec, lambda: V.collectives_table(vec, tr)) or C.collectives_table(tr), [])
     t["ranks"] = _safe(tr, "ranks", lambda: S.ranks_table(t["step_rank"]), [])

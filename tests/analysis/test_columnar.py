@@ -9,6 +9,8 @@ import os
 from jobs.analysis import analyze_run_dir, columnar, load_run_dir
 from jobs.analysis import collectives as C
 from jobs.analysis import memory as M
+from jobs.analysis import steps as S
+from jobs.analysis import vec_steps as VS
 from jobs.analysis import vec_tables as V
 from tests.analysis import synth as s
 
@@ -18,10 +20,11 @@ SPEC = {"preset": "ddp", "parallel": {"dp": 2, "tp": 2}, "model": {"arch": "gpt"
 KB = 1 << 10
 
 
-def dp_tp_run(out, steps=4, drop=None):
+def dp_tp_run(out, steps=4, drop=None, unfinished=None):
     """4 ranks (dp 2 x tp 2): per step a forward with a synchronous TP all-reduce, a backward
     overlapped by two async DP buckets, an optimizer, mem samples; `drop` = (rank, step)
-    loses its DP bucket 1 (an incomplete instance)."""
+    loses its DP bucket 1 (an incomplete instance), `unfinished` = (rank, step) its step
+    span."""
     per = {}
     for rank in range(4):
         coords = {"pp": 0, "dp": rank // 2, "tp": rank % 2}
@@ -54,8 +57,9 @@ def dp_tp_run(out, steps=4, drop=None):
             recs.append(s.mem(rank, st, b0 + 300, params=4 * KB * (1 + rank % 2),
                               grads=4 * KB, optimizer=8 * KB, activations=KB * (st + 1),
                               rss_bytes=1 << 20, note=None, tags=["a", 1]))
-            recs.append(s.span(rank, st, "step", t0, b0 + 310, cat="step", loss=2.0 - st,
-                               loss_weight=0.5 if rank % 2 == 0 else 0.0))
+            if unfinished != (rank, st):
+                recs.append(s.span(rank, st, "step", t0, b0 + 310, cat="step", loss=2.0 - st,
+                                   loss_weight=0.5 if rank % 2 == 0 else 0.0))
             t = b0 + 310
         recs.append(s.end(rank, t + 5))
         per[rank] = recs
@@ -85,14 +89,17 @@ def test_same_records_and_analysis_through_both_storages(tmp_path):
 
 
 def test_vectorised_tables_equal_the_python_ones(tmp_path):
-    run = dp_tp_run(tmp_path / "run", steps=6, drop=(2, 4))
+    run = dp_tp_run(tmp_path / "run", steps=6, drop=(2, 4), unfinished=(1, 5))
     tr = load_run_dir(run)
     columnar.convert_run_dir(run)
     con, mt = V.connect(run), V.meta_traces(run)
+    sr = VS.step_rank_table(con, mt)
+    assert sr == S.step_rank_table(tr)
+    assert any(not r["has_step_span"] for r in sr) and any(r["overlap_s"] for r in sr)
     coll = V.collectives_table(con, mt)
     assert coll == C.collectives_table(tr)
     assert any(r["busbw_GBps"] for r in coll)
-    assert mt.warnings == [w for w in tr.warnings if "communication instance" in w]
+    assert mt.warnings == [w for w in tr.warnings if "instance" in w or "`step` span" in w]
     assert V.axis_bytes_table(con, mt) == C.axis_bytes_table(tr)
     peaks = V.mem_peaks(con)
     assert {r: (peaks[r], "trace") for r in peaks} == {r: M.measured(tr, r) for r in tr.ranks}
@@ -119,6 +126,7 @@ def test_point_to_point_runs_keep_the_python_matching(tmp_path):
     want = analyze_run_dir(run)
     columnar.convert_run_dir(run)
     assert V.collectives_table(V.connect(run), V.meta_traces(run)) is None
+    assert VS.step_rank_table(V.connect(run), V.meta_traces(run)) is None  # pipeline actions
     assert analyze_run_dir(run) == want
 
 
