@@ -1,8 +1,9 @@
 """The step_rank table vectorised (issue 19): DuckDB over the Parquet files, for runs without
 pipeline actions (a pipeline's bubble windows stay in steps.py: `None`).
 
-steps.step_row's interval algebra as one sweep per (rank, step): every interval becomes a
-+1 at its start and a -1 at its end on one of three counters, A compute spans, B blocking
+steps.step_row's interval algebra as one sweep per (rank, step) (SQL sorts the events,
+numpy sums the segments): every interval becomes a +1 at its start and a -1 at its end on
+one of three counters, A compute spans, B blocking
 comm records (steps.is_blocking's rule), C all comm records; between two consecutive event
 times the state is constant, so with the segment clipped to the step window [t0, t1]
 
@@ -22,13 +23,12 @@ from .vec_tables import in_args
 
 NS = 1e9
 
-_BUILD = """
-CREATE OR REPLACE TEMP TABLE sr AS
-WITH g AS (
+_EVENTS = """
+WITH g AS MATERIALIZED (
   SELECT rank, step, type, cat, ts_ns AS s, ts_ns + coalesce(dur_ns, 0) AS e, row,
          "async" AS is_async, bucket, "end" AS how, loss, loss_weight
   FROM t WHERE type IN ('span', 'comm') AND step >= 0),
-win AS (
+win AS MATERIALIZED (
   SELECT rank, step,
          arg_min(s, (s, row)) FILTER (type = 'span' AND cat = 'step') AS ws,
          arg_min(e, (s, row)) FILTER (type = 'span' AND cat = 'step') AS we,
@@ -37,48 +37,63 @@ win AS (
          count(*) FILTER (type = 'span' AND cat = 'step') > 0 AS has_step,
          min(s) AS xs, max(e) AS xe, count(*) FILTER (type = 'comm') AS comm_ops
   FROM g GROUP BY rank, step),
-comp AS (SELECT rank, step, s, e FROM g WHERE type = 'span' AND cat IN ({cats})),
-cm AS (
+comp AS MATERIALIZED (SELECT rank, step, s, e FROM g WHERE type = 'span' AND cat IN ({cats})),
+run AS (  -- per compute-span start, the latest end of the spans started so far (ties too)
+  SELECT rank, step, s AS a, max(e) OVER (PARTITION BY rank, step ORDER BY s) AS mb
+  FROM comp),
+cm AS MATERIALIZED (
   SELECT g.rank, g.step, g.s, g.e,
          CASE WHEN g.is_async IS NOT NULL THEN NOT g.is_async
               WHEN g.bucket IS NOT NULL OR g.how IN ('wait', 'issue') THEN false
-              ELSE EXISTS (SELECT 1 FROM comp c WHERE c.rank = g.rank AND c.step = g.step
-                           AND c.s <= g.s AND g.e <= c.e) END AS blocking
-  FROM g WHERE g.type = 'comm'),
+              ELSE coalesce(r.mb >= g.e, false) END AS blocking
+  FROM g ASOF LEFT JOIN run r ON r.rank = g.rank AND r.step = g.step AND r.a <= g.s
+  WHERE g.type = 'comm'),
 ev AS (
-  SELECT rank, step, s AS t, 1 AS a, 0 AS b, 0 AS c FROM comp WHERE e > s
+  SELECT rank, step, s AS t, 1::TINYINT AS a, 0::TINYINT AS b, 0::TINYINT AS c
+  FROM comp WHERE e > s
   UNION ALL SELECT rank, step, e, -1, 0, 0 FROM comp WHERE e > s
   UNION ALL SELECT rank, step, s, 0, 1, 0 FROM cm WHERE blocking AND e > s
   UNION ALL SELECT rank, step, e, 0, -1, 0 FROM cm WHERE blocking AND e > s
   UNION ALL SELECT rank, step, s, 0, 0, 1 FROM cm WHERE e > s
-  UNION ALL SELECT rank, step, e, 0, 0, -1 FROM cm WHERE e > s),
-pt AS (SELECT rank, step, t, sum(a) AS a, sum(b) AS b, sum(c) AS c FROM ev
-       GROUP BY rank, step, t),
-st AS (
-  SELECT rank, step, t,
-         lead(t) OVER w AS t_next,
-         sum(a) OVER w > 0 AS ca, sum(b) OVER w > 0 AS cb, sum(c) OVER w > 0 AS cc
-  FROM pt WINDOW w AS (PARTITION BY rank, step ORDER BY t
-                       ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)),
-seg AS (
-  SELECT st.rank, st.step, ca AND NOT cb AS comp_on, cc AS comm_on,
-         greatest(0, least(t_next, coalesce(win.we, win.xe))
-                     - greatest(t, coalesce(win.ws, win.xs))) AS len
-  FROM st JOIN win USING (rank, step) WHERE t_next IS NOT NULL),
-agg AS (
-  SELECT rank, step,
-         sum(len) FILTER (comp_on) AS compute_ns, sum(len) FILTER (comm_on) AS comm_ns,
-         sum(len) FILTER (comp_on AND comm_on) AS overlap_ns,
-         sum(len) FILTER (comm_on AND NOT comp_on) AS exposed_ns,
-         sum(len) FILTER (comp_on OR comm_on) AS busy_ns
-  FROM seg GROUP BY rank, step)
-SELECT win.rank, win.step, coalesce(ws, xs) AS t0, coalesce(we, xe) AS t1, has_step,
-       comm_ops, loss, loss_weight,
-       coalesce(compute_ns, 0) AS compute_ns, coalesce(comm_ns, 0) AS comm_ns,
-       coalesce(overlap_ns, 0) AS overlap_ns, coalesce(exposed_ns, 0) AS exposed_ns,
-       coalesce(busy_ns, 0) AS busy_ns
-FROM win LEFT JOIN agg USING (rank, step)
+  UNION ALL SELECT rank, step, e, 0, 0, -1 FROM cm WHERE e > s)
+SELECT rank, step, t, a, b, c FROM ev
 """
+
+_WINDOWS = _EVENTS[:_EVENTS.index("comp AS MATERIALIZED")].rstrip().rstrip(",") + """
+SELECT rank, step, coalesce(ws, xs) AS t0, coalesce(we, xe) AS t1, has_step, comm_ops, loss,
+       loss_weight FROM win ORDER BY rank, step
+"""
+
+
+def _sweep(ev: dict, win: dict) -> list[tuple]:
+    """(compute, comm, overlap, exposed, busy) ns per window row. `ev`: the events' columns
+    (any order), `win`: the windows' (rank, step, t0, t1, ordered). The counters are running
+    sums over the events sorted by (rank, step, t) (each group's deltas sum to 0, so one
+    cumsum serves all); a segment runs from an event to the next one of its group, clipped to
+    the step window."""
+    import numpy as np
+    kw = np.asarray(win["rank"], np.int64) << 32 | np.asarray(win["step"], np.int64)
+    out = np.zeros((5, len(kw)), np.int64)
+    if len(ev["t"]):
+        ke = np.asarray(ev["rank"], np.int64) << 32 | np.asarray(ev["step"], np.int64)
+        t = np.asarray(ev["t"], np.int64)
+        order = np.lexsort((t, ke))
+        ke, t = ke[order], t[order]
+        a, b, c = (np.cumsum(np.asarray(ev[k], np.int64)[order]) for k in "abc")
+        w = np.searchsorted(kw, ke)  # every event's (rank, step) has a window row
+        lo, hi = np.asarray(win["t0"], np.int64)[w], np.asarray(win["t1"], np.int64)[w]
+        same = ke[1:] == ke[:-1]
+        seg = np.where(same, np.clip(np.minimum(t[1:], hi[:-1]) - np.maximum(t[:-1], lo[:-1]),
+                                     0, None), 0)
+        seg = np.append(seg, 0)  # the last event opens no segment
+        comp_on = np.append((a[:-1] > 0) & (b[:-1] == 0), False)
+        comm_on = np.append(c[:-1] > 0, False)
+        starts = np.flatnonzero(np.concatenate(([True], ~same)))
+        for i, m in enumerate((comp_on, comm_on, comp_on & comm_on, comm_on & ~comp_on,
+                               comp_on | comm_on)):
+            out[i, w[starts]] = np.add.reduceat(seg * m, starts)
+    return list(zip(*(x.tolist() for x in out), strict=True))
+
 
 FIELDS = ("step", "cat", "ts_ns", "dur_ns", "async", "bucket", "end", "loss", "loss_weight")
 
@@ -92,20 +107,25 @@ def applies(con) -> bool:
     return not (in_args(con, "span", FIELDS) or in_args(con, "comm", FIELDS))
 
 
-def build(con) -> None:
-    """Temp table `sr`: the integer figures per (rank, step)."""
-    con.execute(_BUILD.format(cats=", ".join(f"'{c}'" for c in S.COMPUTE_CATS)))
+def build(con) -> list[tuple]:
+    """Per (rank, step): (rank, step, t0, t1, has_step, comm_ops, loss, loss_weight,
+    compute_ns, comm_ns, overlap_ns, exposed_ns, busy_ns), ordered by rank and step."""
+    cats = ", ".join(f"'{c}'" for c in S.COMPUTE_CATS)
+    win = con.execute(_WINDOWS.format(cats=cats)).fetchnumpy()
+    sums = _sweep(con.execute(_EVENTS.format(cats=cats)).fetchnumpy(), win)
+    cols = [win[k].tolist() for k in ("rank", "step", "t0", "t1", "has_step", "comm_ops",
+                                      "loss", "loss_weight")]
+    return [(*w, *x) for w, x in zip(zip(*cols, strict=True), sums, strict=True)]
 
 
 def step_rank_table(con, tr: Traces) -> list[dict] | None:
     """steps.step_rank_table's rows (and its warning), or None for a pipeline run."""
     if not applies(con):
         return None
-    build(con)
     rows, missing = [], 0
-    cur = con.execute("SELECT * FROM sr ORDER BY rank, step")
-    names = [d[0] for d in cur.description]
-    for tup in cur.fetchall():
+    names = ("rank", "step", "t0", "t1", "has_step", "comm_ops", "loss", "loss_weight",
+             "compute_ns", "comm_ns", "overlap_ns", "exposed_ns", "busy_ns")
+    for tup in build(con):
         x = dict(zip(names, tup, strict=True))
         coords = tr.coords(x["rank"])
         span, comm_ns, overlap = x["t1"] - x["t0"], x["comm_ns"], x["overlap_ns"]

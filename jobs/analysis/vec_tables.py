@@ -3,6 +3,7 @@
 Each function gives the rows of its Python counterpart (the oracle, tests/analysis/
 test_columnar.py compares them) without loading records into Python:
 
+    step_rank_table    steps.step_rank_table (vec_steps.py), for runs without pipeline actions
     collectives_table  collectives.collectives_table, for runs without point-to-point ops
                        (their FIFO matching and peer resolution stay in Python: `None`)
     axis_bytes_table   collectives.axis_bytes_table
@@ -43,10 +44,17 @@ def meta_traces(out_dir: Path) -> Traces:
     return tr
 
 
-def connect(out_dir: Path):
-    """A DuckDB connection with view `t`: every rank's records, `row` their file order."""
+def connect(out_dir: Path, memory_limit: str | None = None):
+    """A DuckDB connection with view `t`: every rank's records, `row` their file order.
+    `memory_limit` (e.g. "1GB"): DuckDB spills to a temporary folder beyond it."""
+    import tempfile
+
     import duckdb
     con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")
+    if memory_limit:
+        con.execute(f"SET memory_limit = '{memory_limit}'")
+        con.execute(f"SET temp_directory = '{tempfile.gettempdir()}/paralab-duckdb'")
     glob = str(Path(out_dir) / ("trace-rank*" + columnar.SUFFIX)).replace("'", "''")
     con.execute(f"CREATE VIEW t AS SELECT *, file_row_number AS row FROM read_parquet('{glob}', "
                 "file_row_number = true, union_by_name = true)")
@@ -254,9 +262,31 @@ def peak_bytes(con) -> tuple[int | None, bool]:
     return (int(best) if best is not None else None), ranks_with == ranks_all
 
 
-def vector_tables(out_dir: Path) -> dict:
-    """Every vectorised table of a converted run (what bench/analysis_speed.py times)."""
-    con = connect(out_dir)
+def vector_tables(out_dir: Path, memory_limit: str | None = "1GB") -> dict:
+    """Every vectorised table of a converted run, the per-record-scale ones (step_rank, the
+    collectives' instances) left in DuckDB and written to Parquet beside the traces
+    (`table-<name>.parquet`, streamed: memory stays bounded), the small ones returned as rows.
+    What bench/analysis_speed.py times at 5 M and 50 M records."""
+    from . import vec_steps as VS
+    out_dir = Path(out_dir)
+    con = connect(out_dir, memory_limit)
     tr = meta_traces(out_dir)
-    return {"collectives": collectives_table(con, tr), "axis_bytes": axis_bytes_table(con, tr),
-            "mem_peaks": mem_peaks(con), "peak_bytes": peak_bytes(con)[0]}
+    res: dict = {}
+    if VS.applies(con):
+        VS.build(con)
+        res["step_rank_rows"] = _copy(con, "sr", out_dir / "table-step_rank.parquet")
+    if not has_p2p(con) and not in_args(con, "comm", COMM_FIELDS):
+        _keys(con, tr)
+        con.execute("DROP TABLE IF EXISTS inst")
+        con.execute(_INSTANCES)
+        res["collective_instances"] = _copy(con, "inst", out_dir / "table-collectives.parquet")
+    res["axis_bytes"] = axis_bytes_table(con, tr)
+    res["mem_peaks"] = mem_peaks(con)
+    res["peak_bytes"] = peak_bytes(con)[0]
+    return res
+
+
+def _copy(con, table: str, path: Path) -> int:
+    dest = str(path).replace("'", "''")
+    con.execute(f"COPY {table} TO '{dest}' (FORMAT parquet, COMPRESSION zstd)")
+    return con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
