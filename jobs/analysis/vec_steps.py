@@ -27,7 +27,7 @@ _EVENTS = """
 WITH g AS MATERIALIZED (
   SELECT rank, step, type, cat, ts_ns AS s, ts_ns + coalesce(dur_ns, 0) AS e, row,
          "async" AS is_async, bucket, "end" AS how, loss, loss_weight
-  FROM t WHERE type IN ('span', 'comm') AND step >= 0),
+  FROM t WHERE type IN ('span', 'comm') AND step BETWEEN $lo AND $hi),
 win AS MATERIALIZED (
   SELECT rank, step,
          arg_min(s, (s, row)) FILTER (type = 'span' AND cat = 'step') AS ws,
@@ -65,12 +65,12 @@ SELECT rank, step, coalesce(ws, xs) AS t0, coalesce(we, xe) AS t1, has_step, com
 """
 
 
-def _sweep(ev: dict, win: dict) -> list[tuple]:
-    """(compute, comm, overlap, exposed, busy) ns per window row. `ev`: the events' columns
-    (any order), `win`: the windows' (rank, step, t0, t1, ordered). The counters are running
-    sums over the events sorted by (rank, step, t) (each group's deltas sum to 0, so one
-    cumsum serves all); a segment runs from an event to the next one of its group, clipped to
-    the step window."""
+def _sweep(ev: dict, win: dict) -> list:
+    """(compute, comm, overlap, exposed, busy) ns per window row, numpy arrays. `ev`: the
+    events' columns (any order), `win`: the windows' (rank, step, t0, t1, ordered). The
+    counters are running sums over the events sorted by (rank, step, t) (each group's deltas
+    sum to 0, so one cumsum serves all); a segment runs from an event to the next one of its
+    group, clipped to the step window."""
     import numpy as np
     kw = np.asarray(win["rank"], np.int64) << 32 | np.asarray(win["step"], np.int64)
     out = np.zeros((5, len(kw)), np.int64)
@@ -92,7 +92,7 @@ def _sweep(ev: dict, win: dict) -> list[tuple]:
         for i, m in enumerate((comp_on, comm_on, comp_on & comm_on, comm_on & ~comp_on,
                                comp_on | comm_on)):
             out[i, w[starts]] = np.add.reduceat(seg * m, starts)
-    return list(zip(*(x.tolist() for x in out), strict=True))
+    return list(out)
 
 
 FIELDS = ("step", "cat", "ts_ns", "dur_ns", "async", "bucket", "end", "loss", "loss_weight")
@@ -107,15 +107,49 @@ def applies(con) -> bool:
     return not (in_args(con, "span", FIELDS) or in_args(con, "comm", FIELDS))
 
 
-def build(con) -> list[tuple]:
-    """Per (rank, step): (rank, step, t0, t1, has_step, comm_ops, loss, loss_weight,
-    compute_ns, comm_ns, overlap_ns, exposed_ns, busy_ns), ordered by rank and step."""
+CHUNK_RECORDS = 2_000_000  # records per sweep: bounds the events held in numpy at once
+
+
+def chunks(con):
+    """Step ranges of about CHUNK_RECORDS records each (the files' row groups follow time,
+    so a range reads only its own)."""
+    n, s0, s1 = con.execute("SELECT count(*), min(step), max(step) FROM t "
+                            "WHERE type IN ('span', 'comm') AND step >= 0").fetchone()
+    if not n:
+        return []
+    k = max(1, -(-n // CHUNK_RECORDS))
+    width = -(-(s1 - s0 + 1) // k)
+    return [(a, min(s1, a + width - 1)) for a in range(s0, s1 + 1, width)]
+
+
+def build(con):
+    """Per step range, the columns (rank, step, t0, t1, has_step, comm_ops, loss,
+    loss_weight, compute_ns, comm_ns, overlap_ns, exposed_ns, busy_ns) as numpy arrays
+    ordered by rank and step."""
     cats = ", ".join(f"'{c}'" for c in S.COMPUTE_CATS)
-    win = con.execute(_WINDOWS.format(cats=cats)).fetchnumpy()
-    sums = _sweep(con.execute(_EVENTS.format(cats=cats)).fetchnumpy(), win)
-    cols = [win[k].tolist() for k in ("rank", "step", "t0", "t1", "has_step", "comm_ops",
-                                      "loss", "loss_weight")]
-    return [(*w, *x) for w, x in zip(zip(*cols, strict=True), sums, strict=True)]
+    for lo, hi in chunks(con):
+        p = {"lo": lo, "hi": hi}
+        win = con.execute(_WINDOWS.format(cats=cats), p).fetchnumpy()
+        sums = _sweep(con.execute(_EVENTS.format(cats=cats), p).fetchnumpy(), win)
+        yield {**win, **dict(zip(SUMS, sums, strict=True))}
+
+
+SUMS = ("compute_ns", "comm_ns", "overlap_ns", "exposed_ns", "busy_ns")
+
+
+def _row(x: dict, coords: dict) -> dict:
+    """A step_rank row (steps.step_row's keys) from one rank-step's integer figures."""
+    span, comm_ns, overlap = x["t1"] - x["t0"], x["comm_ns"], x["overlap_ns"]
+    return {"step": x["step"], "rank": x["rank"], "coords": coords,
+            "pp": coords.get("pp"), "dp": coords.get("dp"), "tp": coords.get("tp"),
+            "step_s": span / NS, "compute_s": x["compute_ns"] / NS,
+            "comm_s": comm_ns / NS, "overlap_s": overlap / NS,
+            "exposed_comm_s": x["exposed_ns"] / NS, "bubble_s": None,
+            "pipeline_window_s": None, "pipeline_idle_s": None,
+            "idle_s": max(0, span - x["busy_ns"]) / NS,
+            "overlap_pct": 100.0 * overlap / comm_ns if comm_ns else None,
+            "comm_ops": x["comm_ops"], "has_step_span": bool(x["has_step"]),
+            "loss": x["loss"], "loss_weight": x["loss_weight"]}
 
 
 def step_rank_table(con, tr: Traces) -> list[dict] | None:
@@ -123,23 +157,13 @@ def step_rank_table(con, tr: Traces) -> list[dict] | None:
     if not applies(con):
         return None
     rows, missing = [], 0
-    names = ("rank", "step", "t0", "t1", "has_step", "comm_ops", "loss", "loss_weight",
-             "compute_ns", "comm_ns", "overlap_ns", "exposed_ns", "busy_ns")
-    for tup in build(con):
-        x = dict(zip(names, tup, strict=True))
-        coords = tr.coords(x["rank"])
-        span, comm_ns, overlap = x["t1"] - x["t0"], x["comm_ns"], x["overlap_ns"]
-        missing += not x["has_step"]
-        rows.append({"step": x["step"], "rank": x["rank"], "coords": coords,
-                     "pp": coords.get("pp"), "dp": coords.get("dp"), "tp": coords.get("tp"),
-                     "step_s": span / NS, "compute_s": x["compute_ns"] / NS,
-                     "comm_s": comm_ns / NS, "overlap_s": overlap / NS,
-                     "exposed_comm_s": x["exposed_ns"] / NS, "bubble_s": None,
-                     "pipeline_window_s": None, "pipeline_idle_s": None,
-                     "idle_s": max(0, span - x["busy_ns"]) / NS,
-                     "overlap_pct": 100.0 * overlap / comm_ns if comm_ns else None,
-                     "comm_ops": x["comm_ops"], "has_step_span": bool(x["has_step"]),
-                     "loss": x["loss"], "loss_weight": x["loss_weight"]})
+    for c in build(con):
+        cols = {k: v.tolist() for k, v in c.items()}
+        recs = [dict(zip(cols, vals, strict=True)) for vals in zip(*cols.values(), strict=True)]
+        for x in recs:
+            rows.append(_row(x, tr.coords(x["rank"])))
+            missing += not x["has_step"]
+    rows.sort(key=lambda r: (r["rank"], r["step"]))
     if missing:
         tr.warnings.append(f"{missing} (step, rank) pair(s) without a `step` span: window taken "
                            "from the extent of their records (an unfinished step)")

@@ -273,8 +273,17 @@ def vector_tables(out_dir: Path, memory_limit: str | None = "1GB") -> dict:
     tr = meta_traces(out_dir)
     res: dict = {}
     if VS.applies(con):
-        VS.build(con)
-        res["step_rank_rows"] = _copy(con, "sr", out_dir / "table-step_rank.parquet")
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        res["step_rank_rows"], writer = 0, None
+        for c in VS.build(con):
+            tab = pa.table({k: pa.array(v) for k, v in c.items()})
+            if writer is None:
+                writer = pq.ParquetWriter(out_dir / "table-step_rank.parquet", tab.schema)
+            writer.write_table(tab)
+            res["step_rank_rows"] += tab.num_rows
+        if writer is not None:
+            writer.close()
     if not has_p2p(con) and not in_args(con, "comm", COMM_FIELDS):
         _keys(con, tr)
         con.execute("DROP TABLE IF EXISTS inst")
