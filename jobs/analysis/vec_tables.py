@@ -108,48 +108,31 @@ def _keys(con, tr: Traces) -> None:
 
 _INSTANCES = """
 CREATE TEMP TABLE inst AS
-WITH c AS (
-  SELECT t.*, coalesce(t."group", coalesce(t.axis, '')) AS g, gk.gkey,
-         t.ts_ns + coalesce(t.dur_ns, 0) AS e
+WITH c AS MATERIALIZED (
+  SELECT t.rank, t.ts_ns, t.ts_ns + coalesce(t.dur_ns, 0) AS e, t.step, t.op, t.axis,
+         t."group", t.seq, t.group_size, t.payload_bytes, t.backend_op, t.phase, t.bucket,
+         t.unit, t.microbatch, t.bytes_sent, coalesce(t."group", coalesce(t.axis, '')) AS g,
+         gk.gkey, (t.rank::BIGINT << 40) | t.row AS k, clk.err
   FROM t JOIN gk ON gk.rank = t.rank AND gk.axis = coalesce(t.axis, '')
+  LEFT JOIN clk ON clk.rank = t.rank
   WHERE t.type = 'comm'),
-o AS (
-  SELECT *, row_number() OVER (PARTITION BY g, gkey, seq ORDER BY rank, row) AS first_i,
-            row_number() OVER (PARTITION BY g, gkey, seq ORDER BY ts_ns DESC, rank DESC)
-              AS late_i
-  FROM c)
-SELECT g, gkey, seq,
-  any_value(op) FILTER (first_i = 1) AS op,
-  any_value(axis) FILTER (first_i = 1) AS axis,
-  any_value("group") FILTER (first_i = 1) AS grp,
-  any_value(group_size) FILTER (first_i = 1) AS gsize,
-  any_value(payload_bytes) FILTER (first_i = 1) AS payload,
-  any_value(backend_op) FILTER (first_i = 1) AS backend_op,
-  any_value(phase) FILTER (first_i = 1) AS phase,
-  any_value(bucket) FILTER (first_i = 1) AS bucket,
-  any_value(unit) FILTER (first_i = 1) AS unit,
-  any_value(microbatch) FILTER (first_i = 1) AS microbatch,
-  any_value(rank) FILTER (first_i = 1) AS first_rank,
-  any_value(row) FILTER (first_i = 1) AS first_row,
-  count(*) AS parts,
-  min(coalesce(step, -1)) AS step,
-  list(rank ORDER BY rank) AS ranks,
-  max(coalesce(bytes_sent, 0.0)) AS bytes_sent,
-  min(ts_ns) AS start_ns, max(e) AS max_end,
-  any_value(rank) FILTER (late_i = 1) AS last_rank,
-  any_value(ts_ns) FILTER (late_i = 1) AS a_last,
-  any_value(e) FILTER (late_i = 1) AS e_last,
-  any_value(ts_ns) FILTER (late_i = 2) AS a_second,
-  sum(ts_ns::HUGEINT) AS a_sum,
-  max(clk.err) AS clock_err
-FROM o LEFT JOIN clk USING (rank)
-GROUP BY g, gkey, seq
+a AS (
+  SELECT min(k) AS first_key, arg_max(k, (ts_ns, rank)) AS last_key,
+         count(*) AS parts, min(coalesce(step, -1)) AS step, list(rank) AS ranks,
+         max(coalesce(bytes_sent, 0.0)) AS bytes_sent, min(ts_ns) AS start_ns,
+         max(e) AS max_end, max(ts_ns) AS a_last, arg_max(ts_ns, (ts_ns, rank), 2) AS top2,
+         sum(ts_ns::HUGEINT) AS a_sum, max(err) AS clock_err
+  FROM c GROUP BY g, gkey, seq)
+SELECT a.*, f.op, f.axis, f."group" AS grp, f.seq, f.group_size AS gsize,
+       f.payload_bytes AS payload, f.backend_op, f.phase, f.bucket, f.unit, f.microbatch,
+       l.rank AS last_rank, l.e AS e_last
+FROM a JOIN c f ON f.k = a.first_key JOIN c l ON l.k = a.last_key
 """
 
 _ROWS = """
 SELECT i.*, greatest(e_last - a_last, 0) / 1e9 AS dur, bw.factor
 FROM inst i LEFT JOIN bw ON bw.op = i.op AND bw.n = i.gsize
-ORDER BY start_ns, coalesce(grp, 'None'), coalesce(seq, 0), first_rank, first_row
+ORDER BY start_ns, coalesce(grp, 'None'), coalesce(seq, 0), first_key
 """
 
 
@@ -170,12 +153,12 @@ def collectives_table(con, tr: Traces) -> list[dict] | None:
         payload = int(x["payload"] or 0)
         dur, a_last = x["dur"], x["a_last"]
         row = {"step": x["step"], "op": x["op"] or "?", "axis": x["axis"], "group": x["grp"],
-               "seq": x["seq"], "group_size": n, "ranks": x["ranks"],
+               "seq": x["seq"], "group_size": n, "ranks": sorted(x["ranks"]),
                "complete": x["parts"] >= n, "payload_bytes": payload,
                "bytes_sent": x["bytes_sent"], "backend_op": x["backend_op"],
                "start_ns": x["start_ns"], "last_rank": x["last_rank"],
                "wait_s": (a_last - x["start_ns"]) / NS,
-               "late_s": (a_last - x["a_second"]) / NS if x["parts"] > 1 else 0.0,
+               "late_s": (a_last - x["top2"][1]) / NS if x["parts"] > 1 else 0.0,
                "others_wait_s": int(a_last * (x["parts"] - 1) - (x["a_sum"] - a_last)) / NS,
                "duration_s": dur, "span_s": (x["max_end"] - x["start_ns"]) / NS,
                "clock_error_s": (x["clock_err"] or 0) / NS,
