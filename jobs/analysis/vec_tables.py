@@ -54,6 +54,7 @@ def connect(out_dir: Path, memory_limit: str | None = None):
     con.execute("SET enable_progress_bar = false")
     if memory_limit:
         con.execute(f"SET memory_limit = '{memory_limit}'")
+        con.execute("SET preserve_insertion_order = false")
         con.execute(f"SET temp_directory = '{tempfile.gettempdir()}/paralab-duckdb'")
     glob = str(Path(out_dir) / ("trace-rank*" + columnar.SUFFIX)).replace("'", "''")
     con.execute(f"CREATE VIEW t AS SELECT *, file_row_number AS row FROM read_parquet('{glob}', "
@@ -106,28 +107,50 @@ def _keys(con, tr: Traces) -> None:
     _register(con, "clk", {"rank": list(err), "err": list(err.values())})
 
 
+# The comm records with their instance key, then the instances one hash partition of the
+# keys at a time (an instance lies in one partition whole; each pass's aggregate fits in
+# memory where 50 M records' at once would not).
+_COMM = """
+CREATE OR REPLACE TEMP TABLE c AS
+SELECT t.rank, t.ts_ns, t.ts_ns + coalesce(t.dur_ns, 0) AS e, t.step, t.op, t.axis,
+       t."group", t.seq, t.group_size, t.payload_bytes, t.backend_op, t.phase, t.bucket,
+       t.unit, t.microbatch, t.bytes_sent, coalesce(t."group", coalesce(t.axis, '')) AS g,
+       gk.gkey, (t.rank::BIGINT << 40) | t.row AS k, clk.err,
+       hash(coalesce(t."group", coalesce(t.axis, '')), gk.gkey, t.seq) % $parts AS part
+FROM t JOIN gk ON gk.rank = t.rank AND gk.axis = coalesce(t.axis, '')
+LEFT JOIN clk ON clk.rank = t.rank
+WHERE t.type = 'comm'
+"""
+
 _INSTANCES = """
-CREATE TEMP TABLE inst AS
-WITH c AS MATERIALIZED (
-  SELECT t.rank, t.ts_ns, t.ts_ns + coalesce(t.dur_ns, 0) AS e, t.step, t.op, t.axis,
-         t."group", t.seq, t.group_size, t.payload_bytes, t.backend_op, t.phase, t.bucket,
-         t.unit, t.microbatch, t.bytes_sent, coalesce(t."group", coalesce(t.axis, '')) AS g,
-         gk.gkey, (t.rank::BIGINT << 40) | t.row AS k, clk.err
-  FROM t JOIN gk ON gk.rank = t.rank AND gk.axis = coalesce(t.axis, '')
-  LEFT JOIN clk ON clk.rank = t.rank
-  WHERE t.type = 'comm'),
+WITH p AS MATERIALIZED (SELECT * FROM c WHERE part = $part),
 a AS (
   SELECT min(k) AS first_key, arg_max(k, (ts_ns, rank)) AS last_key,
          count(*) AS parts, min(coalesce(step, -1)) AS step, list(rank) AS ranks,
          max(coalesce(bytes_sent, 0.0)) AS bytes_sent, min(ts_ns) AS start_ns,
          max(e) AS max_end, max(ts_ns) AS a_last, arg_max(ts_ns, (ts_ns, rank), 2) AS top2,
          sum(ts_ns::HUGEINT) AS a_sum, max(err) AS clock_err
-  FROM c GROUP BY g, gkey, seq)
+  FROM p GROUP BY g, gkey, seq)
 SELECT a.*, f.op, f.axis, f."group" AS grp, f.seq, f.group_size AS gsize,
        f.payload_bytes AS payload, f.backend_op, f.phase, f.bucket, f.unit, f.microbatch,
        l.rank AS last_rank, l.e AS e_last
-FROM a JOIN c f ON f.k = a.first_key JOIN c l ON l.k = a.last_key
+FROM a JOIN p f ON f.k = a.first_key JOIN p l ON l.k = a.last_key
 """
+
+PART_RECORDS = 1_000_000  # comm records per instance pass
+
+
+def build_instances(con) -> None:
+    """Temp table `inst`: one row per collective instance (gk, bw, clk registered)."""
+    n = con.execute("SELECT count(*) FROM t WHERE type = 'comm'").fetchone()[0]
+    parts = max(1, -(-n // PART_RECORDS))
+    con.execute(_COMM, {"parts": parts})
+    con.execute("DROP TABLE IF EXISTS inst")
+    con.execute("CREATE TEMP TABLE inst AS " + _INSTANCES, {"part": 0})
+    for i in range(1, parts):
+        con.execute("INSERT INTO inst " + _INSTANCES, {"part": i})
+    con.execute("DROP TABLE c")
+
 
 _ROWS = """
 SELECT i.*, greatest(e_last - a_last, 0) / 1e9 AS dur, bw.factor
@@ -142,8 +165,7 @@ def collectives_table(con, tr: Traces) -> list[dict] | None:
     if has_p2p(con) or in_args(con, "comm", COMM_FIELDS):
         return None
     _keys(con, tr)
-    con.execute("DROP TABLE IF EXISTS inst")
-    con.execute(_INSTANCES)
+    build_instances(con)
     cur = con.execute(_ROWS)
     names = [d[0] for d in cur.description]
     rows = []
@@ -269,8 +291,7 @@ def vector_tables(out_dir: Path, memory_limit: str | None = "1GB") -> dict:
             writer.close()
     if not has_p2p(con) and not in_args(con, "comm", COMM_FIELDS):
         _keys(con, tr)
-        con.execute("DROP TABLE IF EXISTS inst")
-        con.execute(_INSTANCES)
+        build_instances(con)
         res["collective_instances"] = _copy(con, "inst", out_dir / "table-collectives.parquet")
     res["axis_bytes"] = axis_bytes_table(con, tr)
     res["mem_peaks"] = mem_peaks(con)
