@@ -152,6 +152,9 @@ def load_run_dir(out_dir: Path) -> Traces:
             parsed = columnar.read_rank(path) if parquet else parse_file(path, rank)
         except Exception as exc:  # noqa: BLE001 - a damaged file degrades to a warning
             parsed, why = None, f"{type(exc).__name__}: {exc}"
+            js = path.with_suffix(".jsonl")
+            if parquet and js.is_file():  # another columnar version, or a damaged file
+                parsed = parse_file(js, rank)
         else:
             why = "OSError"
         if parsed is None:

@@ -153,3 +153,10 @@ def test_parquet_metadata_carries_the_schema_version(tmp_path):
     assert md[columnar.SCHEMA_KEY] == str(columnar.COLUMNAR_SCHEMA).encode()
     cols = pq.read_schema(path).names
     assert cols[0] == "rank" and cols[-1] == "args" and "ts_ns" in cols
+    want = load_run_dir(run)
+    table = pq.read_table(path)
+    pq.write_table(table.replace_schema_metadata(
+        {**table.schema.metadata, columnar.SCHEMA_KEY: b"999"}), path)  # a future layout
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    got = load_run_dir(run)  # read through rank 0's JSON lines instead
+    assert got.ranks == want.ranks and got.warnings == want.warnings
