@@ -136,18 +136,31 @@ def _json_safe(obj):
         return _finite(obj)
 
 
-def vector_source(out_dir: Path):
+def vector_source(out_dir: Path, warnings: list[str] | None = None):
     """A DuckDB connection over the run's Parquet files (vec_tables.connect) when the worker
     converted its traces (columnar.py), else None: the tables then come from the Python
-    loops only."""
+    loops only (also when DuckDB cannot open them: the reason goes to `warnings`)."""
     if not columnar.has_columnar(out_dir):
         return None
-    return V.connect(out_dir)
+    try:
+        return V.connect(out_dir)
+    except Exception as exc:  # noqa: BLE001 - the Python path still answers
+        if warnings is not None:
+            warnings.append(f"vectorised analysis unavailable ({type(exc).__name__}: {exc})")
+        return None
 
 
-def _vec_or(vec, fn):
-    """The vectorised table where it applies (fn returns None where it does not)."""
-    return fn() if vec is not None else None
+def _vec_or(vec, fn, warnings: list[str]):
+    """The vectorised table where it applies (fn returns None where it does not); None too
+    when it fails, so the caller's Python function answers instead."""
+    if vec is None:
+        return None
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001
+        warnings.append(f"vectorised table failed, Python path used ({type(exc).__name__}: "
+                        f"{exc})")
+        return None
 
 
 def analyze(tr: Traces, spec=None, vec=None) -> dict:
@@ -158,9 +171,9 @@ def analyze(tr: Traces, spec=None, vec=None) -> dict:
     pred = _safe(tr, "theory", lambda: P.theory(sp, tr.warnings), None)
     t: dict = {}
     t["step_rank"] = _safe(tr, "step_rank", lambda: _vec_or(
-        vec, lambda: VS.step_rank_table(vec, tr)) or S.step_rank_table(tr), [])
+        vec, lambda: VS.step_rank_table(vec, tr), tr.warnings) or S.step_rank_table(tr), [])
     t["collectives"] = _safe(tr, "collectives", lambda: _vec_or(
-        vec, lambda: V.collectives_table(vec, tr)) or C.collectives_table(tr), [])
+        vec, lambda: V.collectives_table(vec, tr), tr.warnings) or C.collectives_table(tr), [])
     t["ranks"] = _safe(tr, "ranks", lambda: S.ranks_table(t["step_rank"]), [])
     t["stragglers"] = _safe(tr, "stragglers",
                             lambda: SG.stragglers_table(t["collectives"], t["step_rank"]), [])
@@ -168,7 +181,7 @@ def analyze(tr: Traces, spec=None, vec=None) -> dict:
         t["collectives"], t["step_rank"]), [])
     t["bandwidth"] = _safe(tr, "bandwidth", lambda: C.bandwidth_table(t["collectives"]), [])
     t["axis_bytes"] = _safe(tr, "axis_bytes", lambda: _vec_or(
-        vec, lambda: V.axis_bytes_table(vec, tr)) or C.axis_bytes_table(tr), [])
+        vec, lambda: V.axis_bytes_table(vec, tr), tr.warnings) or C.axis_bytes_table(tr), [])
     _safe(tr, "axis_bytes predictions",
           lambda: _axis_predictions(t["axis_bytes"], pred, tr.summary), None)
     t["links"] = _safe(tr, "links", lambda: LK.links_table(tr, sp, t["collectives"], pred), [])
@@ -180,7 +193,8 @@ def analyze(tr: Traces, spec=None, vec=None) -> dict:
     t["all_to_all"] = _safe(tr, "all_to_all", lambda: MOE.all_to_all_table(tr), [])
     t["throughput"] = _safe(tr, "throughput", lambda: S.throughput_table(
         t["step_rank"], spec_dict, tr.summary), [])
-    vpeak = _safe(tr, "peak memory", lambda: _vec_or(vec, lambda: V.peak_bytes(vec)), None)
+    vpeak = _safe(tr, "peak memory", lambda: _vec_or(vec, lambda: V.peak_bytes(vec),
+                                                              tr.warnings), None)
     peak = vpeak[0] if vpeak and vpeak[1] else _safe(tr, "peak memory",
                                                      lambda: M.peak_bytes(tr), None)
     pp = sp.parallel.pp if sp is not None else max(
@@ -201,7 +215,7 @@ def analyze_run_dir(out_dir: Path, spec=None) -> dict:
     folder (`trace-rank*.jsonl`, `summary.json` if present). `spec`: a JobSpec or spec dict; default
     the one in the traces' meta record."""
     tr = load_run_dir(Path(out_dir))
-    return analyze(tr, spec, vector_source(Path(out_dir)))
+    return analyze(tr, spec, vector_source(Path(out_dir), tr.warnings))
 
 
 def _write_json(path: Path, obj) -> None:
@@ -222,7 +236,7 @@ def write_analysis(out_dir: Path, spec=None) -> dict:
     out_dir = Path(out_dir)
     try:
         tr = load_run_dir(out_dir)
-        result = analyze(tr, spec, vector_source(out_dir))
+        result = analyze(tr, spec, vector_source(out_dir, tr.warnings))
         try:
             _write_json(out_dir / PERFETTO_FILE, to_perfetto(tr, result["spec"]))
         except Exception as exc:  # noqa: BLE001

@@ -160,3 +160,16 @@ def test_parquet_metadata_carries_the_schema_version(tmp_path):
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
     got = load_run_dir(run)  # read through rank 0's JSON lines instead
     assert got.ranks == want.ranks and got.warnings == want.warnings
+
+
+def test_a_damaged_parquet_file_degrades_to_the_python_path(tmp_path):
+    run = dp_tp_run(tmp_path / "run")
+    want = analyze_run_dir(run)
+    columnar.convert_run_dir(run)
+    bad = run / "trace-rank0.parquet"
+    st = bad.stat()
+    bad.write_bytes(b"PAR1 not a parquet file")
+    os.utime(bad, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    got = analyze_run_dir(run)
+    assert got["tables"] == want["tables"]
+    assert any("vectorised" in w for w in got["warnings"])
