@@ -3,12 +3,14 @@ timed through `analyze_run_dir` (parse + tables + headline), `to_perfetto` and t
 `write_analysis` (both files written).
 
     .venv/bin/python bench/analysis_speed.py [--ranks 4] [--steps 200] [--repeat 3]
+    .venv/bin/python bench/analysis_speed.py --ranks 8 --records 0.5M,5M,50M   (issue 19)
 
 Per step and rank the trace holds what a DP x TP run of the reference engine writes: the step
 span, 2 micro-batches of forward / backward spans, 4 synchronous TP all-reduces inside each of
 them, 4 asynchronous DDP bucket all-reduces overlapping the last backward, grad_sync and
 wait_grads spans, the optimizer span and 5 memory samples (about 40 records). Standard library
-only (plus jobs.analysis); prints one markdown table.
+only (plus jobs.analysis; --records: numpy, pyarrow, DuckDB); prints one markdown table.
+--records compares the JSON-lines Python path with the columnar one (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,14 +31,31 @@ from jobs.analysis import analyze_run_dir, load_run_dir, to_perfetto, write_anal
 from jobs.spec import parse_spec  # noqa: E402
 
 US = 1000
-SPEC = {"preset": "ddp", "parallel": {"dp": 2, "tp": 2}, "model": {"arch": "gpt"},
-        "runtime": {"nproc_per_node": 4}, "train": {"steps": 200}}
+PER_STEP = 33  # records per rank and step
 
 
-def rank_records(rank: int, ranks: int, steps: int, rng: random.Random) -> list[dict]:
-    coords = {"pp": 0, "dp": rank // 2, "tp": rank % 2}
-    spec = parse_spec(dict(SPEC, runtime={"nproc_per_node": ranks},
-                           train={"steps": steps}), max_world_size=1 << 30).to_dict()
+def degrees(ranks: int) -> tuple[int, int]:
+    """(dp, tp) of the synthetic DP x TP mesh: tp = 2 where the world size is even. The spec's
+    degrees must multiply to the world size (a fixed dp = 2, tp = 2 made any --ranks but 4 a
+    SpecError) and its global batch divide by dp."""
+    tp = 2 if ranks % 2 == 0 else 1
+    return ranks // tp, tp
+
+
+def spec_dict(ranks: int, steps: int) -> dict:
+    dp, tp = degrees(ranks)
+    return parse_spec({"preset": "ddp", "parallel": {"dp": dp, "tp": tp},
+                       "model": {"arch": "gpt"}, "runtime": {"nproc_per_node": ranks},
+                       "train": {"steps": steps, "global_batch": 4 * dp}},
+                      max_world_size=1 << 30).to_dict()
+
+
+def rank_records(rank: int, ranks: int, steps: int, rng: random.Random,
+                 spec: dict | None = None) -> list[dict]:
+    dp, tp = degrees(ranks)
+    coords = {"pp": 0, "dp": rank // tp, "tp": rank % tp}
+    spec = spec if spec is not None else spec_dict(ranks, steps)
+    size = {"dp": dp, "tp": tp}
     out = [{"type": "meta", "schema": 1, "rank": rank, "step": -1, "microbatch": None,
             "world_size": ranks, "coords": coords, "pid": rank, "t0_ns": 0, "clock": "host",
             "clock_offset_ns": 0, "clock_error_ns": 1000, "spec": spec}]
@@ -45,7 +66,7 @@ def rank_records(rank: int, ranks: int, steps: int, rng: random.Random) -> list[
                     "ts_ns": int(t0 * US), "dur_ns": int((t1 - t0) * US), **kw})
 
     def comm(step, op, axis, t0, t1, payload, mb=None, **kw):
-        n = 2
+        n = size[axis]
         rec("comm", step, t0, t1, mb, op=op, axis=axis, group=axis, seq=seq[axis],
             group_size=n, payload_bytes=payload, bytes_sent=float(payload),
             bytes_recv=float(payload), **kw)
@@ -87,11 +108,66 @@ def rank_records(rank: int, ranks: int, steps: int, rng: random.Random) -> list[
 
 def make_run(out: Path, ranks: int, steps: int) -> int:
     rng = random.Random(0)
+    spec = spec_dict(ranks, steps)
     n = 0
     for r in range(ranks):
-        recs = rank_records(r, ranks, steps, rng)
+        recs = rank_records(r, ranks, steps, rng, spec)
         n += len(recs)
-        (out / f"trace-rank{r}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in recs))
+        with open(out / f"trace-rank{r}.jsonl", "w") as f:
+            f.writelines(json.dumps(x) + "\n" for x in recs)
+    (out / "summary.json").write_text(json.dumps({"loss": [1.0] * steps}))
+    return n
+
+
+def make_parquet(out: Path, ranks: int, steps: int, chunk_steps: int = 20000) -> int:
+    """The same record mix written straight to columnar files (jobs/analysis/columnar.py):
+    one generated step per rank, tiled over the steps with numpy (times shifted by a step
+    period, `seq` numbering continued), so 50 M records take seconds, not an hour."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jobs.analysis import columnar
+    rng = random.Random(0)
+    spec = spec_dict(ranks, steps)
+    schema = columnar.arrow_schema()
+    n = 0
+    for r in range(ranks):
+        one = rank_records(r, ranks, 1, rng, spec)
+        meta, body, end = one[0], one[1:-1], one[-1]
+        period = end["ts_ns"]
+        per_axis = {ax: sum(1 for x in body if x.get("axis") == ax) for ax in ("dp", "tp")}
+        cols, args = columnar.to_columns(body)
+        tmpl = pa.Table.from_arrays(
+            [pa.array([r] * len(body), pa.int32())]
+            + [pa.array(cols[k], schema.field(k).type) for k in columnar.COLUMNS]
+            + [pa.array(args, pa.string())], schema=schema)
+        seq0 = np.array([x.get("seq") or 0 for x in body], np.int64)
+        seq_step = np.array([per_axis.get(x.get("axis"), 0) for x in body], np.int64)
+        ts0 = np.array([x["ts_ns"] for x in body], np.int64)
+        k = len(body)
+        end["ts_ns"] = steps * period
+        end["issued"] = end["last_completed_seq"] = {ax: c * steps for ax, c in per_axis.items()}
+        md = columnar.file_metadata(meta)
+        path = out / f"trace-rank{r}{columnar.SUFFIX}"
+        with pq.ParquetWriter(path, schema.with_metadata(md), compression="zstd") as w:
+            for s0 in range(0, steps, chunk_steps):
+                s1 = min(steps, s0 + chunk_steps)
+                st = np.repeat(np.arange(s0, s1, dtype=np.int64), k)
+                t = tmpl.take(pa.array(np.tile(np.arange(k), s1 - s0)))
+                t = t.set_column(t.schema.get_field_index("ts_ns"), "ts_ns",
+                                 pa.array(np.tile(ts0, s1 - s0) + st * period))
+                t = t.set_column(t.schema.get_field_index("step"), "step", pa.array(st))
+                seq = pa.array(np.tile(seq0, s1 - s0) + st * np.tile(seq_step, s1 - s0),
+                               mask=np.tile([x.get("seq") is None for x in body], s1 - s0))
+                t = t.set_column(t.schema.get_field_index("seq"), "seq", seq)
+                w.write_table(t.replace_schema_metadata(md))
+            c, a = columnar.to_columns([end])
+            w.write_table(pa.Table.from_arrays(
+                [pa.array([r], pa.int32())]
+                + [pa.array(c[k2], schema.field(k2).type) for k2 in columnar.COLUMNS]
+                + [pa.array(a, pa.string())], schema=schema.with_metadata(md)))
+        n += k * steps + 1
     (out / "summary.json").write_text(json.dumps({"loss": [1.0] * steps}))
     return n
 
@@ -108,12 +184,89 @@ def best(fn, repeat: int) -> tuple[float, float]:
     return min(wall), min(cpu)
 
 
+def child(mode: str, d: str) -> None:
+    """One measured stage in a fresh process: its CPU seconds (every thread) and peak RSS."""
+    from jobs.analysis import columnar, vec_tables
+    out = Path(d)
+    t0, c0 = time.perf_counter(), time.process_time()
+    if mode == "convert":
+        columnar.convert_run_dir(out)
+    elif mode == "vector":
+        vec_tables.vector_tables(out)
+    else:  # "json" / "columnar": the whole post-run analysis, files written
+        head = write_analysis(out)
+        assert "analysis_error" not in head, head
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"wall": wall, "cpu": cpu, "rss": rss}))
+
+
+def measure(mode: str, d: Path) -> dict:
+    p = subprocess.run([sys.executable, __file__, "--child", mode, str(d)], check=True,
+                       capture_output=True, text=True)
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def parse_count(text: str) -> int:
+    mult = {"k": 1e3, "m": 1e6, "g": 1e9}.get(text[-1].lower(), 1)
+    return int(float(text[:-1] if mult != 1 else text) * mult)
+
+
+def scale(a) -> int:
+    """--records targets: per size, JSON lines (when at most --json-max records) analysed by
+    the Python path, the conversion, the whole analysis on the Parquet files, and the
+    vectorised tables alone; one markdown table."""
+    sizes = [parse_count(x) for x in a.records.split(",")]
+    print(f"{a.ranks} ranks; DP x TP record mix ({PER_STEP} records per rank and step); "
+          "CPU s count every thread; RSS is the measured process's peak")
+    print("| records | path | CPU s | wall s | records / CPU s | peak RSS MiB | files MB |")
+    print("|---|---|---|---|---|---|---|")
+    for target in sizes:
+        steps = max(2, round(target / (a.ranks * PER_STEP)))
+        with tempfile.TemporaryDirectory(dir=a.tmp) as d:
+            out = Path(d)
+            rows = []
+            if target <= a.json_max:
+                n = make_run(out, a.ranks, steps)
+                js = sum(p.stat().st_size for p in out.glob("trace-rank*.jsonl"))
+                rows.append(("JSON lines, Python (write_analysis)", measure("json", out), js))
+                conv = measure("convert", out)
+                pqs = sum(p.stat().st_size for p in out.glob("trace-rank*.parquet"))
+                rows.append(("export JSON lines -> Parquet", conv, pqs))
+                rows.append(("Parquet, write_analysis (vectorised + Python)",
+                             measure("columnar", out), pqs))
+            else:
+                n = make_parquet(out, a.ranks, steps)
+                pqs = sum(p.stat().st_size for p in out.glob("trace-rank*.parquet"))
+            rows.append(("Parquet, vectorised tables (vec_tables)", measure("vector", out),
+                         pqs))
+            for name, m, size in rows:
+                print(f"| {n:,} | {name} | {m['cpu']:.2f} | {m['wall']:.2f} | "
+                      f"{n / m['cpu']:,.0f} | {m['rss'] / 2**20:,.0f} | {size / 1e6:,.1f} |")
+            if target <= a.json_max:
+                j, v = rows[0][1]["cpu"], rows[-1][1]["cpu"]
+                print(f"| {n:,} | ratio vectorised / JSON Python (records per CPU s) | "
+                      f"{j / v:,.1f}x | | | | |")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--records", help="comma-separated sizes, e.g. 0.5M,5M,50M: the "
+                    "columnar comparison instead of the per-stage table")
+    ap.add_argument("--json-max", type=parse_count, default=parse_count("1M"),
+                    help="largest size also written and analysed as JSON lines")
+    ap.add_argument("--tmp", default=None, help="folder for the generated runs")
+    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.child:
+        child(*a.child)
+        return 0
+    if a.records:
+        return scale(a)
     with tempfile.TemporaryDirectory() as d:
         out = Path(d)
         n = make_run(out, a.ranks, a.steps)

@@ -329,6 +329,7 @@ class JobSupervisor:
     def _analyze(self, summary: dict | None) -> dict | None:
         """Per-run analysis (torch-free) next to the traces: analysis.json, the Perfetto trace,
         and the headline figures the runs table shows. Partial traces still get analysed."""
+        self._columnar()
         if self.spec.get("kind") != "train" or not any(self.out.glob("trace-rank*.jsonl")):
             return summary
         try:
@@ -339,6 +340,16 @@ class JobSupervisor:
             self.say(f"analysis failed: {type(exc).__name__}: {exc}")
             return summary
         return {**(summary or {}), "headline": headline}
+
+    def _columnar(self) -> None:
+        """The run's JSON-lines traces into Parquet (jobs/analysis/columnar.py), whatever the
+        outcome, now that no rank appends to them: what analysis and the Gantt read after."""
+        try:
+            from jobs.analysis.columnar import convert_run_dir
+            convert_run_dir(self.out)
+        except Exception as exc:  # noqa: BLE001 - analysis falls back to the JSON lines
+            log.exception("columnar conversion of run %s failed", self.run_id)
+            self.say(f"columnar trace conversion failed: {type(exc).__name__}: {exc}")
 
     def _upload(self, skip: set[str] | frozenset = frozenset()) -> None:
         """Every file of the run folder, except the relative paths in `skip`."""

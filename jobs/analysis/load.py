@@ -2,7 +2,8 @@
 
 Tolerant by design: a cancelled, failed or killed run may have torn last lines, missing ranks,
 no `end` record or no `meta` line. Whatever is missing goes into `warnings` instead of raising.
-Standard library only.
+Reads the run's Parquet files instead when the worker converted them (columnar.py); standard
+library only otherwise (pyarrow is imported only for those).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_RANK_RE = re.compile(r"trace-rank(\d+)\.jsonl$")
+_RANK_RE = re.compile(r"trace-rank(\d+)\.(?:jsonl|parquet)$")
 
 
 @dataclass
@@ -53,11 +54,17 @@ def _valid_timed(r: dict) -> bool:
 
 def parse_lines(lines, rank: int, warnings: list[str]) -> tuple[list[dict], dict]:
     """Records and the meta record of one rank from an iterable of JSON lines."""
+    recs, meta, bad, empty = _parse(lines)
+    _check_rank(rank, recs, meta, bad, empty, warnings)
+    return recs, meta
+
+
+def _parse(lines) -> tuple[list[dict], dict, int, bool]:
+    """(records sorted by ts_ns, meta, lines skipped, no line at all) of JSON lines."""
     recs, meta, bad = [], {}, 0
     lines = list(lines)
     if not any(x.strip() for x in lines):
-        warnings.append(f"rank {rank}: empty trace file (killed before its first flush)")
-        return [], {}
+        return [], {}, 0, True
     for line in lines:
         line = line.strip()
         if not line:
@@ -80,11 +87,29 @@ def parse_lines(lines, rank: int, warnings: list[str]) -> tuple[list[dict], dict
         if t == "mem" and "optim" in r:  # traces written before issue 12 named it `optim`
             r.setdefault("optimizer", r.pop("optim"))
         recs.append(r)
+    recs.sort(key=lambda r: r.get("ts_ns", 0))
+    return recs, meta, bad, False
+
+
+def parse_file(path: Path, rank: int) -> tuple[list[dict], dict, int, bool] | None:
+    """_parse of one trace file; None when it cannot be read."""
+    try:
+        with open(path, errors="replace") as f:
+            return _parse(f)
+    except OSError:
+        return None
+
+
+def _check_rank(rank: int, recs: list[dict], meta: dict, bad: int, empty: bool,
+                warnings: list[str]) -> None:
+    """What a rank's trace is missing, as warnings (the same for either storage)."""
+    if empty:
+        warnings.append(f"rank {rank}: empty trace file (killed before its first flush)")
+        return
     if bad:
         warnings.append(f"rank {rank}: {bad} unreadable or untimed line(s) skipped")
     if not meta:
         warnings.append(f"rank {rank}: no meta record (coordinates unknown)")
-    recs.sort(key=lambda r: r.get("ts_ns", 0))
     if not any(r.get("type") == "end" for r in recs):
         warnings.append(f"rank {rank}: no end record (the process was killed or is still "
                         "running); its trace stops at the last flush")
@@ -92,7 +117,6 @@ def parse_lines(lines, rank: int, warnings: list[str]) -> tuple[list[dict], dict
         reason = next(r.get("reason") for r in reversed(recs) if r.get("type") == "end")
         if reason not in ("ok", None):
             warnings.append(f"rank {rank}: ended with reason {reason!r}")
-    return recs, meta
 
 
 def from_records(per_rank: dict[int, list[dict]], summary: dict | None = None) -> Traces:
@@ -108,10 +132,15 @@ def from_records(per_rank: dict[int, list[dict]], summary: dict | None = None) -
 
 
 def load_run_dir(out_dir: Path) -> Traces:
-    """Every `trace-rank*.jsonl` (and `summary.json` if present) of a run folder."""
+    """Every rank's trace (and `summary.json` if present) of a run folder: the Parquet files
+    (columnar.py) when every `trace-rank*.jsonl` has an up-to-date one, else the JSON lines
+    (a live run, or one that ended before issue 19)."""
     out_dir = Path(out_dir)
     tr = Traces()
-    paths = sorted(out_dir.glob("trace-rank*.jsonl"))
+    from . import columnar
+    parquet = columnar.has_columnar(out_dir)
+    suffix = columnar.SUFFIX if parquet else ".jsonl"
+    paths = sorted(out_dir.glob("trace-rank*" + suffix))
     if not paths:
         tr.warnings.append(f"no trace-rank*.jsonl files in {out_dir.name or out_dir}")
     for path in paths:
@@ -120,11 +149,19 @@ def load_run_dir(out_dir: Path) -> Traces:
             continue
         rank = int(m.group(1))
         try:
-            with open(path, errors="replace") as f:
-                recs, meta = parse_lines(f, rank, tr.warnings)
-        except OSError as exc:
-            tr.warnings.append(f"rank {rank}: cannot read {path.name} ({exc})")
+            parsed = columnar.read_rank(path) if parquet else parse_file(path, rank)
+        except Exception as exc:  # noqa: BLE001 - a damaged file degrades to a warning
+            parsed, why = None, f"{type(exc).__name__}: {exc}"
+            js = path.with_suffix(".jsonl")
+            if parquet and js.is_file():  # another columnar version, or a damaged file
+                parsed = parse_file(js, rank)
+        else:
+            why = "OSError"
+        if parsed is None:
+            tr.warnings.append(f"rank {rank}: cannot read {path.name} ({why})")
             continue
+        recs, meta, bad, empty = parsed
+        _check_rank(rank, recs, meta, bad, empty, tr.warnings)
         if recs or meta:
             tr.ranks[rank], tr.meta[rank] = recs, meta
     summ = out_dir / "summary.json"

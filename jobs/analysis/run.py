@@ -1,4 +1,5 @@
-"""A finished (or partial) run's analysis: tables, headline, files. Standard library only.
+"""A finished (or partial) run's analysis: tables, headline, files. Standard library, plus
+DuckDB for the vectorised tables of a run whose traces were converted to Parquet (issue 19).
 
 `analyze_run_dir` never raises on a partial trace: each table is computed on its own, and a
 table that cannot be computed is left empty with the reason in `warnings`.
@@ -13,14 +14,16 @@ from collections import defaultdict
 from pathlib import Path
 
 from . import collectives as C
+from . import columnar, rules
 from . import links as LK
 from . import memory as M
 from . import moe as MOE
 from . import pipeline as PL
 from . import predicted as P
-from . import rules
 from . import steps as S
 from . import stragglers as SG
+from . import vec_steps as VS
+from . import vec_tables as V
 from .export import to_perfetto
 from .load import Traces, load_run_dir
 
@@ -134,21 +137,52 @@ def _json_safe(obj):
         return _finite(obj)
 
 
-def analyze(tr: Traces, spec=None) -> dict:
-    """Tables + headline of loaded traces (see analyze_run_dir)."""
+def vector_source(out_dir: Path, warnings: list[str] | None = None):
+    """A DuckDB connection over the run's Parquet files (vec_tables.connect) when the worker
+    converted its traces (columnar.py), else None: the tables then come from the Python
+    loops only (also when DuckDB cannot open them: the reason goes to `warnings`)."""
+    if not columnar.has_columnar(out_dir):
+        return None
+    try:
+        return V.connect(out_dir)
+    except Exception as exc:  # noqa: BLE001 - the Python path still answers
+        if warnings is not None:
+            warnings.append(f"vectorised analysis unavailable ({type(exc).__name__}: {exc})")
+        return None
+
+
+def _vec_or(vec, fn, warnings: list[str]):
+    """The vectorised table where it applies (fn returns None where it does not); None too
+    when it fails, so the caller's Python function answers instead."""
+    if vec is None:
+        return None
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001
+        warnings.append(f"vectorised table failed, Python path used ({type(exc).__name__}: "
+                        f"{exc})")
+        return None
+
+
+def analyze(tr: Traces, spec=None, vec=None) -> dict:
+    """Tables + headline of loaded traces (see analyze_run_dir). `vec`: vector_source of the
+    run folder; the tables vec_tables computes come from DuckDB then (the same rows)."""
     sp = P.spec_of(spec if spec is not None else tr.spec_dict(), tr.warnings)
     spec_dict = sp.to_dict() if sp is not None else tr.spec_dict()
     pred = _safe(tr, "theory", lambda: P.theory(sp, tr.warnings), None)
     t: dict = {}
-    t["step_rank"] = _safe(tr, "step_rank", lambda: S.step_rank_table(tr), [])
-    t["collectives"] = _safe(tr, "collectives", lambda: C.collectives_table(tr), [])
+    t["step_rank"] = _safe(tr, "step_rank", lambda: _vec_or(
+        vec, lambda: VS.step_rank_table(vec, tr), tr.warnings) or S.step_rank_table(tr), [])
+    t["collectives"] = _safe(tr, "collectives", lambda: _vec_or(
+        vec, lambda: V.collectives_table(vec, tr), tr.warnings) or C.collectives_table(tr), [])
     t["ranks"] = _safe(tr, "ranks", lambda: S.ranks_table(t["step_rank"]), [])
     t["stragglers"] = _safe(tr, "stragglers",
                             lambda: SG.stragglers_table(t["collectives"], t["step_rank"]), [])
     t["straggler_ranks"] = _safe(tr, "straggler_ranks", lambda: SG.straggler_ranks_table(
         t["collectives"], t["step_rank"]), [])
     t["bandwidth"] = _safe(tr, "bandwidth", lambda: C.bandwidth_table(t["collectives"]), [])
-    t["axis_bytes"] = _safe(tr, "axis_bytes", lambda: C.axis_bytes_table(tr), [])
+    t["axis_bytes"] = _safe(tr, "axis_bytes", lambda: _vec_or(
+        vec, lambda: V.axis_bytes_table(vec, tr), tr.warnings) or C.axis_bytes_table(tr), [])
     _safe(tr, "axis_bytes predictions",
           lambda: _axis_predictions(t["axis_bytes"], pred, tr.summary), None)
     t["links"] = _safe(tr, "links", lambda: LK.links_table(tr, sp, t["collectives"], pred), [])
@@ -163,7 +197,10 @@ def analyze(tr: Traces, spec=None) -> dict:
         t["step_rank"], spec_dict, tr.summary, scalars), [])
     trace = _safe(tr, "trace coverage", lambda: S.trace_coverage(tr, t["step_rank"], scalars),
                   {})
-    peak = _safe(tr, "peak memory", lambda: M.peak_bytes(tr), None)
+    vpeak = _safe(tr, "peak memory", lambda: _vec_or(vec, lambda: V.peak_bytes(vec),
+                                                              tr.warnings), None)
+    peak = vpeak[0] if vpeak and vpeak[1] else _safe(tr, "peak memory",
+                                                     lambda: M.peak_bytes(tr), None)
     pp = sp.parallel.pp if sp is not None else max(
         [tr.coords(r).get("pp", 0) for r in tr.ranks] or [0]) + 1
     headline = _safe(tr, "headline", lambda: _headline(t, pred, pp, peak), {})
@@ -183,7 +220,7 @@ def analyze_run_dir(out_dir: Path, spec=None) -> dict:
     folder (`trace-rank*.jsonl`, `summary.json` if present). `spec`: a JobSpec or spec dict; default
     the one in the traces' meta record."""
     tr = load_run_dir(Path(out_dir))
-    return analyze(tr, spec)
+    return analyze(tr, spec, vector_source(Path(out_dir), tr.warnings))
 
 
 def _write_json(path: Path, obj) -> None:
@@ -204,7 +241,7 @@ def write_analysis(out_dir: Path, spec=None) -> dict:
     out_dir = Path(out_dir)
     try:
         tr = load_run_dir(out_dir)
-        result = analyze(tr, spec)
+        result = analyze(tr, spec, vector_source(out_dir, tr.warnings))
         try:
             _write_json(out_dir / PERFETTO_FILE, to_perfetto(tr, result["spec"]))
         except Exception as exc:  # noqa: BLE001

@@ -1,0 +1,193 @@
+"""Columnar trace storage (issue 19): a run's `trace-rank{R}.jsonl` converted, when the run
+ends, into `trace-rank{R}.parquet` (docs/trace-schema.md, "Columnar storage").
+
+The JSON lines stay the live format (the flusher appends to them, so a cancelled or hung run
+keeps its trace up to its last flush); the Parquet files are what analysis reads afterwards:
+DuckDB queries them without loading records into Python (vec_*.py), and `load.load_run_dir`
+rebuilds the same `Traces` from them for the Python tables.
+
+Round trip: a field listed in COLUMNS whose value has the column's Python type is stored in
+that column; anything else (other fields, other types, nested values, None) goes, JSON
+encoded, into the `args` column, so `records_of` gives back the records `load.parse_lines`
+produced, field for field (==). Two exceptions: an int in a float column (`bytes_recv: 8192`)
+reads back as the equal float, and a null `microbatch` as present and None (every record of
+the schema has it). Imports pyarrow lazily (jobs/summary.py imports
+load.py inside the job process, which needs torch and the standard library only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+COLUMNAR_SCHEMA = 1  # bump when COLUMNS or their meaning change
+SUFFIX = ".parquet"
+META_KEY = b"paralab.meta"  # the rank's `meta` record, JSON
+SCHEMA_KEY = b"paralab.columnar_schema"
+STATE_KEY = b"paralab.parse"  # {"bad": lines skipped, "empty": file had no line}
+
+_INT, _FLOAT, _STR, _BOOL = "int64", "float64", "string", "bool"
+# name -> type. Order is the files' column order; `rank` and `args` come first and last.
+COLUMNS: dict[str, str] = {
+    "type": _STR, "ts_ns": _INT, "dur_ns": _INT, "step": _INT, "microbatch": _INT,
+    "name": _STR, "cat": _STR, "action": _STR, "stage": _INT, "loss": _FLOAT,
+    "loss_weight": _FLOAT,
+    "op": _STR, "axis": _STR, "group": _STR, "seq": _INT, "group_size": _INT,
+    "payload_bytes": _INT, "bytes_sent": _FLOAT, "bytes_recv": _FLOAT, "peer": _INT,
+    "is_root": _BOOL, "async": _BOOL, "end": _STR, "backend_op": _STR, "bucket": _INT,
+    "unit": _INT, "layer": _INT, "region": _STR, "phase": _STR, "what": _STR, "source": _STR,
+    "params": _INT, "grads": _INT, "optimizer": _INT, "activations": _INT, "grads_peak": _INT,
+    "gathered": _INT, "gathered_peak": _INT, "comm_buffers": _INT, "recv_buffers": _INT,
+    "rss_bytes": _INT, "cuda_allocated_bytes": _INT, "cuda_peak_allocated_bytes": _INT,
+    "cuda_reserved_bytes": _INT, "reason": _STR,
+}
+_PYTYPE = {_INT: int, _FLOAT: float, _STR: str, _BOOL: bool}
+_INT64 = 1 << 63
+_EXACT = 1 << 53  # ints a float holds exactly
+NULL_IS_NONE = ("microbatch",)  # every record has it: a null reads back as None
+
+
+def parquet_path(jsonl: Path) -> Path:
+    return jsonl.with_suffix(SUFFIX)
+
+
+def arrow_schema():
+    import pyarrow as pa
+    kinds = {_INT: pa.int64(), _FLOAT: pa.float64(), _STR: pa.string(), _BOOL: pa.bool_()}
+    return pa.schema([("rank", pa.int32())] + [(k, kinds[t]) for k, t in COLUMNS.items()]
+                     + [("args", pa.string())])
+
+
+def to_columns(recs: list[dict]) -> tuple[dict[str, list], list]:
+    """Column lists (None where a record lacks the field or has another type) and args."""
+    n = len(recs)
+    cols = {k: [None] * n for k in COLUMNS}
+    types = {k: _PYTYPE[t] for k, t in COLUMNS.items()}
+    args: list = [None] * n
+    for i, r in enumerate(recs):
+        extra = None
+        for k, v in r.items():
+            t = types.get(k)
+            if t is not None and type(v) is t and (t is not int or -_INT64 <= v < _INT64):
+                cols[k][i] = v
+            elif t is float and type(v) is int and -_EXACT <= v <= _EXACT:
+                cols[k][i] = float(v)  # a byte count written as an int: equal as a float
+            elif v is None and k in NULL_IS_NONE:
+                continue  # the column's null
+            elif k == "rank" and type(v) is int:
+                continue  # the file's rank column
+            else:
+                if extra is None:
+                    extra = {}
+                extra[k] = v
+        if extra:
+            args[i] = json.dumps(extra)
+    return cols, args
+
+
+def write_rank(path: Path, rank: int, recs: list[dict], meta: dict, bad: int = 0,
+               empty: bool = False) -> None:
+    """One rank's parsed records into `path` (atomically: written aside, then renamed)."""
+    import pyarrow as pa
+    schema = arrow_schema()
+    cols, args = to_columns(recs)
+    # a record whose rank field disagrees with the file keeps it in args (to_columns skipped
+    # only int ranks): the column holds the file's rank
+    for i, r in enumerate(recs):
+        if type(r.get("rank")) is int and r["rank"] != rank:
+            extra = json.loads(args[i]) if args[i] else {}
+            extra["rank"] = r["rank"]
+            args[i] = json.dumps(extra)
+    arrays = [pa.array([rank] * len(recs), pa.int32())]
+    arrays += [pa.array(cols[k], schema.field(k).type) for k in COLUMNS]
+    arrays.append(pa.array(args, pa.string()))
+    table = pa.Table.from_arrays(arrays, schema=schema.with_metadata(
+        file_metadata(meta, bad, empty)))
+    write_table(table, path)
+
+
+def file_metadata(meta: dict, bad: int = 0, empty: bool = False) -> dict:
+    return {SCHEMA_KEY: str(COLUMNAR_SCHEMA).encode(), META_KEY: json.dumps(meta).encode(),
+            STATE_KEY: json.dumps({"bad": bad, "empty": empty}).encode()}
+
+
+def write_table(table, path: Path) -> None:
+    import pyarrow.parquet as pq
+    tmp = path.with_name(path.name + ".part")
+    pq.write_table(table, tmp, compression="zstd", row_group_size=1 << 20)
+    os.replace(tmp, path)
+
+
+def convert_run_dir(out_dir: Path) -> list[Path]:
+    """Write `trace-rank{R}.parquet` beside every `trace-rank{R}.jsonl` of a run folder (torn
+    and untimed lines skipped as load.parse_lines does; the count kept in the metadata).
+    Returns the files written. Raises only on an unwritable folder."""
+    from .load import _RANK_RE, parse_file
+    out = []
+    for path in sorted(Path(out_dir).glob("trace-rank*.jsonl")):
+        m = _RANK_RE.search(path.name)
+        if not m:
+            continue
+        rank = int(m.group(1))
+        parsed = parse_file(path, rank)
+        if parsed is None:
+            continue  # unreadable: the loader reports it from the JSON lines
+        recs, meta, bad, empty = parsed
+        dest = parquet_path(path)
+        write_rank(dest, rank, recs, meta, bad, empty)
+        out.append(dest)
+    return out
+
+
+def read_rank(path: Path) -> tuple[list[dict], dict, int, bool]:
+    """(records in file order, meta record, lines skipped, file was empty) of one rank."""
+    import pyarrow.parquet as pq
+    table = pq.read_table(path)
+    md = table.schema.metadata or {}
+    version = int(md.get(SCHEMA_KEY, b"0"))
+    if version != COLUMNAR_SCHEMA:
+        raise ValueError(f"{path.name}: columnar schema {version}, this reader knows "
+                         f"{COLUMNAR_SCHEMA}")
+    state = json.loads(md.get(STATE_KEY, b"{}"))
+    meta = json.loads(md.get(META_KEY, b"{}"))
+    recs = records_of(table)
+    recs.sort(key=lambda r: r.get("ts_ns", 0))  # stable: a no-op on a converted file
+    return recs, meta, int(state.get("bad", 0)), bool(state.get("empty"))
+
+
+def records_of(table) -> list[dict]:
+    """The record dicts of a trace table (columns of COLUMNS, rank, args)."""
+    names = [k for k in COLUMNS if k in table.column_names]
+    data = {k: table.column(k).to_pylist() for k in names}
+    ranks = table.column("rank").to_pylist()
+    args = table.column("args").to_pylist()
+    nulls = [k for k in NULL_IS_NONE if k in data]
+    out = []
+    for i, rank in enumerate(ranks):
+        r = {"rank": rank}
+        for k in names:
+            v = data[k][i]
+            if v is not None or k in nulls:
+                r[k] = v
+        if args[i]:
+            r.update(json.loads(args[i]))
+        out.append(r)
+    return out
+
+
+def has_columnar(out_dir: Path) -> bool:
+    """Whether every trace-rank*.jsonl of the folder has an up-to-date Parquet twin (or the
+    folder holds Parquet files only)."""
+    out_dir = Path(out_dir)
+    pq_files = list(out_dir.glob("trace-rank*" + SUFFIX))
+    if not pq_files:
+        return False
+    for js in out_dir.glob("trace-rank*.jsonl"):
+        p = parquet_path(js)
+        try:
+            if not p.is_file() or p.stat().st_mtime_ns < js.stat().st_mtime_ns:
+                return False
+        except OSError:
+            return False
+    return True
