@@ -22,6 +22,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
+import os
 
 from .load import Traces, from_records
 
@@ -168,18 +170,48 @@ def iter_perfetto_json(traces, spec: dict | None = None, *,
     tr = traces if isinstance(traces, Traces) else from_records(traces)
     t0 = tr.t0_ns()
     lo, hi = _window(t0, window_ms)
-    enc = json.JSONEncoder(separators=(",", ":"), default=str)
     yield '{"traceEvents":['
     buf, first = [], True
     for ev in _events(tr, t0, lo, hi):
-        buf.append(enc.encode(ev))
+        buf.append(_encode(ev))
         if len(buf) >= chunk:
             yield ("" if first else ",") + ",".join(buf)
             buf, first = [], False
     if buf:
         yield ("" if first else ",") + ",".join(buf)
-    yield '],"displayTimeUnit":"ms","otherData":' + enc.encode(
+    yield '],"displayTimeUnit":"ms","otherData":' + _encode(
         _other(tr, t0, spec, window_ms)) + "}"
+
+
+_ENC = json.JSONEncoder(separators=(",", ":"), default=str, allow_nan=False)
+
+
+def _strict(v):
+    """v with NaN / inf as null (strict JSON: a non-finite loss in a record's args)."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _strict(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_strict(x) for x in v]
+    return v
+
+
+def _encode(obj) -> str:
+    try:
+        return _ENC.encode(obj)
+    except ValueError:
+        return _ENC.encode(_strict(obj))
+
+
+def write_perfetto(path, traces, spec: dict | None = None) -> None:
+    """The run's Perfetto file, streamed to `path` (atomically: a `.part` file renamed), never
+    holding the whole document."""
+    tmp = path.with_name(path.name + ".part")
+    with open(tmp, "w") as f:
+        for chunk in iter_perfetto_json(traces, spec):
+            f.write(chunk)
+    os.replace(tmp, path)
 
 
 # A spreadsheet runs a cell that starts with one of these as a formula (OWASP "CSV

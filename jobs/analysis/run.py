@@ -24,7 +24,7 @@ from . import steps as S
 from . import stragglers as SG
 from . import vec_steps as VS
 from . import vec_tables as V
-from .export import to_perfetto
+from .export import write_perfetto
 from .load import Traces, load_run_dir
 
 SCHEMA = 4  # 2: headline/ranks/bandwidth tables, bubble_s in step_rank, rules; 3: MoE tables;
@@ -243,7 +243,7 @@ def write_analysis(out_dir: Path, spec=None) -> dict:
         tr = load_run_dir(out_dir)
         result = analyze(tr, spec, vector_source(out_dir, tr.warnings))
         try:
-            _write_json(out_dir / PERFETTO_FILE, to_perfetto(tr, result["spec"]))
+            write_perfetto(out_dir / PERFETTO_FILE, tr, result["spec"])
         except Exception as exc:  # noqa: BLE001
             result["warnings"].append(f"perfetto export failed ({type(exc).__name__}: {exc})")
         _write_json(out_dir / ANALYSIS_FILE, result)

@@ -98,3 +98,16 @@ def test_scalars_of_every_step_are_counters():
     assert [(e["pid"], e["ts"], e["args"]) for e in got] == [
         (r, 110.0, {"step_s": 0.5, "tokens_per_s": 8.0, "loss": 2.5, "rss_bytes": 1000})
         for r in range(2)]
+
+
+def test_streamed_file_is_strict_json_with_a_non_finite_loss(tmp_path):
+    from jobs.analysis.export import write_perfetto
+    recs = synthetic()
+    recs[0].insert(1, span(0, 0, "step", 0, 100, cat="step", loss=float("nan")))
+    write_perfetto(tmp_path / "t.json", recs)
+    doc = json.loads((tmp_path / "t.json").read_text(),
+                     parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+    tef.check(doc, 2)
+    steps = [e for e in doc["traceEvents"] if e["name"] == "step" and e["pid"] == 0]
+    assert any("loss" in e["args"] and e["args"]["loss"] is None for e in steps)
+    assert not list(tmp_path.glob("*.part"))
