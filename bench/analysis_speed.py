@@ -186,13 +186,13 @@ def best(fn, repeat: int) -> tuple[float, float]:
 
 def child(mode: str, d: str) -> None:
     """One measured stage in a fresh process: its CPU seconds (every thread) and peak RSS."""
-    from jobs.analysis import columnar, vec_tables
+    from jobs.analysis import columnar, vec_scale
     out = Path(d)
     t0, c0 = time.perf_counter(), time.process_time()
     if mode == "convert":
         columnar.convert_run_dir(out)
     elif mode == "vector":
-        vec_tables.vector_tables(out)
+        vec_scale.vector_tables(out)
     else:  # "json" / "columnar": the whole post-run analysis, files written
         head = write_analysis(out)
         assert "analysis_error" not in head, head

@@ -17,7 +17,6 @@ prints an nccl-tests-like table as it goes.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from jobs.comm import sweep
+from jobs.dist_init import init_bench_group
 from jobs.entry import exit_now, host_meta, job_main
 from jobs.spec import JobSpec
 from jobs.trace import Tracer
@@ -81,16 +81,7 @@ def _provenance(backend: str) -> dict:
 
 
 def run(spec: JobSpec, out: Path) -> dict | None:
-    backend = spec.runtime.backend
-    if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" \
-        else torch.device("cpu")
-    ctrl = dist.new_group(backend="gloo") if backend != "gloo" else None  # timings, flags
+    backend, rank, world, device, ctrl = init_bench_group(spec.runtime.backend)
     c = spec.collective
     dtype = sweep.DTYPES[c.dtype]
     t_start = time.perf_counter()

@@ -19,7 +19,6 @@ Writes `DIR/trace-rank{R}.jsonl` (jobs.trace: one span `calib_iter` per timed pa
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from jobs.dist_init import init_bench_group
 from jobs.entry import exit_now, host_meta, job_main
 from jobs.models import gpt, mlp
 from jobs.spec import JobSpec
@@ -107,16 +107,7 @@ def _gather_times(times: list[float], ctrl) -> list[list[float]]:
 
 
 def run(spec: JobSpec, out: Path) -> dict | None:
-    backend = spec.runtime.backend
-    if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" \
-        else torch.device("cpu")
-    ctrl = dist.new_group(backend="gloo") if backend != "gloo" else None  # the timings
+    backend, rank, world, device, ctrl = init_bench_group(spec.runtime.backend)
     m, c = spec.model, spec.compute
     t_start = time.perf_counter()
     tracer = Tracer(out, rank, world, meta={"backend": backend, "kind": spec.kind,

@@ -21,6 +21,8 @@ import json
 import os
 from pathlib import Path
 
+from .jsonl import _RANK_RE, parse_file
+
 COLUMNAR_SCHEMA = 1  # bump when COLUMNS or their meaning change
 SUFFIX = ".parquet"
 META_KEY = b"paralab.meta"  # the rank's `meta` record, JSON
@@ -123,7 +125,6 @@ def convert_run_dir(out_dir: Path) -> list[Path]:
     """Write `trace-rank{R}.parquet` beside every `trace-rank{R}.jsonl` of a run folder (torn
     and untimed lines skipped as load.parse_lines does; the count kept in the metadata).
     Returns the files written. Raises only on an unwritable folder."""
-    from .load import _RANK_RE, parse_file
     out = []
     for path in sorted(Path(out_dir).glob("trace-rank*.jsonl")):
         m = _RANK_RE.search(path.name)
