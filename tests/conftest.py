@@ -82,6 +82,17 @@ def settings(tmp_path, db_url):
     return Settings(data_dir=tmp_path / "var", database_url=db_url, worker_token="t" * 32)
 
 
+@pytest.fixture
+def client(settings):
+    """The app in-process (FastAPI's TestClient) on the test's settings and database; a module
+    that wants 500s as answers (raise_server_exceptions=False) defines its own."""
+    from fastapi.testclient import TestClient
+
+    from backend.main import create_app
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
 # --- processes -----------------------------------------------------------------------------------
 
 def pids_with_env(key: str, value: str) -> list[int]:

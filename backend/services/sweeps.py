@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 def predicted(spec: JobSpec, cluster: dict | None = None) -> dict | None:
     """The theory's figures the sweep page sets against the measured ones (jobs.theory.predict:
     the one model), None for kinds it does not model. With the advisor's `cluster` (a sweep
-    launched from /advise), also its step-time breakdown (jobs.theory.advisor.terms) at those
-    bandwidths and compute rate: what the page's calibration re-states."""
+    launched from /advise), also its step-time breakdown at those bandwidths and compute rate
+    (jobs.theory.advisor.evaluate_spec): what the page's calibration re-states."""
     if spec.kind != "train":
         return None
     try:

@@ -64,8 +64,6 @@ def _args(r: dict) -> dict:
 
 def _in_window(r: dict, lo: int | None, hi: int | None) -> bool:
     """A record overlapping [lo, hi] (absolute ns); instants and counters at a time in it."""
-    if lo is None:
-        return True
     ts = r.get("ts_ns", 0)
     return ts <= hi and ts + r.get("dur_ns", 0) >= lo
 
@@ -76,7 +74,7 @@ def _events(tr: Traces, t0: int, lo: int | None, hi: int | None):
         return round((ns - t0) / 1000.0, 3)
 
     for rank, all_recs in sorted(tr.ranks.items()):
-        recs = [r for r in all_recs if _in_window(r, lo, hi)]
+        recs = all_recs if lo is None else [r for r in all_recs if _in_window(r, lo, hi)]
         coords = tr.coords(rank)
         name = f"rank {rank}" + (f" ({_label(coords)})" if coords else "")
         yield {"ph": "M", "pid": rank, "tid": 0, "name": "process_name", "args": {"name": name}}

@@ -144,7 +144,7 @@ def _pruned(m: dict, batch: int, lay: dict) -> str | None:
         return "tp must divide hidden and heads (gpt only)"
     if m["layers"] % (lay["pp"] * lay["virtual_stages"]):
         return "pp*virtual_stages must divide layers"
-    if batch % (lay["dp"] // lay.get("cp", 1) * lay["microbatches"]):
+    if batch % (lay["dp"] // lay["cp"] * lay["microbatches"]):
         return "dp/cp*microbatches must divide global_batch"
     return None
 
@@ -164,7 +164,7 @@ def spec_of(m: dict, batch: int, c: dict, lay: dict, steps: int = 5) -> dict:
     if lay["zero_stage"] == 3 and mp:  # reference ZeRO-3 refuses tp/pp: FSDP2 does it
         spec["parallel"]["engine"] = "native"
     for axis in ("cp", "ep"):
-        if lay.get(axis, 1) > 1:
+        if lay[axis] > 1:
             spec["parallel"][axis] = lay[axis]
     if c.get("queue"):
         spec["runtime"]["queue"] = c["queue"]
@@ -199,9 +199,10 @@ def _evaluate(spec_json: str, intra: float, inter: float, flops: float | None) -
 
 
 def evaluate_spec(spec: dict, cluster: dict) -> dict:
-    """terms() of one job-spec dict on a cluster {intra_GBps, inter_GBps, flops (gpt / mlp)}:
-    what a sweep launched from the advisor stores as each member's prediction. Raises
-    SpecError naming the cluster field when the compute term cannot be formed."""
+    """advisor_rules.terms() of one job-spec dict on a cluster {intra_GBps, inter_GBps, flops
+    (gpt / mlp)}: what a sweep launched from the advisor stores as each member's prediction.
+    Without a rate a gpt / mlp spec has no compute term (None figures). SpecError when the
+    spec breaks a rule."""
     ev = _evaluate(json.dumps(spec, sort_keys=True), cluster["intra_GBps"],
                    cluster["inter_GBps"], cluster.get("flops"))
     if "invalid" in ev:

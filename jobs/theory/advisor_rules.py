@@ -14,7 +14,7 @@ def label(lay: dict) -> str:
         s += f"-{lay['pp_schedule']}"
     s += f"-m{lay['microbatches']}"
     for axis in ("ep", "cp"):
-        if lay.get(axis, 1) > 1:
+        if lay[axis] > 1:
             s += f"-{axis}{lay[axis]}"
     return s + ("-ckpt" if lay["activation_checkpointing"] else "")
 
@@ -47,7 +47,7 @@ def rules(r: dict, c: dict) -> list[dict]:
                f"({c['inter_GBps']:g} GB/s), {comm['tp']:.3g} s per step"
                if links["tp"] == "inter" else f"tp = {tp} > {MAX_TP_RULE}")
         out.append(_rule("tp-inside-host", "breaks", why))
-    ep = lay.get("ep", 1)
+    ep = lay["ep"]
     if ep > 1:  # seed 004: "tensor / expert parallel up to the GPUs of one machine, at most 8"
         inside = links.get("ep") == "intra" and ep <= MAX_TP_RULE
         out.append(_rule("ep-inside-host", "follows" if inside else "breaks",
@@ -84,7 +84,7 @@ def rules(r: dict, c: dict) -> list[dict]:
         out.append(_rule("zero3-or-pp-by-bandwidth", "n/a", "neither PP nor ZeRO-3 needed"))
     out.append(_rule("dp-for-the-rest", "follows", f"dp = {lay['dp']}: the devices left after "
                      f"tp*pp = {tp * lay['pp']}" + (f", ZeRO-{z} shards over it" if z else "")))
-    mb = r["spec"]["train"]["global_batch"] // (lay["dp"] // lay.get("cp", 1) *
+    mb = r["spec"]["train"]["global_batch"] // (lay["dp"] // lay["cp"] *
                                                  lay["microbatches"])
     if lay["microbatches"] > 1:
         out.append(_rule("small-batch-grad-accum", "follows", f"{lay['microbatches']} "
@@ -150,7 +150,7 @@ def _neighbour_layouts(lay: dict):
         if mb >= 1:
             yield f"microbatches {lay['microbatches']} -> {mb}", v(microbatches=mb)
     for axis in ("cp", "ep"):
-        d = lay.get(axis, 1)
+        d = lay[axis]
         for c in (d * 2, d // 2):
             if c >= 1 and lay["dp"] % c == 0:
                 yield f"{axis} {d} -> {c}", v(**{axis: c})

@@ -5,21 +5,13 @@ import csv
 import io
 
 import pytest
-from fastapi.testclient import TestClient
 
 from backend import crud
 from backend.core.db import get_sessionmaker
-from backend.main import create_app
 from jobs.analysis import TABLES, write_analysis
 from jobs.spec import parse_spec
 from tests.analysis import tef
 from tests.analysis.synth import comm, end, mem, meta, span, write
-
-
-@pytest.fixture
-def client(settings):
-    with TestClient(create_app(settings)) as c:
-        yield c
 
 
 @pytest.fixture

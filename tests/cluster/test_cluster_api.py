@@ -7,12 +7,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy import update
 
 from backend import crud
 from backend.core.db import get_sessionmaker
-from backend.main import create_app
 from backend.models import Run, Worker, utcnow
 from backend.services.cluster import QueueStats, wait_reason
 from jobs.spec import parse_spec
@@ -66,11 +64,6 @@ def test_free_slot_unclaimed_past_the_bound():
 
 
 # -- the API on both databases ---------------------------------------------------------------
-
-@pytest.fixture
-def client(settings):
-    with TestClient(create_app(settings)) as c:
-        yield c
 
 
 @pytest.fixture

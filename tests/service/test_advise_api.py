@@ -2,11 +2,9 @@
 bandwidth from its latest collective sweep, and 422s naming the field."""
 
 import pytest
-from fastapi.testclient import TestClient
 
 from backend import crud
 from backend.core.db import get_sessionmaker
-from backend.main import create_app
 from jobs.spec import parse_spec
 
 TIMED = {"arch": "timed", "layers": 4, "hidden": 8, "t_forward": 0.02,
@@ -14,11 +12,6 @@ TIMED = {"arch": "timed", "layers": 4, "hidden": 8, "t_forward": 0.02,
 CLUSTER = {"hosts": 1, "devices_per_host": 4, "device_memory_bytes": 8e9, "intra_GBps": 2,
            "inter_GBps": 1}
 
-
-@pytest.fixture
-def client(settings):
-    with TestClient(create_app(settings)) as c:
-        yield c
 
 
 def test_advise_ranked_table(client):

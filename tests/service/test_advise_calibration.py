@@ -2,21 +2,14 @@
 calibration (kind compute_bench), its source named; a 422 naming cluster.flops without one."""
 
 import pytest
-from fastapi.testclient import TestClient
 
 from backend import crud
 from backend.core.db import get_sessionmaker
-from backend.main import create_app
 
 MLP = {"arch": "mlp", "layers": 4, "hidden": 64}
 CLUSTER = {"hosts": 1, "devices_per_host": 2, "device_memory_bytes": 8e9, "intra_GBps": 2,
            "inter_GBps": 1}
 
-
-@pytest.fixture
-def client(settings):
-    with TestClient(create_app(settings)) as c:
-        yield c
 
 
 def _finish(settings, run_id: str, summary: dict, status: str = "succeeded") -> None:

@@ -10,12 +10,6 @@ from backend.main import create_app
 from tests.service.test_spec import RULES
 
 
-@pytest.fixture
-def client(settings):
-    with TestClient(create_app(settings)) as c:
-        yield c
-
-
 def count_runs(client) -> int:
     return len(client.get("/api/runs", params={"limit": 500}).json()["items"])
 

@@ -7,7 +7,6 @@ import asyncio
 import json
 
 import pytest
-from fastapi.testclient import TestClient
 from starlette.requests import Request
 
 from backend import crud, services
@@ -31,11 +30,6 @@ TABLE = [(Invalid("tags: too many"), 422), (UnsafePath("path: escapes"), 400),
          (NotFound("no run"), 404), (Conflict("already done"), 409),
          (TooManyAttempts("slow down", retry_after_s=4), 429), (Unavailable("queue down"), 503)]
 
-
-@pytest.fixture
-def client(settings):
-    with TestClient(create_app(settings)) as c:
-        yield c
 
 
 def _call_handler(app, exc: DomainError, path: str):

@@ -7,22 +7,15 @@ from __future__ import annotations
 
 import pytest
 import sqlalchemy as sa
-from fastapi.testclient import TestClient
 
 from backend import crud
 from backend.api.schemas import RunOut
 from backend.core.db import get_sessionmaker
-from backend.main import create_app
 from backend.models import METRIC_COLUMNS
 
 STEP_TIMES = [0.030, 0.010, None, 0.020, 0.010, None, 0.050]  # None: never analysed
 PEAKS = [3e6, 1e6, None, 2e6, 5e6, None, 4e6]
 
-
-@pytest.fixture
-def client(settings):
-    with TestClient(create_app(settings)) as c:
-        yield c
 
 
 @pytest.fixture

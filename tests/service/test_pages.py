@@ -63,11 +63,6 @@ SCRIPTS = {"/cluster": "cluster.js", "/collectives": "collectives.js", "/compare
            "/advise": "advise.js", "/sweeps": "sweep_list.js"}
 
 
-@pytest.fixture
-def client(settings):
-    with TestClient(create_app(settings)) as c:
-        yield c
-
 
 @pytest.mark.parametrize("path", list(IDS))
 def test_every_page_keeps_its_ids_and_shares_the_base(client, path):

@@ -14,11 +14,6 @@ from tests.auth.conftest import Users
 MLP = {"preset": "ddp", "model": {"arch": "mlp"}, "train": {"steps": 2}}
 
 
-@pytest.fixture
-def client(settings):
-    with TestClient(create_app(settings)) as c:
-        yield c
-
 
 def _runs(client) -> list[dict]:
     return client.get("/api/runs", params={"limit": 500}).json()["items"]
