@@ -57,6 +57,15 @@ def parse_lines(lines, rank: int, warnings: list[str]) -> tuple[list[dict], dict
 def _check_rank(rank: int, recs: list[dict], meta: dict, bad: int, empty: bool,
                 warnings: list[str]) -> None:
     """What a rank's trace is missing, as warnings (the same for either storage)."""
+    ends = [r.get("reason") for r in recs if r.get("type") == "end"]
+    rank_warnings(rank, meta, bad, empty, ends, warnings)
+
+
+def rank_warnings(rank: int, meta: dict, bad: int, empty: bool, end_reasons: list,
+                  warnings: list[str]) -> None:
+    """The loader's warnings of one rank from what they depend on: the file's parse state,
+    its meta record and the `reason` of its `end` records in file order (what the columnar
+    scale path reads from the Parquet metadata and one query, without the records)."""
     if empty:
         warnings.append(f"rank {rank}: empty trace file (killed before its first flush)")
         return
@@ -64,13 +73,11 @@ def _check_rank(rank: int, recs: list[dict], meta: dict, bad: int, empty: bool,
         warnings.append(f"rank {rank}: {bad} unreadable or untimed line(s) skipped")
     if not meta:
         warnings.append(f"rank {rank}: no meta record (coordinates unknown)")
-    if not any(r.get("type") == "end" for r in recs):
+    if not end_reasons:
         warnings.append(f"rank {rank}: no end record (the process was killed or is still "
                         "running); its trace stops at the last flush")
-    else:
-        reason = next(r.get("reason") for r in reversed(recs) if r.get("type") == "end")
-        if reason not in ("ok", None):
-            warnings.append(f"rank {rank}: ended with reason {reason!r}")
+    elif end_reasons[-1] not in ("ok", None):
+        warnings.append(f"rank {rank}: ended with reason {end_reasons[-1]!r}")
 
 
 def from_records(per_rank: dict[int, list[dict]], summary: dict | None = None) -> Traces:
@@ -81,7 +88,7 @@ def from_records(per_rank: dict[int, list[dict]], summary: dict | None = None) -
         recs, meta = parse_lines(lines, rank, tr.warnings)
         if recs or meta:
             tr.ranks[rank], tr.meta[rank] = recs, meta
-    _check_ranks(tr)
+    check_ranks(tr)
     return tr
 
 
@@ -124,11 +131,11 @@ def load_run_dir(out_dir: Path) -> Traces:
             tr.summary = json.loads(summ.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             tr.warnings.append(f"summary.json unreadable ({exc})")
-    _check_ranks(tr)
+    check_ranks(tr)
     return tr
 
 
-def _check_ranks(tr: Traces) -> None:
+def check_ranks(tr: Traces) -> None:
     world = tr.world_size
     missing = [r for r in range(world) if r not in tr.ranks]
     if missing:

@@ -21,9 +21,12 @@ TRANSIENT = ("recv_buffers", "gathered_unit", "comm_buffers")
 MEASURED_KEY = {"gathered_unit": "gathered_peak"}  # the trace's name for the component
 
 
-def measured(tr: Traces, rank: int) -> tuple[dict, str]:
-    peak: dict[str, int] = {}
-    for r in tr.ranks.get(rank, []):
+def measured(tr: Traces, rank: int, peaks: dict[int, dict] | None = None) -> tuple[dict, str]:
+    """(component -> peak over the rank's `mem` samples, "trace"), or the summary's peaks
+    when the samples carry no model state. `peaks`: the trace part already computed
+    (vec_tables.mem_peaks, the columnar scale path: no records in `tr`)."""
+    peak: dict[str, int] = dict(peaks.get(rank) or {}) if peaks is not None else {}
+    for r in tr.ranks.get(rank, []) if peaks is None else ():
         if r.get("type") != "mem":
             continue
         for k in STATE + EXTRA:
@@ -64,11 +67,14 @@ def _err(m, p):
     return 100.0 * (m - p) / p
 
 
-def memory_table(tr: Traces, spec, pred: dict | None) -> list[dict]:
+def memory_table(tr: Traces, spec, pred: dict | None,
+                 peaks: dict[int, dict] | None = None) -> list[dict]:
+    """Per rank and component: measured peak vs predicted vs the seeds' formula. `peaks`:
+    see measured (then `tr` holds only the records routing_activations reads)."""
     rows = []
     for rank in sorted(tr.ranks):
         coords = tr.coords(rank)
-        peak, source = measured(tr, rank)
+        peak, source = measured(tr, rank, peaks)
         if source == "none":
             tr.warnings.append(f"rank {rank}: no memory samples")
         pp, dp = int(coords.get("pp", 0) or 0), int(coords.get("dp", 0) or 0)

@@ -8,13 +8,12 @@ table that cannot be computed is left empty with the reason in `warnings`.
 from __future__ import annotations
 
 import json
-import math
 import os
-from collections import defaultdict
 from pathlib import Path
 
+from . import assemble as A
 from . import collectives as C
-from . import columnar, rules
+from . import columnar
 from . import links as LK
 from . import memory as M
 from . import moe as MOE
@@ -24,117 +23,13 @@ from . import steps as S
 from . import stragglers as SG
 from . import vec_steps as VS
 from . import vec_tables as V
+from .assemble import ANALYSIS_FILE, PERFETTO_FILE, SCHEMA, TABLES  # noqa: F401 - re-exported
 from .export import write_perfetto
 from .load import Traces, load_run_dir
 
-SCHEMA = 4  # 2: headline/ranks/bandwidth tables, bubble_s in step_rank, rules; 3: MoE tables;
-# 4: bounded tracing (throughput `traced`, untraced steps from `scalars`, run.trace)
-TABLES = ("headline", "step_rank", "ranks", "throughput", "stragglers", "straggler_ranks",
-          "collectives",
-          "bandwidth", "axis_bytes", "links", "placement", "memory", "stage_bubbles",
-          "expert_load", "all_to_all")
-ANALYSIS_FILE = "analysis.json"
-PERFETTO_FILE = "trace.perfetto.json"
-
 
 def _safe(tr: Traces, name: str, fn, default):
-    try:
-        return fn()
-    except Exception as exc:  # noqa: BLE001 - a partial trace degrades, never raises
-        tr.warnings.append(f"{name}: not computed ({type(exc).__name__}: {exc})")
-        return default
-
-
-def _axis_predictions(rows: list[dict], pred: dict | None, summary: dict | None) -> None:
-    """Add predicted_bytes (theory, busiest rank, per step), formula_bytes (seeds' formula on
-    the measured Ψ, per rank, data-parallel only) and error_pct to the axis_bytes rows."""
-    per_axis = P.axis_bytes_per_step(pred)
-    check = (summary or {}).get("formula_check") or {}
-    formula = {r.get("rank"): r.get("bytes_sent_formula") for r in check.get("ranks") or []}
-    for r in rows:
-        p = per_axis.get(r["axis"])
-        f = formula.get(r["rank"]) if r["axis"] == "dp" else None
-        m = r["bytes_sent_per_step"]
-        r["predicted_bytes"] = p
-        r["error_pct"] = 100.0 * (m - p) / p if p and m is not None else None
-        r["formula_bytes"] = f
-        r["deviation_bytes"] = m - f if m is not None and f is not None else None
-        r["padding_elems"] = check.get("padding_elems") if f is not None else None
-
-
-def _headline(tables: dict, pred: dict | None, pp: int, peak: int | None) -> dict:
-    """The run's figures, each an aggregate of one table under rules.RULES."""
-    sr = tables["step_rank"]
-    steady = set(rules.steady(r["step"] for r in sr))
-    use = [r for r in sr if r["step"] in steady]
-    comm = sum(r["comm_s"] for r in use)
-    thr = tables["throughput"]
-    step_time = rules.median_steady({r["step"]: r["step_s"] for r in thr})
-    tokens = next((r["tokens"] for r in thr if r.get("tokens")), None)
-    sent: dict[int, float] = defaultdict(float)
-    for r in tables["axis_bytes"]:
-        sent[r["rank"]] += r["bytes_sent_per_step"] or 0.0
-    strag = SG.straggler_of_run(tables["stragglers"])
-    errs = [abs(r["error_pct"]) for r in tables["memory"]
-            if r["error_pct"] is not None and r["component"] in M.STATE + ("model_state",)]
-    bub = tables["stage_bubbles"] if pp > 1 else []
-
-    def mean(key):
-        vals = [r[key] for r in bub if r.get(key) is not None]
-        return sum(vals) / len(vals) if vals else None
-    return {
-        "steady_steps": rules.steady_range(r["step"] for r in thr if r["step_s"] is not None),
-        "step_time_s": step_time,
-        "tokens_per_s": tokens / step_time if tokens and step_time else None,
-        "peak_memory_bytes": peak,
-        "bubble_fraction": mean("measured_idle_fraction"),
-        "bubble_simulated_fraction": mean("simulated"),
-        "bubble_closed_form": mean("closed_form"),
-        "overlap_pct": 100.0 * sum(r["overlap_s"] for r in use) / comm if comm else None,
-        **{f"{k}_s": _mean_of(use, f"{k}_s") for k in ("compute", "comm", "exposed_comm",
-                                                        "bubble", "idle")},
-        "comm_bytes_per_rank": max(sent.values(), default=None),
-        "straggler_rank": strag["rank"],
-        "straggler_flagged_steps": strag["flagged_steps"],
-        "straggler_wait_s": strag["caused_wait_median_s"],
-        **SG.straggler_cost(strag["rank"], tables["straggler_ranks"]),
-        "memory_error_pct": max(errs) if errs else None,
-        "predicted_comm_bytes_per_rank": ((pred or {}).get("comm") or {}).get("bytes_per_rank"),
-        "predicted_bubble_fraction": (((pred or {}).get("pipeline") or {}).get("bubble_fraction")
-                                      if pp > 1 else None),
-        "final_loss": next((r["loss"] for r in reversed(thr) if r.get("loss") is not None),
-                           None),
-        **MOE.headline(tables["expert_load"]),
-        "steps": len(thr), "ranks": len({r["rank"] for r in sr}),
-    }
-
-
-def _mean_of(rows: list[dict], key: str) -> float | None:
-    """Mean per (step, rank) row of a step_rank column (None when no row has it)."""
-    vals = [r[key] for r in rows if r.get(key) is not None]
-    return sum(vals) / len(vals) if vals else None
-
-
-def _finite(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {str(k): _finite(v) for k, v in obj.items()}
-    if not isinstance(obj, list | tuple | str | int | float | bool | type(None)):
-        return str(obj)
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-def _json_safe(obj):
-    """obj itself when it is strict JSON already (the C encoder checks fast), else a copy
-    with NaN / inf replaced by None."""
-    try:
-        json.dumps(obj, allow_nan=False)
-        return obj
-    except (ValueError, TypeError):
-        return _finite(obj)
+    return A.safe(tr.warnings, name, fn, default)
 
 
 def vector_source(out_dir: Path, warnings: list[str] | None = None):
@@ -184,7 +79,7 @@ def analyze(tr: Traces, spec=None, vec=None) -> dict:
     t["axis_bytes"] = _safe(tr, "axis_bytes", lambda: _vec_or(
         vec, lambda: V.axis_bytes_table(vec, tr), tr.warnings) or C.axis_bytes_table(tr), [])
     _safe(tr, "axis_bytes predictions",
-          lambda: _axis_predictions(t["axis_bytes"], pred, tr.summary), None)
+          lambda: A.axis_predictions(t["axis_bytes"], pred, tr.summary), None)
     t["links"] = _safe(tr, "links", lambda: LK.links_table(tr, sp, t["collectives"], pred), [])
     t["placement"] = _safe(tr, "placement", lambda: LK.placement_table(tr, sp), [])
     t["memory"] = _safe(tr, "memory", lambda: M.memory_table(tr, sp, pred), [])
@@ -203,16 +98,9 @@ def analyze(tr: Traces, spec=None, vec=None) -> dict:
                                                      lambda: M.peak_bytes(tr), None)
     pp = sp.parallel.pp if sp is not None else max(
         [tr.coords(r).get("pp", 0) for r in tr.ranks] or [0]) + 1
-    headline = _safe(tr, "headline", lambda: _headline(t, pred, pp, peak), {})
-    t["headline"] = [headline]
-    strategy = (tr.summary or {}).get("strategy") or (sp.strategy if sp is not None else None)
-    run = {"world_size": tr.world_size, "ranks": sorted(tr.ranks), "strategy": strategy,
-           "engine": sp.parallel.engine if sp is not None else None,
-           "coords": {str(r): tr.coords(r) for r in sorted(tr.ranks)},
-           "traced_steps": trace.get("traced_steps"), "trace": trace}
-    tables = {name: t[name] for name in TABLES}
-    return _json_safe({"schema": SCHEMA, "run": run, "spec": spec_dict, "headline": headline,
-                       "rules": rules.RULES, "tables": tables, "warnings": list(tr.warnings)})
+    headline = _safe(tr, "headline", lambda: A.headline(t, A.step_aggregates(
+        t["step_rank"], t["throughput"], t["stragglers"]), pred, pp, peak), {})
+    return A.result(tr, sp, spec_dict, t, headline, trace)
 
 
 def analyze_run_dir(out_dir: Path, spec=None) -> dict:
@@ -228,7 +116,7 @@ def _write_json(path: Path, obj) -> None:
     try:
         text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
     except ValueError:
-        text = json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False)
+        text = json.dumps(A.finite(obj), separators=(",", ":"), allow_nan=False)
     with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, path)
