@@ -142,8 +142,10 @@ def json_safe(obj):
         return finite(obj)
 
 
-def result(tr, sp, spec_dict, tables: dict, headline_row: dict, trace: dict, **extra) -> dict:
-    """The analysis dict both paths return (`tr`: the run's Traces, records or meta only)."""
+def result(tr, sp, spec_dict, tables: dict, headline_row: dict, trace: dict,
+           engine: str = "python", **extra) -> dict:
+    """The analysis dict both paths return (`tr`: the run's Traces, records or meta only;
+    `engine`: which computed the tables, "python" (run.py) or "columnar" (scale.py))."""
     strategy = (tr.summary or {}).get("strategy") or (sp.strategy if sp is not None else None)
     run = {"world_size": tr.world_size, "ranks": sorted(tr.ranks), "strategy": strategy,
            "engine": sp.parallel.engine if sp is not None else None,
@@ -152,4 +154,4 @@ def result(tr, sp, spec_dict, tables: dict, headline_row: dict, trace: dict, **e
     tables = {name: [headline_row] if name == "headline" else tables[name] for name in TABLES}
     return json_safe({"schema": SCHEMA, "run": run, "spec": spec_dict,
                       "headline": headline_row, "rules": rules.RULES, "tables": tables,
-                      "warnings": list(tr.warnings), **extra})
+                      "warnings": list(tr.warnings), "engine": engine, **extra})

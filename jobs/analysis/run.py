@@ -122,19 +122,42 @@ def _write_json(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
-def write_analysis(out_dir: Path, spec=None) -> dict:
+def write_analysis(out_dir: Path, spec=None, scale_records: int | None = None) -> dict:
     """Analyze `out_dir`, write `analysis.json` and `trace.perfetto.json` there, return the
     headline. Never raises (failures land in the analysis' warnings or the returned
-    headline's `analysis_error`)."""
+    headline's `analysis_error`). A converted run of at least `scale_records` records
+    (default scale.SCALE_RECORDS) takes the columnar scale path (scale.py): its large tables
+    go to `table-<name>.parquet`, and it writes no whole-run Perfetto file (the export
+    streams it, or a window of it, from the Parquet files on request)."""
     out_dir = Path(out_dir)
     try:
-        tr = load_run_dir(out_dir)
-        result = analyze(tr, spec, vector_source(out_dir, tr.warnings))
-        try:
-            write_perfetto(out_dir / PERFETTO_FILE, tr, result["spec"])
-        except Exception as exc:  # noqa: BLE001
-            result["warnings"].append(f"perfetto export failed ({type(exc).__name__}: {exc})")
+        result = _scale_result(out_dir, spec, scale_records)
+        if result is None:
+            tr = load_run_dir(out_dir)
+            result = analyze(tr, spec, vector_source(out_dir, tr.warnings))
+            try:
+                write_perfetto(out_dir / PERFETTO_FILE, tr, result["spec"])
+            except Exception as exc:  # noqa: BLE001
+                result["warnings"].append(f"perfetto export failed ({type(exc).__name__}: "
+                                          f"{exc})")
         _write_json(out_dir / ANALYSIS_FILE, result)
         return result["headline"]
     except Exception as exc:  # noqa: BLE001 - the worker must finish the run regardless
         return {"analysis_error": f"{type(exc).__name__}: {exc}"}
+
+
+def _scale_result(out_dir: Path, spec, scale_records: int | None) -> dict | None:
+    """The scale path's analysis where it applies (scale.use and scale.applies), else None.
+    A stale whole-run Perfetto file of an earlier analysis is removed (it would disagree)."""
+    from . import scale
+    if not scale.use(out_dir, scale_records):
+        return None
+    try:
+        con = V.connect(out_dir, scale.MEMORY_LIMIT)
+    except Exception:  # noqa: BLE001 - unreadable files: the Python path reports them
+        return None
+    if not scale.applies(con):
+        return None
+    result = scale.analyze_columnar(out_dir, spec, con)
+    (out_dir / PERFETTO_FILE).unlink(missing_ok=True)
+    return result

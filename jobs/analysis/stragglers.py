@@ -64,12 +64,18 @@ def straggler_of_run(straggler_rows: list[dict]) -> dict:
     for r in rows:
         if r["flagged"]:
             flagged[r["rank"]].append(r["caused_wait_s"])
-    out = {"rank": None, "flagged_steps": 0, "steps": len(rows), "caused_wait_median_s": None}
+    return straggler_of_flags(flagged, len(rows))
+
+
+def straggler_of_flags(flagged: dict[int, list[float]], steps: int) -> dict:
+    """straggler_of_run from its inputs: per rank the caused waits of its flagged steady
+    steps, and the number of steady steps (what the columnar scale path reads in SQL)."""
+    out = {"rank": None, "flagged_steps": 0, "steps": steps, "caused_wait_median_s": None}
     if not flagged:
         return out
     rank = max(flagged, key=lambda k: (len(flagged[k]), -k))
     n = len(flagged[rank])
-    if n >= rules.STRAGGLER_MIN_STEP_SHARE * len(rows):
+    if n >= rules.STRAGGLER_MIN_STEP_SHARE * steps:
         out.update(rank=rank, flagged_steps=n,
                    caused_wait_median_s=statistics.median(flagged[rank]))
     else:

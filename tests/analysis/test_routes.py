@@ -121,3 +121,27 @@ def test_metrics_join_the_latest_sweep_of_the_same_queue(client, settings, run_i
     assert row["op"] == "all_reduce" and row["payload_bytes"] == 4096
     assert row["sweep_bytes"] == 4096 and row["sweep_busbw_GBps"] == 2.0
     assert row["ratio"] == pytest.approx(row["measured_busbw_GBps"] / 2.0)
+
+
+def test_a_large_table_is_paged_from_its_parquet_file(client, settings, run_id,
+                                                      monkeypatch):
+    """The columnar scale path keeps large tables in `table-<name>.parquet` (analysis.json
+    holds a sample): `?table=` pages the whole file and the CSV export writes every row."""
+    from jobs.analysis import analyze_run_dir, columnar, scale
+    from tests.analysis.test_columnar import dp_tp_run
+    run = dp_tp_run(settings.runs_dir / run_id, steps=6)
+    columnar.convert_run_dir(run)
+    want = analyze_run_dir(run)["tables"]["collectives"]
+    monkeypatch.setattr(scale, "JSON_ROWS", 4)
+    assert "analysis_error" not in write_analysis(run, scale_records=0)
+    body = client.get(f"/api/runs/{run_id}/metrics").json()
+    info = body["table_files"]["collectives"]
+    assert info["rows"] == len(want) > 4 and len(body["tables"]["collectives"]) <= 4
+    page = client.get(f"/api/runs/{run_id}/metrics",
+                      params={"table": "collectives", "offset": 2, "limit": 3}).json()
+    assert page["total"] == len(want)
+    assert [(r["seq"], r["group"], r["start_ns"]) for r in page["rows"]] == [
+        (r["seq"], r["group"], r["start_ns"]) for r in want[2:5]]
+    text = client.get(f"/api/runs/{run_id}/export",
+                      params={"format": "csv", "table": "collectives"}).text
+    assert len(list(csv.DictReader(io.StringIO(text)))) == len(want)

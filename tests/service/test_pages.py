@@ -45,7 +45,7 @@ IDS = {
                   "resume", "resume-section",
                   "run-error", "run-head",
                   "run-meta", "run-status", "run-sweep", "run-sweep-link", "run-title",
-                  "throughput-chart", "trace-coverage"],
+                  "throughput-chart", "trace-coverage", "table-sampling"],
     "/advise": ["a-arch", "a-devices_per_host", "a-global_batch", "a-heads", "a-hidden",
         "a-hosts", "a-inter", "a-intra", "a-layers", "a-memory", "a-preset", "a-queue",
         "a-seq_len", "a-t_backward_input", "a-t_backward_weight", "a-t_forward", "a-tflops",

@@ -83,8 +83,23 @@ function renderTraceCoverage() {
         t.capped_ranks.join(", ") : "");
 }
 
+// A run analysed by the columnar scale path keeps its large tables whole in Parquet
+// (analysis.table_files); the charts draw analysis.json's even sample of them, the CSV
+// downloads and the API's ?table= pages read every row.
+function renderTableSampling() {
+  const box = $("#table-sampling");
+  const files = analysis?.table_files || {};
+  const names = Object.keys(files);
+  box.hidden = !names.length;
+  if (box.hidden) return;
+  box.textContent = "Large tables (columnar engine): " + names.map((n) =>
+    `${n} ${Number(files[n].rows).toLocaleString("en-US")} rows, charts draw every ` +
+    `${Number(files[n].stride)}th`).join(" · ") + "; the CSV downloads hold every row.";
+}
+
 function renderCards() {
   renderTraceCoverage();
+  renderTableSampling();
   const a = analysis;
   const h = headlineOf(a);
   const steps = a ? stepsLabel(h) : "no trace yet";
@@ -123,7 +138,8 @@ async function renderDownloads() {
   const derived = [
     ["Perfetto trace (open in ui.perfetto.dev)", api.exportUrl(run.id, "perfetto")],
     ["analysis JSON (every table)", api.exportUrl(run.id, "json")],
-    ...names.map((t) => [`${t}.csv`, api.exportUrl(run.id, "csv", t)]),
+    ...names.map((t) => [`${t}.csv`, api.exportUrl(run.id, "csv", t),
+      analysis?.table_files?.[t] ? `${Number(analysis.table_files[t].rows)} rows` : ""]),
   ];
   const OFFERED = new Set(["analysis.json", "trace.perfetto.json"]); // the first two above
   let files = [];

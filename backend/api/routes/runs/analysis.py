@@ -19,7 +19,7 @@ from backend.api.deps import DbDep, RunDep, SettingsDep
 from backend.crud.collective_sweeps import latest_sweep
 from backend.errors import Invalid, NotFound
 from backend.storage import resolve_run_path
-from jobs.analysis import PERFETTO_FILE, TABLES, tables_to_csv
+from jobs.analysis import PERFETTO_FILE, TABLES, scale, tables_to_csv
 from jobs.analysis.export import iter_perfetto_json
 from jobs.analysis.history import bandwidth_vs_sweep
 
@@ -73,6 +73,10 @@ def get_metrics(run: RunDep, settings: SettingsDep, db: DbDep,
     analysis = load_analysis(settings, run)
     if table is None:
         return {**analysis, "bandwidth_vs_sweep": sweep_join(db, run, analysis)}
+    if table in (analysis.get("table_files") or {}):  # a large table: paged from its file
+        total, rows = scale.table_rows(settings.runs_dir / run.id, table, offset, limit)
+        return {"run_id": run.id, "table": table, "total": total, "offset": offset,
+                "rows": rows}
     rows = (analysis.get("tables") or {}).get(table, [])
     end = None if limit is None else offset + limit
     return {"run_id": run.id, "table": table, "total": len(rows), "offset": offset,
@@ -123,7 +127,9 @@ def export_run(run: RunDep, settings: SettingsDep,
     if format == "csv" and table is None:
         raise _bad_query("table", "required for format=csv: " + _TABLE_DOC)
     analysis = load_analysis(settings, run)
-    tables = analysis.get("tables") or {}
+    tables = dict(analysis.get("tables") or {})
+    if table in (analysis.get("table_files") or {}):  # whole, not analysis.json's sample
+        tables[table] = scale.table_rows(settings.runs_dir / run.id, table)[1]
     if format == "csv":
         body, media, name = tables_to_csv({table: tables.get(table, [])}, table), "text/csv", \
             f"paralab-{run.id}-{table}.csv"

@@ -1,0 +1,328 @@
+"""The columnar scale path (issue 19): the whole post-run analysis of a converted run without
+loading its records into Python.
+
+What run.analyze computes from `Traces`, computed here over the run's Parquet files: the
+per-record-scale tables (step_rank, collectives) by numpy over one step range at a time
+(np_steps.py, np_coll.py), the per-step and per-rank tables from them by SQL (scale_steps.py,
+scale_comm.py), the small ones (axis_bytes, memory peaks) by vec_tables.py, the loader's
+warnings from the files' metadata. Records only MoE tables read (`moe`, all-to-all) are
+loaded into a sparse Traces for their Python functions. The result is assembled by
+assemble.py, the same code as the Python path's, so each figure has one definition; the
+Python path stays the oracle (tests/analysis/test_scale.py: equal analyses).
+
+Tables of more than JSON_ROWS rows stay whole in `table-<name>.parquet` beside the traces;
+analysis.json keeps an even sample of them (every k-th row) and says so in `table_files`
+(`table_rows` pages the file: the API's `?table=`, the CSV export).
+
+Applies to runs without pipeline actions, point-to-point ops or fields hidden in `args`
+(`applies`); the others keep the Python path whatever their size.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from . import assemble as A
+from . import columnar
+from . import links as LK
+from . import memory as M
+from . import moe as MOE
+from . import pipeline as PL
+from . import predicted as P
+from . import vec_steps as VS
+from . import vec_tables as V
+from .load import Traces, check_ranks, rank_warnings
+
+SCALE_RECORDS = 1_000_000  # a converted run with at least this many records takes this path
+JSON_ROWS = 5_000  # rows of one table analysis.json holds; a larger table keeps a sample
+PERFETTO_MAX_RECORDS = 2_000_000  # above: no whole-run Perfetto file, windows on request
+MEMORY_LIMIT = "1GB"  # DuckDB spills beyond it (peak RSS stays bounded)
+FILE = "table-{}.parquet"
+BIG = ("step_rank", "collectives", "throughput", "stragglers")  # rows per step or instance
+
+
+def record_count(out_dir: Path) -> int:
+    """Records in the run's Parquet files, from their footers (no scan)."""
+    import pyarrow.parquet as pq
+    return sum(pq.read_metadata(p).num_rows
+               for p in Path(out_dir).glob("trace-rank*" + columnar.SUFFIX))
+
+
+def applies(con) -> bool:
+    """Whether every table of this path applies (else the Python path answers)."""
+    from . import np_coll
+    return VS.applies(con) and np_coll.applies(con)
+
+
+def use(out_dir: Path, threshold: int | None = None) -> bool:
+    """A converted run of at least SCALE_RECORDS records (`threshold`)."""
+    limit = SCALE_RECORDS if threshold is None else threshold
+    return columnar.has_columnar(out_dir) and record_count(out_dir) >= limit
+
+
+def meta_traces(out_dir: Path, con) -> Traces:
+    """The run's Traces without records: meta per rank, summary.json, and the loader's
+    warnings (load.rank_warnings from each file's parse state and its `end` reasons)."""
+    import pyarrow.parquet as pq
+    tr = Traces()
+    ends: dict[int, list] = {r: list(v) for r, v in con.execute(
+        "SELECT rank, list(reason ORDER BY row) FROM t WHERE type = 'end' GROUP BY rank"
+    ).fetchall()}
+    has_rows = {r for (r,) in con.execute("SELECT DISTINCT rank FROM t").fetchall()}
+    for path in sorted(Path(out_dir).glob("trace-rank*" + columnar.SUFFIX)):
+        m = V._RANK_RE.search(path.name)
+        if not m:
+            continue
+        rank = int(m.group(1))
+        md = pq.read_schema(path).metadata or {}
+        meta = json.loads(md.get(columnar.META_KEY, b"{}"))
+        state = json.loads(md.get(columnar.STATE_KEY, b"{}"))
+        rank_warnings(rank, meta, int(state.get("bad", 0)), bool(state.get("empty")),
+                      ends.get(rank, []), tr.warnings)
+        if rank in has_rows or meta:
+            tr.ranks[rank], tr.meta[rank] = [], meta
+    summ = Path(out_dir) / "summary.json"
+    if summ.is_file():
+        try:
+            tr.summary = json.loads(summ.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            tr.warnings.append(f"summary.json unreadable ({exc})")
+    check_ranks(tr)
+    return tr
+
+
+def sparse(con, base: Traces, where: str) -> Traces:
+    """`base` (meta, summary, warnings shared) with the records matching the SQL condition
+    `where` only, in the loader's order: what the Python functions of rare records read."""
+    tr = Traces(ranks={r: [] for r in base.ranks}, meta=base.meta, warnings=base.warnings,
+                summary=base.summary)
+    table = con.execute(f"SELECT * EXCLUDE (row) FROM t WHERE {where} ORDER BY rank, row"
+                        ).to_arrow_table()
+    for rec in columnar.records_of(table):
+        tr.ranks.setdefault(rec["rank"], []).append(rec)
+    for recs in tr.ranks.values():
+        recs.sort(key=lambda r: r.get("ts_ns", 0))
+    return tr
+
+
+def _sample(table, n: int):
+    """Every k-th row of an Arrow table, at most JSON_ROWS of them (k = 1 when it fits)."""
+    import pyarrow as pa
+    if n <= JSON_ROWS:
+        return table, 1
+    stride = -(-n // JSON_ROWS)
+    return table.take(pa.array(range(0, n, stride))), stride
+
+
+def _seq_sum(x) -> float:
+    """Python's sum() of the values in order (np.cumsum adds left to right, as sum does;
+    np.sum's pairwise order would differ in the last bits)."""
+    import numpy as np
+    return float(np.cumsum(x)[-1]) if len(x) else 0.0
+
+
+def _steady_mask(steps):
+    """Which entries are steady steps (rules.steady over the distinct steps)."""
+    import numpy as np
+
+    from . import rules
+    keep = np.asarray(rules.steady(np.unique(steps).tolist()), dtype=np.int64)
+    return np.isin(steps, keep)
+
+
+def _col(table, name: str, dtype=None):
+    """A column as numpy (None -> nan for floats); empty without the table."""
+    import numpy as np
+    if table is None:
+        return np.zeros(0, dtype or float)
+    return table.column(name).to_numpy(zero_copy_only=False).astype(dtype or float)
+
+
+def step_aggregates(sr, thr, strag) -> dict:
+    """assemble.step_aggregates over the per-step tables as Arrow tables or None (step_rank
+    in (rank, step) order, throughput and stragglers by step): the same figures, sums in
+    the same order."""
+    import numpy as np
+
+    from . import rules
+    from . import stragglers as SG
+    step = _col(sr, "step", np.int64)
+    use = _steady_mask(step)
+    comm = _seq_sum(_col(sr, "comm_s")[use])
+    means = {}
+    for k in A.STEP_MEANS:
+        v = _col(sr, f"{k}_s")[use]
+        v = v[~np.isnan(v)]
+        means[f"{k}_s"] = _seq_sum(v) / len(v) if len(v) else None
+    t_step, t_s = _col(thr, "step", np.int64), _col(thr, "step_s")
+    has = ~np.isnan(t_s)
+    vals = t_s[_steady_mask(t_step) & has]
+    tokens = next((x for x in thr.column("tokens").drop_null().to_pylist() if x), None) \
+        if thr is not None else None
+    losses = thr.column("loss").drop_null() if thr is not None else []
+    s_use = _steady_mask(_col(strag, "step", np.int64))
+    flagged: dict[int, list[float]] = {}
+    if strag is not None:
+        f = strag.filter(s_use & _col(strag, "flagged", bool))
+        for rank, wait in zip(f.column("rank").to_pylist(),
+                              f.column("caused_wait_s").to_pylist(), strict=True):
+            flagged.setdefault(rank, []).append(wait)
+    return {"steady_steps": rules.steady_range(t_step[has].tolist()),
+            "step_time_s": float(np.median(vals)) if len(vals) else None,
+            "tokens": tokens,
+            "overlap_pct": 100.0 * _seq_sum(_col(sr, "overlap_s")[use]) / comm
+            if comm else None,
+            **means,
+            "final_loss": losses[-1].as_py() if len(losses) else None,
+            "steps": len(t_step), "ranks": len(np.unique(_col(sr, "rank", np.int64))),
+            "straggler": SG.straggler_of_flags(flagged, int(s_use.sum()))}
+
+
+def table_files(out_dir: Path, sizes: dict[str, int], strides: dict[str, int]) -> dict:
+    """analysis.json's `table_files`: per table kept whole in Parquet, its file, its rows and
+    the sample analysis.json holds (every `stride`-th row)."""
+    return {name: {"file": FILE.format(name), "rows": n, "stride": strides[name],
+                   "json_rows": -(-n // strides[name])}
+            for name, n in sizes.items() if strides.get(name, 1) > 1}
+
+
+def table_rows(out_dir: Path, name: str, offset: int = 0,
+               limit: int | None = None) -> tuple[int, list[dict]]:
+    """(rows in all, rows[offset:offset + limit]) of a table kept in `table-<name>.parquet`:
+    what the API pages and the CSV export writes, the same dicts analysis.json holds."""
+    import pyarrow.parquet as pq
+    pf = pq.ParquetFile(Path(out_dir) / FILE.format(name))
+    total = pf.metadata.num_rows
+    table = pf.read()
+    end = total if limit is None else min(total, offset + limit)
+    part = table.slice(offset, max(0, end - offset))
+    return total, ROWS[name](part, meta_only(Path(out_dir)))
+
+
+def meta_only(out_dir: Path) -> Traces:
+    """The ranks' meta records (coordinates) from the files' footers, no query."""
+    return V.meta_traces(out_dir)
+
+
+def _arrow(path: Path):
+    import pyarrow.parquet as pq
+    return pq.read_table(path)
+
+
+def analyze_columnar(out_dir: Path, spec=None, con=None) -> dict:
+    """run.analyze's result over a converted run's Parquet files (see the module doc), plus
+    `table_files`; the large tables' Parquet files are left in `out_dir`. `con`: a
+    vec_tables.connect connection (else one with MEMORY_LIMIT)."""
+    from . import scale_comm as SC
+    from . import scale_steps as SS
+    out_dir = Path(out_dir)
+    con = con if con is not None else V.connect(out_dir, MEMORY_LIMIT)
+    tr = meta_traces(out_dir, con)
+    w = tr.warnings
+    sp = P.spec_of(spec if spec is not None else tr.spec_dict(), w)
+    spec_dict = sp.to_dict() if sp is not None else tr.spec_dict()
+    pred = A.safe(w, "theory", lambda: P.theory(sp, w), None)
+    path = {n: out_dir / FILE.format(n) for n in BIG}
+    sizes: dict[str, int] = {}
+    t: dict = {}
+    sizes["step_rank"] = A.safe(w, "step_rank", lambda: SS.write_step_rank(
+        con, tr, path["step_rank"]), 0)
+    sizes["collectives"] = A.safe(w, "collectives", lambda: SC.write_instances(
+        con, tr, path["collectives"]), 0)
+    sr = _arrow(path["step_rank"]) if sizes["step_rank"] else None
+    t["ranks"] = A.safe(w, "ranks", lambda: SS.ranks_table(sr, tr), [])
+    step_s = A.safe(w, "step times", lambda: SS.step_times(sr), None)
+    sizes["stragglers"] = A.safe(w, "stragglers", lambda: _write(SC.stragglers_table(
+        path["collectives"], step_s), path["stragglers"]), 0)
+    t["straggler_ranks"] = A.safe(w, "straggler_ranks", lambda: SC.straggler_ranks_table(
+        path["collectives"], _ranks_of(sr)), [])
+    t["bandwidth"] = A.safe(w, "bandwidth", lambda: SC.bandwidth_table(path["collectives"]),
+                            [])
+    t["axis_bytes"] = A.safe(w, "axis_bytes", lambda: V.axis_bytes_table(con, tr), [])
+    A.safe(w, "axis_bytes predictions",
+           lambda: A.axis_predictions(t["axis_bytes"], pred, tr.summary), None)
+    t["links"] = A.safe(w, "links", lambda: SC.links_table(con, tr, sp, path["collectives"],
+                                                            pred), [])
+    t["placement"] = A.safe(w, "placement", lambda: LK.placement_table(tr, sp), [])
+    rare = sparse(con, tr, "type = 'moe' OR (type = 'comm' AND op = 'all_to_all')")
+    peaks = A.safe(w, "memory peaks", lambda: V.mem_peaks(con), None)
+    mem_tr = rare if peaks is not None else sparse(con, tr, "type IN ('mem', 'moe')")
+    t["memory"] = A.safe(w, "memory", lambda: M.memory_table(mem_tr, sp, pred, peaks), [])
+    t["stage_bubbles"] = A.safe(w, "stage_bubbles", lambda: PL.stage_bubbles_table(
+        tr, sp, P.pipeline(pred), []), [])
+    t["expert_load"] = A.safe(w, "expert_load", lambda: MOE.expert_load_table(rare), [])
+    t["all_to_all"] = A.safe(w, "all_to_all", lambda: MOE.all_to_all_table(rare), [])
+    sizes["throughput"] = A.safe(w, "throughput", lambda: SS.write_throughput(
+        con, sr, spec_dict, tr.summary, path["throughput"]), 0)
+    trace = A.safe(w, "trace coverage", lambda: SS.trace_coverage(con, sr), {})
+    vpeak = A.safe(w, "peak memory", lambda: V.peak_bytes(con), None)
+    peak = vpeak[0] if vpeak and vpeak[1] else A.safe(
+        w, "peak memory", lambda: M.peak_bytes(sparse(con, tr, "type = 'mem'")), None)
+    pp = sp.parallel.pp if sp is not None else 1
+    strides: dict[str, int] = {}
+    big = {n: _arrow(path[n]) if sizes.get(n) else None for n in BIG}
+    for name in BIG:
+        t[name], strides[name] = _json_rows(name, big[name], tr)
+    agg = A.safe(w, "headline", lambda: step_aggregates(
+        big["step_rank"], big["throughput"], big["stragglers"]), None)
+    headline = A.safe(w, "headline", lambda: A.headline(t, agg, pred, pp, peak), {}) \
+        if agg is not None else {}
+    for name in BIG:  # a table analysis.json holds whole needs no file
+        if strides[name] == 1:
+            path[name].unlink(missing_ok=True)
+    return A.result(tr, sp, spec_dict, t, headline, trace, engine="columnar",
+                    table_files=table_files(out_dir, sizes, strides))
+
+
+def _write(table, path: Path) -> int:
+    """An Arrow table to `path` (Parquet); its rows."""
+    import pyarrow.parquet as pq
+    pq.write_table(table, path)
+    return table.num_rows
+
+
+def _ranks_of(sr) -> list[int]:
+    import numpy as np
+    return np.unique(_col(sr, "rank", np.int64)).tolist()
+
+
+def _coll_rows(table, tr: Traces) -> list[dict]:
+    """collectives_table's dicts of instance rows (optional keys omitted when null)."""
+    from . import np_coll as NC
+    rows = table.select(list(NC.ROW_KEYS + NC.OPTIONAL)).to_pylist()
+    for x in rows:
+        for k in NC.OPTIONAL:
+            if x[k] is None:
+                del x[k]
+    return rows
+
+
+def _strag_rows(table, tr: Traces) -> list[dict]:
+    from . import scale_comm as SC
+    return SC.straggler_rows(table)
+
+
+def _json_rows(name: str, table, tr: Traces) -> tuple[list[dict], int]:
+    """analysis.json's rows of a large table: all of them, or every k-th."""
+    if table is None:
+        return [], 1
+    part, stride = _sample(table, table.num_rows)
+    if name == "collectives":  # the file is in step-range order: the oracle's within JSON
+        from . import np_coll as NC
+        part = part.take(NC.sort_indices(part))
+    return ROWS[name](part, tr), stride
+
+
+def _rows_step_rank(table, tr):
+    from . import scale_steps as SS
+    return SS.step_rank_rows(table, tr)
+
+
+def _rows_throughput(table, tr):
+    return table.to_pylist()
+
+
+# table -> (its Arrow rows, the run's meta Traces) -> the rows' dicts
+ROWS = {"step_rank": _rows_step_rank, "collectives": _coll_rows,
+        "throughput": _rows_throughput, "stragglers": _strag_rows}

@@ -1,0 +1,231 @@
+"""The per-step tables at scale (issue 19, scale.py): steps.py's tables over a converted run's
+Parquet files, without its records in Python.
+
+    write_step_rank(con, tr, path)   steps.step_rank_table (non-pipeline runs), streamed per
+                                     step range (vec_steps.build: the interval sweep) to Parquet
+    step_rank_rows(table, tr)        its rows as steps.step_row's dicts (coords from `tr`)
+    ranks_table(sr, tr)              steps.ranks_table
+    step_times(sr)                   per step the slowest rank's step_s (stragglers' input)
+    write_throughput(con, sr, ...)   steps.throughput_table (per step, to Parquet)
+    trace_coverage(con, sr)          steps.trace_coverage
+
+`sr`: the step_rank table as Arrow, in (rank, step) order. Figures are formed from the sweep's
+integer ns exactly as steps.step_row / vec_steps._row form them; sums over steps run left to
+right (np.cumsum, as Python's sum), so the tables equal the oracle's (tests/analysis/
+test_scale.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from jobs.trace_schedule import compact_ranges
+
+from . import rules
+from . import steps as S
+from . import vec_steps as VS
+from .load import Traces
+
+NS = 1e9
+# step_row's keys the file holds (coords, pp, dp, tp come from the ranks' meta)
+FLOATS = ("step_s", "compute_s", "comm_s", "overlap_s", "exposed_comm_s", "idle_s",
+          "overlap_pct")
+NULLS = ("bubble_s", "pipeline_window_s", "pipeline_idle_s")  # non-pipeline runs: None
+
+
+def _chunk_table(c: dict) -> pa.Table:
+    """One step range's step_rank columns from the sweep's integers (vec_steps._row's
+    arithmetic, vectorised: the same IEEE operations)."""
+    span = c["t1"].astype(np.int64) - c["t0"].astype(np.int64)
+    comm = c["comm_ns"].astype(np.int64)
+    overlap = c["overlap_ns"].astype(np.int64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        pct = np.where(comm != 0, 100.0 * overlap / np.where(comm != 0, comm, 1), np.nan)
+    cols = {"step": pa.array(c["step"], pa.int64()), "rank": pa.array(c["rank"], pa.int64()),
+            "step_s": span / NS, "compute_s": c["compute_ns"] / NS, "comm_s": comm / NS,
+            "overlap_s": overlap / NS, "exposed_comm_s": c["exposed_ns"] / NS,
+            "idle_s": np.maximum(0, span - c["busy_ns"].astype(np.int64)) / NS,
+            "overlap_pct": pa.array(pct, pa.float64(), mask=comm == 0),
+            "comm_ops": pa.array(c["comm_ops"], pa.int64()),
+            "has_step_span": pa.array(c["has_step"], pa.bool_())}
+    for k in ("loss", "loss_weight"):
+        v = c[k]
+        cols[k] = pa.array(np.ma.getdata(v).astype(float), pa.float64(),
+                           mask=np.ma.getmaskarray(v))
+    for k in NULLS:
+        cols[k] = pa.nulls(len(span), pa.float64())
+    return pa.table(cols)
+
+
+def write_step_rank(con, tr: Traces, path: Path) -> int:
+    """steps.step_rank_table to `path` in (rank, step) order, its warning on tr.warnings;
+    the row count (0: no file). Call only where vec_steps.applies(con)."""
+    parts = [_chunk_table(c) for c in VS.build(con)]
+    parts = [p for p in parts if p.num_rows]
+    if not parts:
+        return 0
+    table = pa.concat_tables(parts)
+    table = table.take(pc_sort(table, ("rank", "step")))
+    missing = int((~table.column("has_step_span").to_numpy(zero_copy_only=False)).sum())
+    if missing:
+        tr.warnings.append(f"{missing} (step, rank) pair(s) without a `step` span: window taken "
+                           "from the extent of their records (an unfinished step)")
+    pq.write_table(table, path)
+    return table.num_rows
+
+
+def pc_sort(table: pa.Table, keys) -> pa.Array:
+    import pyarrow.compute as pc
+    return pc.sort_indices(table, [(k, "ascending") for k in keys])
+
+
+def step_rank_rows(table: pa.Table, tr: Traces) -> list[dict]:
+    """steps.step_row's dicts of step_rank rows (coords, pp, dp, tp from the ranks' meta)."""
+    rows = table.to_pylist()
+    coords = {r: tr.coords(r) for r in tr.ranks}
+    for x in rows:
+        c = coords.get(x["rank"]) or {}
+        x.update(coords=c, pp=c.get("pp"), dp=c.get("dp"), tp=c.get("tp"))
+    return rows
+
+
+def _col(table, name, dtype=float) -> np.ndarray:
+    if table is None:
+        return np.zeros(0, dtype)
+    return table.column(name).to_numpy(zero_copy_only=False).astype(dtype)
+
+
+def _seq_sum(x) -> float:
+    return float(np.cumsum(x)[-1]) if len(x) else 0.0
+
+
+def ranks_table(sr, tr: Traces) -> list[dict]:
+    """steps.ranks_table: per rank over the steady steps, the means per step."""
+    if sr is None:
+        return []
+    step, rank = _col(sr, "step", np.int64), _col(sr, "rank", np.int64)
+    use = np.isin(step, np.asarray(rules.steady(np.unique(step).tolist()), np.int64))
+    out = []
+    for k in np.unique(rank[use]).tolist():
+        m = use & (rank == k)
+        n = int(m.sum())
+        sums = {c: _seq_sum(np.nan_to_num(_col(sr, c)[m])) for c in S.SUMMED}
+        row = {"rank": k, "coords": tr.coords(k), "steady_steps": n}
+        row.update({f"{c[:-2]}_mean_s": sums[c] / n for c in S.SUMMED})
+        if not (~np.isnan(_col(sr, "bubble_s")[m])).any():
+            row["bubble_mean_s"] = None
+        row["overlap_pct"] = 100.0 * sums["overlap_s"] / sums["comm_s"] \
+            if sums["comm_s"] else None
+        out.append(row)
+    return out
+
+
+def step_times(sr) -> pa.Table:
+    """Per step, the slowest rank's step_s (columns step, step_s)."""
+    if sr is None:
+        return pa.table({"step": pa.array([], pa.int64()), "step_s": pa.array([], pa.float64())})
+    return sr.group_by("step").aggregate([("step_s", "max")]).rename_columns(
+        ["step", "step_s"])
+
+
+_SCALARS = """
+SELECT step, rank, TRY_CAST(json_extract(args, '$.step_s') AS DOUBLE) AS step_s,
+       json_type(args, '$.step_s') IN ('DOUBLE', 'UBIGINT', 'BIGINT') AS numeric_s,
+       loss, loss_weight
+FROM t WHERE type = 'scalars' AND step >= 0 ORDER BY step, rank
+"""
+
+
+def write_throughput(con, sr, spec: dict | None, summary: dict | None, path: Path) -> int:
+    """steps.throughput_table to `path` (by step); the row count (0: no file)."""
+    sc = con.execute(_SCALARS).fetchnumpy()
+    sc_step = np.asarray(sc["step"], np.int64)
+    tr_step = _col(sr, "step", np.int64)
+    traced = np.unique(tr_step)
+    # per step: the step_rank rows' step_s, and the scalars' of steps without any
+    t_s = _col(sr, "step_s")
+    numeric = np.ma.filled(np.ma.asarray(sc["numeric_s"]), False).astype(bool)
+    extra = ~np.isin(sc_step, traced) & numeric & ~np.ma.getmaskarray(sc["step_s"])
+    steps_all = np.concatenate([tr_step, sc_step[extra]])
+    vals = np.concatenate([t_s, np.ma.getdata(sc["step_s"]).astype(float)[extra]])
+    losses = list((summary or {}).get("loss") or [])
+    if not losses:
+        traced_l = _traced_losses(sc if len(sc_step) else None, sr)
+        losses = [traced_l.get(s) for s in range(max(traced_l) + 1)] if traced_l else []
+    tokens = S.tokens_per_step(spec)
+    keys = np.union1d(np.unique(steps_all), np.arange(len(losses), dtype=np.int64))
+    if not len(keys):
+        return 0
+    u, inv = np.unique(steps_all, return_inverse=True)
+    mx = np.full(len(u), -np.inf)
+    np.maximum.at(mx, inv, vals)
+    cnt = np.bincount(inv, minlength=len(u))
+    pos = np.searchsorted(u, keys)
+    found = (pos < len(u)) & (u[np.minimum(pos, len(u) - 1)] == keys) if len(u) else \
+        np.zeros(len(keys), bool)
+    step_s = np.where(found, mx[np.minimum(pos, max(len(u) - 1, 0))] if len(u) else 0, np.nan)
+    ranks = np.where(found, cnt[np.minimum(pos, max(len(u) - 1, 0))] if len(u) else 0, 0)
+    loss = [losses[s] if s < len(losses) and isinstance(losses[s], int | float) else None
+            for s in keys.tolist()]
+    has = ~np.isnan(step_s)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tps = np.where(has & (step_s != 0), (tokens or 0) / np.where(has, step_s, 1), np.nan)
+    table = pa.table({
+        "step": pa.array(keys, pa.int64()),
+        "step_s": pa.array(np.where(has, step_s, 0.0), pa.float64(), mask=~has),
+        "ranks": pa.array(ranks, pa.int64()),
+        "tokens": pa.array([tokens] * len(keys), pa.int64()),
+        "tokens_per_s": pa.array(np.nan_to_num(tps), pa.float64(),
+                                 mask=~(has & (step_s != 0)) | (not tokens)),
+        "loss": pa.array([None if x is None else float(x) for x in loss], pa.float64()),
+        "traced": pa.array(np.isin(keys, traced), pa.bool_())})
+    pq.write_table(table, path)
+    return table.num_rows
+
+
+def _traced_losses(sc, sr) -> dict[int, float]:
+    """steps.traced_losses over the scalars (else the step_rank rows), by (step, rank)."""
+    if sc is not None:
+        step, rank = np.asarray(sc["step"], np.int64), np.asarray(sc["rank"], np.int64)
+        loss, w = (np.ma.filled(np.ma.asarray(sc[k], float), np.nan)
+                   for k in ("loss", "loss_weight"))
+    else:
+        if sr is None:
+            return {}
+        step, rank = _col(sr, "step", np.int64), _col(sr, "rank", np.int64)
+        loss, w = _col(sr, "loss"), _col(sr, "loss_weight")
+    order = np.lexsort((rank, step))  # the oracle adds in (step, rank) order
+    step, loss, w = step[order], loss[order], w[order]
+    keep = ~np.isnan(loss) & ~np.isnan(w) & (w != 0)
+    step, loss, w = step[keep], loss[keep], w[keep]
+    out: dict[int, float] = {}
+    if not len(step):
+        return out
+    starts = np.flatnonzero(np.concatenate(([True], step[1:] != step[:-1])))
+    ends = np.append(starts[1:], len(step))
+    for s, a, b in zip(step[starts].tolist(), starts.tolist(), ends.tolist(), strict=True):
+        v = ws = 0.0
+        for i in range(a, b):  # left to right, as traced_losses adds
+            v += float(w[i]) * float(loss[i])
+            ws += float(w[i])
+        if abs(ws - 1.0) < 1e-9:
+            out[s] = v
+    return out
+
+
+def trace_coverage(con, sr) -> dict:
+    """steps.trace_coverage: traced steps (any rank), steps with scalars, capped ranks."""
+    traced = np.unique(_col(sr, "step", np.int64))
+    sc = np.asarray(con.execute("SELECT DISTINCT step FROM t WHERE type = 'scalars' AND "
+                                "step >= 0").fetchnumpy()["step"], np.int64)
+    every = np.union1d(sc, traced)
+    capped = sorted(r for (r,) in con.execute(
+        "SELECT DISTINCT rank FROM t WHERE type = 'instant' AND name = 'trace_capped'"
+    ).fetchall())
+    return {"traced_steps": compact_ranges(traced.tolist()),
+            "traced_step_count": len(traced), "steps": len(every),
+            "untraced_step_count": len(np.setdiff1d(every, traced)), "capped_ranks": capped}

@@ -1,0 +1,126 @@
+"""The columnar scale path (issue 19, jobs/analysis/scale.py): the whole analysis of a
+converted run without its records in Python. The Python path over the same run is the
+oracle: every table, the headline, the warnings and the run section must be equal (floats to
+1e-9 relative: DuckDB / numpy sum in another order where no sequential sum is needed)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+
+from jobs.analysis import analyze_run_dir, columnar, scale, write_analysis
+from jobs.analysis import vec_steps as VS
+from jobs.analysis import vec_tables as V
+from tests.analysis.test_columnar import dp_tp_run
+
+ENGINE_ONLY = ("engine", "table_files")  # what the scale path adds
+
+
+def same(a, b, path="") -> None:
+    """a == b, floats within 1e-9 relative (1e-15 absolute); says where they differ."""
+    if isinstance(a, float) and isinstance(b, float | int) and not isinstance(b, bool):
+        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15), (path, a, b)
+    elif isinstance(a, int) and isinstance(b, float) and not isinstance(a, bool):
+        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15), (path, a, b)
+    elif isinstance(a, dict) and isinstance(b, dict):
+        assert sorted(a) == sorted(b), (path, sorted(set(a) ^ set(b)))
+        for k in a:
+            same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list) and isinstance(b, list):
+        assert len(a) == len(b), (path, len(a), len(b))
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            same(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, (path, a, b)
+
+
+def both(run):
+    """(oracle, scale path) analyses of one converted run."""
+    want = analyze_run_dir(run)
+    got = scale.analyze_columnar(run)
+    assert want["engine"] == "python" and got["engine"] == "columnar"
+    for k in ENGINE_ONLY:
+        want.pop(k, None)
+    return want, got
+
+
+def check(run):
+    want, got = both(run)
+    files = got.pop("table_files")
+    got.pop("engine")
+    same(got, want)
+    return want, files
+
+
+@pytest.mark.parametrize("kw", [{}, {"drop": (1, 2)}, {"unfinished": (2, 3)},
+                                {"drop": (2, 4), "unfinished": (1, 5), "steps": 6}])
+def test_scale_path_equals_the_python_path(tmp_path, kw):
+    run = dp_tp_run(tmp_path / "run", **kw)
+    columnar.convert_run_dir(run)
+    want, files = check(run)
+    assert files == {}  # small tables: whole in analysis.json, no table file left
+    assert not list(run.glob("table-*.parquet"))
+    assert want["tables"]["collectives"] and want["tables"]["stragglers"]
+
+
+def test_several_step_ranges_give_the_same_analysis(tmp_path, monkeypatch):
+    monkeypatch.setattr(VS, "CHUNK_RECORDS", 30)  # one step range per step or two
+    run = dp_tp_run(tmp_path / "run", steps=7, drop=(0, 3))
+    columnar.convert_run_dir(run)
+    check(run)
+
+
+def test_real_zero3_run_equals_the_python_path(zero3_run, tmp_path):
+    run = tmp_path / "zero3"
+    shutil.copytree(zero3_run, run, ignore=shutil.ignore_patterns("*.parquet", "table-*",
+                                                                  "analysis.json"))
+    columnar.convert_run_dir(run)
+    want, _ = check(run)
+    assert want["tables"]["memory"] and want["tables"]["axis_bytes"]
+
+
+def test_large_tables_stay_in_parquet_and_analysis_json_keeps_a_sample(tmp_path,
+                                                                       monkeypatch):
+    run = dp_tp_run(tmp_path / "run", steps=6)
+    columnar.convert_run_dir(run)
+    want = analyze_run_dir(run)["tables"]
+    monkeypatch.setattr(scale, "JSON_ROWS", 5)
+    head = write_analysis(run, scale_records=0)
+    assert "analysis_error" not in head, head
+    got = json.loads((run / "analysis.json").read_text())
+    assert got["engine"] == "columnar"
+    assert not (run / "trace.perfetto.json").exists()  # streamed from Parquet on request
+    files = got["table_files"]
+    assert set(files) == {"step_rank", "collectives", "throughput", "stragglers"} & {
+        k for k in scale.BIG if len(want[k]) > 5}
+    for name, info in files.items():
+        rows = want[name]
+        assert info["rows"] == len(rows) and info["file"] == f"table-{name}.parquet"
+        same(got["tables"][name], rows[::info["stride"]], name)  # every k-th row
+        total, page = scale.table_rows(run, name, 3, 4)
+        assert total == len(rows)
+        same(page, rows[3:7], name)
+        same(scale.table_rows(run, name)[1], rows, name)
+
+
+def test_a_small_run_keeps_the_python_path_by_default(tmp_path):
+    run = dp_tp_run(tmp_path / "run")
+    columnar.convert_run_dir(run)
+    assert not scale.use(run)  # below SCALE_RECORDS
+    write_analysis(run)
+    got = json.loads((run / "analysis.json").read_text())
+    assert got["engine"] == "python" and (run / "trace.perfetto.json").is_file()
+
+
+def test_meta_traces_carry_the_loaders_warnings(tmp_path):
+    from jobs.analysis import load_run_dir
+    run = dp_tp_run(tmp_path / "run", unfinished=(1, 2))
+    (run / "trace-rank2.jsonl").write_text("")  # killed before its first flush
+    columnar.convert_run_dir(run)
+    tr = scale.meta_traces(run, V.connect(run))
+    assert tr.warnings == load_run_dir(run).warnings
+    assert any("empty trace file" in w for w in tr.warnings)
+    assert sorted(tr.ranks) == [0, 1, 3]
