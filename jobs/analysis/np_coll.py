@@ -46,8 +46,7 @@ EXTRA = ("first_key", "wait_ns", "late_ns", "others_wait_ns")
 
 _SCAN = """SELECT rank, row, ts_ns, ts_ns + coalesce(dur_ns, 0) AS e, coalesce(step, -1) AS step,
   op, axis, "group", seq, group_size, payload_bytes, coalesce(bytes_sent, 0.0) AS bytes_sent,
-  backend_op, phase, bucket, unit, microbatch, coalesce("group", axis, '') AS g,
-  coalesce(axis, '') AS ax
+  backend_op, phase, bucket, unit, microbatch
 FROM t WHERE type = 'comm' AND ({where})"""
 
 
@@ -91,7 +90,26 @@ def _np(col, fill=0):
 
 def _codes(col) -> tuple[np.ndarray, list]:
     d = pc.dictionary_encode(col)
-    return d.indices.to_numpy(zero_copy_only=False).astype(np.int64), d.dictionary.to_pylist()
+    # a null (its own mask, handled by the caller) reads as code 0
+    return (d.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64),
+            d.dictionary.to_pylist())
+
+
+def _group_codes(tab: pa.Table) -> tuple[np.ndarray, np.ndarray, list]:
+    """Per record: a code of match()'s group name (`group`, else the axis, else ''), a code
+    of its axis ('' when absent) and the axes the latter index (both from the small
+    dictionaries of the two columns: cheaper than encoding a coalesced string column)."""
+    gc, gd = _codes(tab["group"].chunk(0))
+    ac, ad = _codes(tab["axis"].chunk(0))
+    gnull = tab["group"].is_null().to_numpy(zero_copy_only=False)
+    anull = tab["axis"].is_null().to_numpy(zero_copy_only=False)
+    axes = [*ad, ""] if "" not in ad else list(ad)
+    ac = np.where(anull, axes.index(""), ac)
+    names: dict[str, int] = {}
+    glut = np.array([names.setdefault(x, len(names)) for x in gd] + [0], np.int64)
+    alut = np.array([names.setdefault(x, len(names)) for x in axes], np.int64)
+    gcode = np.where(gnull, alut[ac], glut[np.where(gnull, len(gd), gc)])
+    return gcode, ac, axes
 
 
 def _compute(tab: pa.Table, ctx: _Ctx, carry_step: int | None):
@@ -102,8 +120,7 @@ def _compute(tab: pa.Table, ctx: _Ctx, carry_step: int | None):
     rank = _np(tab["rank"]).astype(np.int64)
     row = _np(tab["row"]).astype(np.int64)
     assert tab["ts_ns"].null_count == 0 and row.max(initial=0) < 1 << 40
-    gcode, _ = _codes(tab["g"].chunk(0))
-    axcode, axes = _codes(tab["ax"].chunk(0))
+    gcode, axcode, axes = _group_codes(tab)
     lut = np.full((ctx.max_rank + 1, max(1, len(axes))), -1, np.int64)
     for (r, a), i in ctx.gk.items():
         if a in axes:
@@ -138,7 +155,7 @@ def _compute(tab: pa.Table, ctx: _Ctx, carry_step: int | None):
     start = np.minimum.reduceat(ts, starts) if n else ts
     step_all = _np(tab["step"]).astype(np.int64)[order]
     red = (lambda f, x: f.reduceat(x, starts)) if n else (lambda f, x: x)
-    first = tab.take(pa.array(order[starts]))
+    first = tab.select(list(FIRST)).take(pa.array(order[starts]))
     gs = _np(first["group_size"]).astype(np.int64)
     size = np.where(gs != 0, gs, parts)  # int(group_size or len(parts))
     payload = _np(first["payload_bytes"]).astype(np.int64)
