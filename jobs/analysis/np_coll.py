@@ -84,8 +84,10 @@ class _Ctx:
         return self.factors[(op, n)]
 
 
-def _np(col, fill=0):
-    return col.fill_null(fill).to_numpy(zero_copy_only=False)
+def _np(col, fill=0, dtype=None):
+    if col.null_count:
+        col = col.fill_null(fill)
+    return np.asarray(col.to_numpy(zero_copy_only=False), dtype)
 
 
 def _codes(col) -> tuple[np.ndarray, list]:
@@ -112,13 +114,29 @@ def _group_codes(tab: pa.Table) -> tuple[np.ndarray, np.ndarray, list]:
     return gcode, ac, axes
 
 
+def _order(grp, sc, rank, row) -> np.ndarray:
+    """The records' order by (instance, rank, row): one argsort of a packed key where the
+    batch's value ranges fit in 63 bits (they do by far for step ranges of CHUNK_RECORDS),
+    else a lexsort."""
+    if not len(grp):
+        return np.zeros(0, np.int64)
+    row = row - row.min()
+    bits = [int(x.max()).bit_length() for x in (grp, sc, rank, row)]
+    if sum(bits) > 63:
+        return np.lexsort((row, rank, sc, grp))
+    key = grp
+    for x, b in zip((sc, rank, row), bits[1:], strict=True):
+        key = key << b | x
+    return np.argsort(key)
+
+
 def _compute(tab: pa.Table, ctx: _Ctx, carry_step: int | None):
     """(instances table, records to carry into the next pass or None). carry_step: carry the
     incomplete instances whose records reach this step (-2: every incomplete one; None: no
     carry, the last pass)."""
     tab = tab.combine_chunks()
-    rank = _np(tab["rank"]).astype(np.int64)
-    row = _np(tab["row"]).astype(np.int64)
+    rank = _np(tab["rank"], 0, np.int64)
+    row = _np(tab["row"], 0, np.int64)
     assert tab["ts_ns"].null_count == 0 and row.max(initial=0) < 1 << 40
     gcode, axcode, axes = _group_codes(tab)
     lut = np.full((ctx.max_rank + 1, max(1, len(axes))), -1, np.int64)
@@ -135,15 +153,15 @@ def _compute(tab: pa.Table, ctx: _Ctx, carry_step: int | None):
     assert sc.max(initial=0) < 1 << 40 and grp.max(initial=0) < 1 << 22
     inst = grp << 40 | sc
     k = rank << 40 | row  # unique per record; its order is match()'s append order
-    order = np.lexsort((k, inst))
+    order = _order(grp, sc, rank, row)
     inst = inst[order]
     n = len(inst)
     starts = np.flatnonzero(np.concatenate(([True], inst[1:] != inst[:-1]))) if n else \
         np.zeros(0, np.int64)
     parts = np.diff(np.append(starts, n))
     seg = np.repeat(np.arange(len(starts)), parts)
-    ts = _np(tab["ts_ns"]).astype(np.int64)[order]
-    e = _np(tab["e"]).astype(np.int64)[order]
+    ts = _np(tab["ts_ns"], 0, np.int64)[order]
+    e = _np(tab["e"], 0, np.int64)[order]
     rk = rank[order]
     a_last = np.maximum.reduceat(ts, starts) if n else ts
     pos = np.arange(n)
@@ -153,12 +171,12 @@ def _compute(tab: pa.Table, ctx: _Ctx, carry_step: int | None):
     ts2[last] = np.iinfo(np.int64).min
     second = np.maximum.reduceat(ts2, starts) if n else ts
     start = np.minimum.reduceat(ts, starts) if n else ts
-    step_all = _np(tab["step"]).astype(np.int64)[order]
+    step_all = _np(tab["step"], 0, np.int64)[order]
     red = (lambda f, x: f.reduceat(x, starts)) if n else (lambda f, x: x)
     first = tab.select(list(FIRST)).take(pa.array(order[starts]))
-    gs = _np(first["group_size"]).astype(np.int64)
+    gs = _np(first["group_size"], 0, np.int64)
     size = np.where(gs != 0, gs, parts)  # int(group_size or len(parts))
-    payload = _np(first["payload_bytes"]).astype(np.int64)
+    payload = _np(first["payload_bytes"], 0, np.int64)
     op = first["op"].fill_null("?")
     dur_ns = np.maximum(e[last] - a_last, 0)
     dur = dur_ns / NS

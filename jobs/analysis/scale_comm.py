@@ -9,7 +9,7 @@ Parquet file (np_coll.instance_batches, written by write_instances), giving the 
 Definitions stay where they are: steady steps are rules.steady (in Python, over the distinct
 steps), the thresholds rules.STRAGGLER_*, links links.link_of evaluated per distinct rank set /
 (rank, axis) in Python. Medians are statistics.median's (the mean of the two middle values
-for an even count, picked from the sorted list), not quantile_cont's interpolation. Waits are
+for an even count, from two quantile_disc), not quantile_cont's interpolation. Waits are
 summed in integer ns then divided: the oracle sums the float seconds, so sums agree to
 rounding (1e-9 relative) and a per-step argmax could differ only on a tie the oracle's
 rounding breaks.
@@ -31,8 +31,13 @@ from .load import Traces
 
 NS = 1e9
 _COLL = "op <> 'send_recv' AND step >= 0 AND len(ranks) >= 2"  # stragglers._collective_rows
-_MED = """CREATE MACRO med(l) AS CASE WHEN len(l) % 2 = 1 THEN l[len(l) // 2 + 1]
-          ELSE (l[len(l) // 2] + l[len(l) // 2 + 1]) / 2 END"""
+# statistics.median: the mean of the lower and upper middle values (both the middle one for
+# an odd count; quantile_disc(x, 0.5) is the lower one), not quantile_cont's interpolation
+_MED = "CREATE MACRO med(x) AS (quantile_disc(x, 0.5) - quantile_disc(-x, 0.5)) / 2"
+# strings as dictionaries, statistics on `step` (what the readers filter on): the floats'
+# dictionaries and statistics are write time spent for nothing
+WRITE = {"compression": "snappy", "use_dictionary": ["op", "axis", "group", "backend_op",
+                                                      "phase"], "write_statistics": ["step"]}
 
 
 def write_instances(con, tr: Traces, path: Path) -> int:
@@ -42,7 +47,7 @@ def write_instances(con, tr: Traces, path: Path) -> int:
     try:
         for b in N.instance_batches(con, tr):
             if writer is None:
-                writer = pq.ParquetWriter(path, b.schema, compression="zstd")
+                writer = pq.ParquetWriter(path, b.schema, **WRITE)
             writer.write_table(b.cast(writer.schema))
             n += b.num_rows
     finally:
@@ -147,10 +152,10 @@ def bandwidth_table(coll_path: Path) -> list[dict]:
         return []
     q = f"""
     SELECT op, coalesce(axis, 'None') AS axis, payload_bytes, group_size,
-           count(*) AS instances, med(list_sort(list(duration_s))) AS duration_median_s,
-           min(duration_s) AS duration_min_s, med(list_sort(list(wait_s))) AS wait_median_s,
-           med(list_sort(list(algbw_GBps))) AS algbw_GBps,
-           med(list_sort(list(busbw_GBps))) AS busbw_GBps
+           count(*) AS instances, med(duration_s) AS duration_median_s,
+           min(duration_s) AS duration_min_s, med(wait_s) AS wait_median_s,
+           med(algbw_GBps) AS algbw_GBps,
+           med(busbw_GBps) AS busbw_GBps
     FROM c WHERE {_FILTER} GROUP BY ALL ORDER BY op, axis, payload_bytes, group_size"""
     return _dicts(_open(coll_path).execute(q))
 
@@ -192,7 +197,7 @@ def links_table(con, tr: Traces, spec, coll_path: Path, pred: dict | None) -> li
         c.register("lk", pa.table({"rk": [",".join(map(str, r)) for r in sets],
                                    "link": [LK.link_of(r, hosts) for r in sets]}))
         q = f"""SELECT coalesce(axis, 'None') AS axis, lk.link, count(*),
-                       med(list_sort(list(duration_s))), med(list_sort(list(busbw_GBps)))
+                       med(duration_s), med(busbw_GBps)
                 FROM c JOIN lk ON lk.rk = array_to_string(ranks, ',') WHERE {_FILTER}
                 GROUP BY ALL"""
         inst = {(a, lk): rest for a, lk, *rest in c.execute(q).fetchall()}

@@ -174,3 +174,13 @@ def test_a_flagged_straggler_and_an_even_median(tmp_path):
     rows = [{"step": st, "rank": 0, "step_s": 1e-4} for st in range(4)]
     assert close(got, SG.stragglers_table(coll, rows)) and any(r["flagged"] for r in got)
     assert any(r["instances"] % 2 == 0 for r in SC.bandwidth_table(path))
+
+
+def test_the_packed_sort_and_its_fallback_agree():
+    import numpy as np
+    rng = np.random.default_rng(0)
+    grp, sc, rank = (rng.integers(0, 4, 500) for _ in range(3))
+    row = rng.permutation(500)  # (rank, row) names one record
+    want = np.lexsort((row, rank, sc, grp))
+    assert (N._order(grp, sc, rank, row) == want).all()  # packed: 13 bits
+    assert (N._order(grp, sc << 40, rank, row << 30) == want).all()  # 75 bits: lexsort
