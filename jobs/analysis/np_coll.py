@@ -42,7 +42,7 @@ ROW_KEYS = ("step", "op", "axis", "group", "seq", "group_size", "ranks", "comple
             "payload_bytes", "bytes_sent", "backend_op", "start_ns", "last_rank", "wait_s",
             "late_s", "others_wait_s", "duration_s", "span_s", "clock_error_s", "algbw_GBps",
             "busbw_GBps")
-EXTRA = ("first_key", "wait_ns", "late_ns", "others_wait_ns")
+EXTRA = ("first_key", "wait_ns", "late_ns", "others_wait_ns", "n_ranks")
 
 _SCAN = """SELECT rank, row, ts_ns, ts_ns + coalesce(dur_ns, 0) AS e, coalesce(step, -1) AS step,
   op, axis, "group", seq, group_size, payload_bytes, coalesce(bytes_sent, 0.0) AS bytes_sent,
@@ -208,7 +208,7 @@ def _compute(tab: pa.Table, ctx: _Ctx, carry_step: int | None):
         "busbw_GBps": pa.array(alg * fac / 1e9, from_pandas=True),
         **{c: first[c] for c in OPTIONAL},
         "first_key": k[order[starts]], "wait_ns": wait_ns, "late_ns": late_ns,
-        "others_wait_ns": others_ns}
+        "others_wait_ns": others_ns, "n_ranks": parts}
     out = pa.table(cols)
     if carry_step is None:
         return out, None
@@ -224,7 +224,8 @@ def instance_batches(con, tr: Traces) -> Iterator[pa.Table]:
     """One table per pass, one row per collective instance: collectives_table's keys (the
     optional phase / bucket / unit / microbatch as nullable columns) plus EXTRA (first_key:
     the oracle's tie-break, rank << 40 | file row of the first record; the integer ns behind
-    wait_s / late_s / others_wait_s). Call only where applies(con)."""
+    wait_s / late_s / others_wait_s; n_ranks = len(ranks), which readers filter on without
+    decoding the lists). Call only where applies(con)."""
     ctx = _Ctx(con, tr)
     passes = [("step IS NULL OR step < 0", -2)]
     passes += [(f"step BETWEEN {lo} AND {hi}", hi) for lo, hi in VS.chunks(con)]

@@ -30,7 +30,7 @@ from . import rules
 from .load import Traces
 
 NS = 1e9
-_COLL = "op <> 'send_recv' AND step >= 0 AND len(ranks) >= 2"  # stragglers._collective_rows
+_COLL = "op <> 'send_recv' AND step >= 0 AND n_ranks >= 2"  # stragglers._collective_rows
 # statistics.median: the mean of the lower and upper middle values (both the middle one for
 # an odd count; quantile_disc(x, 0.5) is the lower one), not quantile_cont's interpolation
 _MED = "CREATE MACRO med(x) AS (quantile_disc(x, 0.5) - quantile_disc(-x, 0.5)) / 2"
@@ -194,11 +194,11 @@ def links_table(con, tr: Traces, spec, coll_path: Path, pred: dict | None) -> li
         c = _open(coll_path)
         sets = [r for (r,) in c.execute(f"SELECT DISTINCT ranks FROM c WHERE {_FILTER}")
                 .fetchall()]
-        c.register("lk", pa.table({"rk": [",".join(map(str, r)) for r in sets],
+        c.register("lk", pa.table({"ranks": pa.array(sets, pa.list_(pa.int64())),
                                    "link": [LK.link_of(r, hosts) for r in sets]}))
         q = f"""SELECT coalesce(axis, 'None') AS axis, lk.link, count(*),
                        med(duration_s), med(busbw_GBps)
-                FROM c JOIN lk ON lk.rk = array_to_string(ranks, ',') WHERE {_FILTER}
+                FROM c JOIN lk ON lk.ranks = c.ranks WHERE {_FILTER}
                 GROUP BY ALL"""
         inst = {(a, lk): rest for a, lk, *rest in c.execute(q).fetchall()}
     theory = {x["axis"]: x for x in (((pred or {}).get("comm") or {}).get("links") or {})
