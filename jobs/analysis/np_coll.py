@@ -60,20 +60,25 @@ class _Ctx:
     """What every pass shares: group-key ids per (rank, axis), clock errors per rank, the
     bus-bandwidth factor per (op, n)."""
 
-    def __init__(self, con, tr: Traces):
-        pairs = con.execute("SELECT DISTINCT rank, coalesce(axis, '') FROM t "
-                            "WHERE type = 'comm'").fetchall()
-        ep = C.ep_of(tr)
-        ids: dict[tuple, int] = {}
-        self.gk = {(r, a): ids.setdefault(C.group_key(tr, r, a, ep), len(ids)) for r, a in pairs}
-        self.n_gk = max(1, len(ids))
-        self.max_rank = max([r for r, _ in pairs] + list(tr.meta) + [0])
-        err = np.zeros(self.max_rank + 1, np.int64)
-        for r, m in tr.meta.items():
-            if 0 <= r <= self.max_rank:
-                err[r] = int(m.get("clock_error_ns") or 0)
-        self.clock = err
+    def __init__(self, tr: Traces):
+        self.tr, self.ep = tr, C.ep_of(tr)
+        self.ids: dict[tuple, int] = {}  # group_key -> id
+        self.gk: dict[tuple, int] = {}  # (rank, axis) -> id of its group_key
         self.factors: dict[tuple, float | None] = {}
+
+    def key_id(self, rank: int, axis: str) -> int:
+        if (rank, axis) not in self.gk:
+            key = C.group_key(self.tr, rank, axis, self.ep)
+            self.gk[(rank, axis)] = self.ids.setdefault(key, len(self.ids))
+        return self.gk[(rank, axis)]
+
+    def clock(self, nranks: int) -> np.ndarray:
+        """clock_error_ns by rank (0 where the meta has none), as collectives_table reads it."""
+        err = np.zeros(nranks, np.int64)
+        for r, m in self.tr.meta.items():
+            if 0 <= r < nranks:
+                err[r] = int(m.get("clock_error_ns") or 0)
+        return err
 
     def factor(self, op: str, n: int) -> float | None:
         if (op, n) not in self.factors:
@@ -139,17 +144,19 @@ def _compute(tab: pa.Table, ctx: _Ctx, carry_step: int | None):
     row = _np(tab["row"], 0, np.int64)
     assert tab["ts_ns"].null_count == 0 and row.max(initial=0) < 1 << 40
     gcode, axcode, axes = _group_codes(tab)
-    lut = np.full((ctx.max_rank + 1, max(1, len(axes))), -1, np.int64)
-    for (r, a), i in ctx.gk.items():
-        if a in axes:
-            lut[r, axes.index(a)] = i
+    assert rank.min(initial=0) >= 0
+    present = np.flatnonzero(np.bincount(rank)) if len(rank) else rank
+    lut = np.full((len(present) and present[-1] + 1, max(1, len(axes))), -1, np.int64)
+    for r in present.tolist():  # group_key once per (rank, axis), not per record
+        for j, a in enumerate(axes):
+            lut[r, j] = ctx.key_id(r, a)
     gk = lut[rank, axcode]
-    assert (gk >= 0).all()
+    n_gk = max(1, len(ctx.ids))
     seq = tab["seq"]
     sv = _np(seq)
     sc = sv - (sv.min(initial=0) if len(sv) else 0) + 1
     sc[seq.is_null().to_numpy(zero_copy_only=False)] = 0  # None is its own key, as in match()
-    grp = gcode * ctx.n_gk + gk
+    grp = gcode * n_gk + gk
     assert sc.max(initial=0) < 1 << 40 and grp.max(initial=0) < 1 << 22
     inst = grp << 40 | sc
     k = rank << 40 | row  # unique per record; its order is match()'s append order
@@ -203,7 +210,7 @@ def _compute(tab: pa.Table, ctx: _Ctx, carry_step: int | None):
         "backend_op": first["backend_op"], "start_ns": start, "last_rank": rk[last],
         "wait_s": wait_ns / NS, "late_s": late_ns / NS, "others_wait_s": others_ns / NS,
         "duration_s": dur, "span_s": (red(np.maximum, e) - start) / NS,
-        "clock_error_s": red(np.maximum, ctx.clock[rk]) / NS,
+        "clock_error_s": red(np.maximum, ctx.clock(len(lut))[rk]) / NS,
         "algbw_GBps": pa.array(alg / 1e9, from_pandas=True),
         "busbw_GBps": pa.array(alg * fac / 1e9, from_pandas=True),
         **{c: first[c] for c in OPTIONAL},
@@ -226,7 +233,7 @@ def instance_batches(con, tr: Traces) -> Iterator[pa.Table]:
     the oracle's tie-break, rank << 40 | file row of the first record; the integer ns behind
     wait_s / late_s / others_wait_s; n_ranks = len(ranks), which readers filter on without
     decoding the lists). Call only where applies(con)."""
-    ctx = _Ctx(con, tr)
+    ctx = _Ctx(tr)
     passes = [("step IS NULL OR step < 0", -2)]
     passes += [(f"step BETWEEN {lo} AND {hi}", hi) for lo, hi in VS.chunks(con)]
     con.execute("SELECT 1").fetchall()  # chunks' fetchone left a result open: con.sql refuses
