@@ -271,8 +271,12 @@ def rows_of(tables: list[pa.Table], tr: Traces) -> list[dict]:
             if x[k] is None:
                 del x[k]
         rows.append(x)
-    incomplete = sum(not r["complete"] for r in rows)
+    warn_incomplete(tr, sum(not r["complete"] for r in rows))
+    return rows
+
+
+def warn_incomplete(tr: Traces, incomplete: int) -> None:
+    """collectives_table's warning on instances seen on fewer ranks than their group."""
     if incomplete:
         tr.warnings.append(f"{incomplete} communication instance(s) seen on fewer ranks than "
                            "their group size (missing ranks, or a cancelled run)")
-    return rows

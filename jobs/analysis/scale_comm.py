@@ -22,6 +22,7 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import links as LK
@@ -42,17 +43,20 @@ WRITE = {"compression": "snappy", "use_dictionary": ["op", "axis", "group", "bac
 
 def write_instances(con, tr: Traces, path: Path) -> int:
     """np_coll.instance_batches streamed to `path` (one row group per batch); the row count.
-    No file is written when there is no instance. Call only where np_coll.applies(con)."""
-    writer, n = None, 0
+    Appends collectives_table's incomplete-instances warning to tr.warnings. No file is
+    written when there is no instance. Call only where np_coll.applies(con)."""
+    writer, n, incomplete = None, 0, 0
     try:
         for b in N.instance_batches(con, tr):
             if writer is None:
                 writer = pq.ParquetWriter(path, b.schema, **WRITE)
             writer.write_table(b.cast(writer.schema))
             n += b.num_rows
+            incomplete += b.num_rows - pc.sum(b["complete"]).as_py()
     finally:
         if writer is not None:
             writer.close()
+    N.warn_incomplete(tr, incomplete)
     return n
 
 

@@ -144,6 +144,7 @@ def test_tables_over_the_instances_file_equal_the_oracle(tmp_path, monkeypatch, 
     con, mt = V.connect(run), V.meta_traces(run)
     path = tmp_path / "table-collectives.parquet"
     assert SC.write_instances(con, mt, path) == len(coll)
+    assert mt.warnings == [w for w in tr.warnings if "instance" in w]
     steps = sorted({r["step"] for r in step_rows})
     step_s = pa.table({"step": steps, "step_s": [max(r["step_s"] for r in step_rows
                                                      if r["step"] == st) for st in steps]})
