@@ -1,0 +1,282 @@
+"""The collectives table at scale (issue 19): collectives.collectives_table's instances from a
+run's Parquet files, one plain filtered DuckDB scan per step range and numpy for the rest.
+
+Per pass (the setup records, step NULL or < 0, then each vec_steps.chunks range) the comm
+records' columns come back as Arrow; an integer instance key packs (group-or-axis, group_key,
+seq) (strings dictionary-encoded, collectives.group_key evaluated once per (rank, axis)); one
+sort by (instance, rank, file row) makes each instance a segment whose first record is the
+oracle's `first` (match() appends ranks in order, records in file order) and whose ranks are
+already sorted; np.*.reduceat gives the minima, maxima and sums.
+
+Pass boundaries: the oracle keys an instance by (group, group_key, seq) only, so one whose
+records lie in two step ranges would split. An instance still incomplete (fewer records than
+its group size) after its pass whose records reach the pass's last step (or any incomplete
+setup instance) is carried into the next pass with its records, so an op straddling a range
+boundary by one step stays whole; what remains unhandled is a complete-looking instance with
+more records further on, or one skipping a whole step: neither a tracer writes.
+
+Like vec_tables.collectives_table, a rank with two records of one instance (a duplicated seq)
+is not collapsed as the oracle's per-rank dicts do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from jobs import commbytes
+
+from . import collectives as C
+from . import vec_steps as VS
+from . import vec_tables as V
+from .load import Traces
+
+NS = 1e9
+OPTIONAL = ("phase", "bucket", "unit", "microbatch")
+FIRST = ("op", "axis", "group", "seq", "group_size", "payload_bytes", "backend_op") + OPTIONAL
+# the oracle's row keys, in its order; the batches also carry SORT_KEYS and the integer ns
+ROW_KEYS = ("step", "op", "axis", "group", "seq", "group_size", "ranks", "complete",
+            "payload_bytes", "bytes_sent", "backend_op", "start_ns", "last_rank", "wait_s",
+            "late_s", "others_wait_s", "duration_s", "span_s", "clock_error_s", "algbw_GBps",
+            "busbw_GBps")
+EXTRA = ("first_key", "wait_ns", "late_ns", "others_wait_ns", "n_ranks")
+
+_SCAN = """SELECT rank, row, ts_ns, ts_ns + coalesce(dur_ns, 0) AS e, coalesce(step, -1) AS step,
+  op, axis, "group", seq, group_size, payload_bytes, coalesce(bytes_sent, 0.0) AS bytes_sent,
+  backend_op, phase, bucket, unit, microbatch
+FROM t WHERE type = 'comm' AND ({where})"""
+
+
+def applies(con) -> bool:
+    """False where vec_tables.collectives_table returns None: point-to-point ops (FIFO
+    matching stays in Python) or a field the scan needs hidden in args."""
+    return not (V.has_p2p(con) or V.in_args(con, "comm", V.COMM_FIELDS))
+
+
+class _Ctx:
+    """What every pass shares: group-key ids per (rank, axis), clock errors per rank, the
+    bus-bandwidth factor per (op, n)."""
+
+    def __init__(self, tr: Traces):
+        self.tr, self.ep = tr, C.ep_of(tr)
+        self.ids: dict[tuple, int] = {}  # group_key -> id
+        self.gk: dict[tuple, int] = {}  # (rank, axis) -> id of its group_key
+        self.factors: dict[tuple, float | None] = {}
+
+    def key_id(self, rank: int, axis: str) -> int:
+        if (rank, axis) not in self.gk:
+            key = C.group_key(self.tr, rank, axis, self.ep)
+            self.gk[(rank, axis)] = self.ids.setdefault(key, len(self.ids))
+        return self.gk[(rank, axis)]
+
+    def clock(self, nranks: int) -> np.ndarray:
+        """clock_error_ns by rank (0 where the meta has none), as collectives_table reads it."""
+        err = np.zeros(nranks, np.int64)
+        for r, m in self.tr.meta.items():
+            if 0 <= r < nranks:
+                err[r] = int(m.get("clock_error_ns") or 0)
+        return err
+
+    def factor(self, op: str, n: int) -> float | None:
+        if (op, n) not in self.factors:
+            try:
+                self.factors[(op, n)] = float(commbytes.busbw_factor(op, n))
+            except ValueError:
+                self.factors[(op, n)] = None
+        return self.factors[(op, n)]
+
+
+def _np(col, fill=0, dtype=None):
+    if col.null_count:
+        col = col.fill_null(fill)
+    return np.asarray(col.to_numpy(zero_copy_only=False), dtype)
+
+
+def _codes(col) -> tuple[np.ndarray, list]:
+    d = pc.dictionary_encode(col)
+    # a null (its own mask, handled by the caller) reads as code 0
+    return (d.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64),
+            d.dictionary.to_pylist())
+
+
+def _group_codes(tab: pa.Table) -> tuple[np.ndarray, np.ndarray, list]:
+    """Per record: a code of match()'s group name (`group`, else the axis, else ''), a code
+    of its axis ('' when absent) and the axes the latter index (both from the small
+    dictionaries of the two columns: cheaper than encoding a coalesced string column)."""
+    gc, gd = _codes(tab["group"].chunk(0))
+    ac, ad = _codes(tab["axis"].chunk(0))
+    gnull = tab["group"].is_null().to_numpy(zero_copy_only=False)
+    anull = tab["axis"].is_null().to_numpy(zero_copy_only=False)
+    axes = [*ad, ""] if "" not in ad else list(ad)
+    ac = np.where(anull, axes.index(""), ac)
+    names: dict[str, int] = {}
+    glut = np.array([names.setdefault(x, len(names)) for x in gd] + [0], np.int64)
+    alut = np.array([names.setdefault(x, len(names)) for x in axes], np.int64)
+    gcode = np.where(gnull, alut[ac], glut[np.where(gnull, len(gd), gc)])
+    return gcode, ac, axes
+
+
+def _order(grp, sc, rank, row) -> np.ndarray:
+    """The records' order by (instance, rank, row): one argsort of a packed key where the
+    batch's value ranges fit in 63 bits (they do by far for step ranges of CHUNK_RECORDS),
+    else a lexsort."""
+    if not len(grp):
+        return np.zeros(0, np.int64)
+    row = row - row.min()
+    bits = [int(x.max()).bit_length() for x in (grp, sc, rank, row)]
+    if sum(bits) > 63:
+        return np.lexsort((row, rank, sc, grp))
+    key = grp
+    for x, b in zip((sc, rank, row), bits[1:], strict=True):
+        key = key << b | x
+    return np.argsort(key)
+
+
+def _compute(tab: pa.Table, ctx: _Ctx, carry_step: int | None):
+    """(instances table, records to carry into the next pass or None). carry_step: carry the
+    incomplete instances whose records reach this step (-2: every incomplete one; None: no
+    carry, the last pass)."""
+    tab = tab.combine_chunks()
+    rank = _np(tab["rank"], 0, np.int64)
+    row = _np(tab["row"], 0, np.int64)
+    assert tab["ts_ns"].null_count == 0 and row.max(initial=0) < 1 << 40
+    gcode, axcode, axes = _group_codes(tab)
+    assert rank.min(initial=0) >= 0
+    present = np.flatnonzero(np.bincount(rank)) if len(rank) else rank
+    lut = np.full((len(present) and present[-1] + 1, max(1, len(axes))), -1, np.int64)
+    for r in present.tolist():  # group_key once per (rank, axis), not per record
+        for j, a in enumerate(axes):
+            lut[r, j] = ctx.key_id(r, a)
+    gk = lut[rank, axcode]
+    n_gk = max(1, len(ctx.ids))
+    seq = tab["seq"]
+    sv = _np(seq)
+    sc = sv - (sv.min(initial=0) if len(sv) else 0) + 1
+    sc[seq.is_null().to_numpy(zero_copy_only=False)] = 0  # None is its own key, as in match()
+    grp = gcode * n_gk + gk
+    assert sc.max(initial=0) < 1 << 40 and grp.max(initial=0) < 1 << 22
+    inst = grp << 40 | sc
+    k = rank << 40 | row  # unique per record; its order is match()'s append order
+    order = _order(grp, sc, rank, row)
+    inst = inst[order]
+    n = len(inst)
+    starts = np.flatnonzero(np.concatenate(([True], inst[1:] != inst[:-1]))) if n else \
+        np.zeros(0, np.int64)
+    parts = np.diff(np.append(starts, n))
+    seg = np.repeat(np.arange(len(starts)), parts)
+    ts = _np(tab["ts_ns"], 0, np.int64)[order]
+    e = _np(tab["e"], 0, np.int64)[order]
+    rk = rank[order]
+    a_last = np.maximum.reduceat(ts, starts) if n else ts
+    pos = np.arange(n)
+    # the last arrival: latest ts, then highest rank (ranks ascend inside a segment)
+    last = np.maximum.reduceat(np.where(ts == a_last[seg], pos, -1), starts) if n else pos
+    ts2 = ts.copy()
+    ts2[last] = np.iinfo(np.int64).min
+    second = np.maximum.reduceat(ts2, starts) if n else ts
+    start = np.minimum.reduceat(ts, starts) if n else ts
+    step_all = _np(tab["step"], 0, np.int64)[order]
+    red = (lambda f, x: f.reduceat(x, starts)) if n else (lambda f, x: x)
+    first = tab.select(list(FIRST)).take(pa.array(order[starts]))
+    gs = _np(first["group_size"], 0, np.int64)
+    size = np.where(gs != 0, gs, parts)  # int(group_size or len(parts))
+    payload = _np(first["payload_bytes"], 0, np.int64)
+    op = first["op"].fill_null("?")
+    dur_ns = np.maximum(e[last] - a_last, 0)
+    dur = dur_ns / NS
+    has_bw = (dur > 0) & (payload != 0)
+    alg = np.where(has_bw, payload / np.where(has_bw, dur, 1.0), np.nan)
+    fac = np.full(len(starts), np.nan)
+    opc, ops = _codes(op.chunk(0)) if len(starts) else (np.zeros(0, np.int64), [])
+    for i, name in enumerate(ops):
+        m = opc == i
+        for nv in np.unique(size[m]):
+            f = ctx.factor(name, int(nv))
+            fac[m & (size == nv)] = np.nan if f is None else f
+    late_ns = np.where(parts > 1, a_last - second, 0)
+    others_ns = red(np.add, a_last[seg] - ts)
+    wait_ns = a_last - start
+    complete = parts >= size
+    cols = {
+        "step": red(np.minimum, step_all), "op": op, "axis": first["axis"],
+        "group": first["group"], "seq": first["seq"], "group_size": size,
+        "ranks": pa.ListArray.from_arrays(pa.array(np.append(starts, n), pa.int32()),
+                                          pa.array(rk)),
+        "complete": complete, "payload_bytes": payload,
+        "bytes_sent": red(np.maximum, _np(tab["bytes_sent"], 0.0)[order]),
+        "backend_op": first["backend_op"], "start_ns": start, "last_rank": rk[last],
+        "wait_s": wait_ns / NS, "late_s": late_ns / NS, "others_wait_s": others_ns / NS,
+        "duration_s": dur, "span_s": (red(np.maximum, e) - start) / NS,
+        "clock_error_s": red(np.maximum, ctx.clock(len(lut))[rk]) / NS,
+        "algbw_GBps": pa.array(alg / 1e9, from_pandas=True),
+        "busbw_GBps": pa.array(alg * fac / 1e9, from_pandas=True),
+        **{c: first[c] for c in OPTIONAL},
+        "first_key": k[order[starts]], "wait_ns": wait_ns, "late_ns": late_ns,
+        "others_wait_ns": others_ns, "n_ranks": parts}
+    out = pa.table(cols)
+    if carry_step is None:
+        return out, None
+    keep = ~complete
+    if carry_step != -2:
+        keep &= red(np.maximum, step_all) == carry_step
+    if not keep.any():
+        return out, None
+    return out.filter(pa.array(~keep)), tab.take(pa.array(order[keep[seg]]))
+
+
+def instance_batches(con, tr: Traces) -> Iterator[pa.Table]:
+    """One table per pass, one row per collective instance: collectives_table's keys (the
+    optional phase / bucket / unit / microbatch as nullable columns) plus EXTRA (first_key:
+    the oracle's tie-break, rank << 40 | file row of the first record; the integer ns behind
+    wait_s / late_s / others_wait_s; n_ranks = len(ranks), which readers filter on without
+    decoding the lists). Call only where applies(con)."""
+    ctx = _Ctx(tr)
+    passes = [("step IS NULL OR step < 0", -2)]
+    passes += [(f"step BETWEEN {lo} AND {hi}", hi) for lo, hi in VS.chunks(con)]
+    con.execute("SELECT 1").fetchall()  # chunks' fetchone left a result open: con.sql refuses
+    carry = None
+    for i, (where, carry_step) in enumerate(passes):
+        tab = con.sql(_SCAN.format(where=where)).to_arrow_table()
+        if carry is not None:
+            tab = pa.concat_tables([carry, tab.cast(carry.schema)])
+        if not tab.num_rows:
+            carry = None
+            continue
+        out, carry = _compute(tab, ctx, None if i == len(passes) - 1 else carry_step)
+        if out.num_rows:
+            yield out
+
+
+def sort_indices(table: pa.Table):
+    """The oracle's row order: (start_ns, str(group), seq or 0), then match()'s order."""
+    t = pa.table({"a": table["start_ns"], "b": pc.fill_null(table["group"], "None"),
+                  "c": pc.fill_null(table["seq"], 0), "d": table["first_key"]})
+    return pc.sort_indices(t, [(c, "ascending") for c in "abcd"])
+
+
+def rows_of(tables: list[pa.Table], tr: Traces) -> list[dict]:
+    """collectives_table's rows from instance batches (and its incomplete-instances
+    warning on tr.warnings)."""
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return []
+    tab = pa.concat_tables(tables)
+    tab = tab.take(sort_indices(tab))
+    rows = []
+    for x in tab.select(list(ROW_KEYS + OPTIONAL)).to_pylist():
+        for k in OPTIONAL:
+            if x[k] is None:
+                del x[k]
+        rows.append(x)
+    warn_incomplete(tr, sum(not r["complete"] for r in rows))
+    return rows
+
+
+def warn_incomplete(tr: Traces, incomplete: int) -> None:
+    """collectives_table's warning on instances seen on fewer ranks than their group."""
+    if incomplete:
+        tr.warnings.append(f"{incomplete} communication instance(s) seen on fewer ranks than "
+                           "their group size (missing ranks, or a cancelled run)")
