@@ -97,8 +97,8 @@ def sparse(con, base: Traces, where: str) -> Traces:
     `where` only, in the loader's order: what the Python functions of rare records read."""
     tr = Traces(ranks={r: [] for r in base.ranks}, meta=base.meta, warnings=base.warnings,
                 summary=base.summary)
-    table = con.execute(f"SELECT * EXCLUDE (row) FROM t WHERE {where} ORDER BY rank, row"
-                        ).to_arrow_table()
+    table = con.sql(f"SELECT * EXCLUDE (row) FROM t WHERE {where} ORDER BY rank, row"
+                    ).to_arrow_table()
     for rec in columnar.records_of(table):
         tr.ranks.setdefault(rec["rank"], []).append(rec)
     for recs in tr.ranks.values():
