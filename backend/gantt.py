@@ -48,8 +48,10 @@ class Trace:
     extra: dict = field(default_factory=dict)
 
 
-def columns(tr: Traces) -> Trace:
-    """The Gantt's columns from loaded traces (step spans become the step windows)."""
+def columns(tr: Traces, origin: int | None = None) -> Trace:
+    """The Gantt's columns from loaded traces (step spans become the step windows).
+    `origin`: the run's time origin in ns (default tr.t0_ns(); a window's records need the
+    whole run's, backend/gantt_columnar.py)."""
     keys: dict[str, int] = {}
     col: dict[str, list] = {k: [] for k in ("rank", "channel", "ts", "end", "key", "mb", "step",
                                             "bytes")}
@@ -85,7 +87,7 @@ def columns(tr: Traces) -> Trace:
             col["mb"].append(mb if isinstance(mb, int) else -1)
             col["step"].append(r.get("step", -1))
             col["bytes"].append(nbytes)
-    origin = tr.t0_ns()
+    origin = tr.t0_ns() if origin is None else origin
 
     def ms(values: list[int]) -> np.ndarray:  # integer ns -> ms from the origin, exactly
         return (np.array(values, dtype=np.int64) - origin) / 1e6

@@ -186,13 +186,11 @@ def best(fn, repeat: int) -> tuple[float, float]:
 
 def child(mode: str, d: str) -> None:
     """One measured stage in a fresh process: its CPU seconds (every thread) and peak RSS."""
-    from jobs.analysis import columnar, vec_scale
+    from jobs.analysis import columnar
     out = Path(d)
     t0, c0 = time.perf_counter(), time.process_time()
     if mode == "convert":
         columnar.convert_run_dir(out)
-    elif mode == "vector":
-        vec_scale.vector_tables(out)
     elif mode == "scale":  # the whole post-run step on the columnar scale path
         head = write_analysis(out, scale_records=0)
         assert "analysis_error" not in head, head
@@ -244,8 +242,6 @@ def scale(a) -> int:
             else:
                 n = make_parquet(out, a.ranks, steps)
                 pqs = sum(p.stat().st_size for p in out.glob("trace-rank*.parquet"))
-            rows.append(("Parquet, vectorised tables (vec_tables)", measure("vector", out),
-                         pqs))
             rows.append(("Parquet, write_analysis, columnar scale path (whole post-run step)",
                          measure("scale", out), pqs))
             for name, m, size in rows:

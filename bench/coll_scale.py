@@ -1,11 +1,12 @@
 """The collectives side of the post-run analysis at scale (issue 19), one mode per fresh
 process: CPU seconds (every thread), wall seconds and peak RSS.
 
-    .venv/bin/python bench/coll_scale.py new|old RUN_DIR
+    .venv/bin/python bench/coll_scale.py new RUN_DIR
     (RUN_DIR written by bench.analysis_speed.make_parquet)
 
-new: np_coll instances -> scale_comm.write_instances, then the four scale_comm tables;
-old: vec_tables._keys + build_instances + COPY to Parquet (what vec_scale does today).
+new: np_coll instances -> scale_comm.write_instances, then the four scale_comm tables (the
+DuckDB GROUP BY per instance it was measured against, vec_tables.build_instances, is gone:
+docs/benchmarks.md keeps its figures).
 The step_s input is a stand-in (the max `step` span per step), timed apart and left out.
 """
 
@@ -48,11 +49,7 @@ def main(mode: str, out: Path) -> None:
                  f"{strag.num_rows}/{len(ranks)}/{len(bw)}/{len(lk)})")
         cpu = c3 - c0 - (c2 - c1)
     else:
-        from jobs.analysis.vec_scale import _copy
-        V._keys(con, tr)
-        V.build_instances(con)
-        n = _copy(con, "inst", path)
-        cpu = time.process_time() - c0
+        raise SystemExit(f"mode: 'new' (got {mode!r})")
     recs = con.execute("SELECT count(*) FROM t").fetchone()[0]
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"{mode}: {recs} records, {n} instances, CPU {cpu:.2f} s "

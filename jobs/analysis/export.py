@@ -162,11 +162,14 @@ def to_perfetto(traces, spec: dict | None = None, *,
 
 
 def iter_perfetto_json(traces, spec: dict | None = None, *,
-                       window_ms: tuple[float, float] | None = None, chunk: int = 2000):
+                       window_ms: tuple[float, float] | None = None, chunk: int = 2000,
+                       origin: int | None = None):
     """to_perfetto's document as JSON text in chunks of `chunk` events: what a streamed
-    download (and the file the worker writes) sends without holding the document."""
+    download (and the file the worker writes) sends without holding the document.
+    `origin`: the run's time origin (ns) when `traces` holds only a window's records (a large
+    run read from its Parquet files, backend/gantt_columnar.py)."""
     tr = traces if isinstance(traces, Traces) else from_records(traces)
-    t0 = tr.t0_ns()
+    t0 = tr.t0_ns() if origin is None else origin
     lo, hi = _window(t0, window_ms)
     yield '{"traceEvents":['
     buf, first = [], True

@@ -68,8 +68,7 @@ def analyze(tr: Traces, spec=None, vec=None) -> dict:
     t: dict = {}
     t["step_rank"] = _safe(tr, "step_rank", lambda: _vec_or(
         vec, lambda: VS.step_rank_table(vec, tr), tr.warnings) or S.step_rank_table(tr), [])
-    t["collectives"] = _safe(tr, "collectives", lambda: _vec_or(
-        vec, lambda: V.collectives_table(vec, tr), tr.warnings) or C.collectives_table(tr), [])
+    t["collectives"] = _safe(tr, "collectives", lambda: C.collectives_table(tr), [])
     t["ranks"] = _safe(tr, "ranks", lambda: S.ranks_table(t["step_rank"]), [])
     t["stragglers"] = _safe(tr, "stragglers",
                             lambda: SG.stragglers_table(t["collectives"], t["step_rank"]), [])

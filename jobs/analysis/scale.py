@@ -106,13 +106,19 @@ def sparse(con, base: Traces, where: str) -> Traces:
     return tr
 
 
-def _sample(table, n: int):
-    """Every k-th row of an Arrow table, at most JSON_ROWS of them (k = 1 when it fits)."""
+def _sample(path: Path, n: int):
+    """(every k-th row of a table file, k), at most JSON_ROWS rows (k = 1 when it fits),
+    read batch by batch: a file of millions of instances is never whole in memory."""
+    import numpy as np
     import pyarrow as pa
-    if n <= JSON_ROWS:
-        return table, 1
-    stride = -(-n // JSON_ROWS)
-    return table.take(pa.array(range(0, n, stride))), stride
+    import pyarrow.parquet as pq
+    stride = max(1, -(-n // JSON_ROWS))
+    parts, at = [], 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=1 << 16):
+        first = (-at) % stride  # the batch's first row whose global index is a multiple
+        parts.append(batch.take(pa.array(np.arange(first, batch.num_rows, stride))))
+        at += batch.num_rows
+    return pa.Table.from_batches(parts), stride
 
 
 def _seq_sum(x) -> float:
@@ -191,12 +197,21 @@ def table_rows(out_dir: Path, name: str, offset: int = 0,
                limit: int | None = None) -> tuple[int, list[dict]]:
     """(rows in all, rows[offset:offset + limit]) of a table kept in `table-<name>.parquet`:
     what the API pages and the CSV export writes, the same dicts analysis.json holds."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
     pf = pq.ParquetFile(Path(out_dir) / FILE.format(name))
     total = pf.metadata.num_rows
-    table = pf.read()
     end = total if limit is None else min(total, offset + limit)
-    part = table.slice(offset, max(0, end - offset))
+    parts, at = [], 0  # read row groups up to the slice's end, keep its rows only
+    for i in range(pf.metadata.num_row_groups):
+        n = pf.metadata.row_group(i).num_rows
+        if at + n > offset and at < end:
+            g = pf.read_row_group(i)
+            parts.append(g.slice(max(0, offset - at), end - max(offset, at)))
+        at += n
+        if at >= end:
+            break
+    part = pa.concat_tables(parts) if parts else pf.schema_arrow.empty_table()
     return total, ROWS[name](part, meta_only(Path(out_dir)))
 
 
@@ -261,9 +276,10 @@ def analyze_columnar(out_dir: Path, spec=None, con=None) -> dict:
         w, "peak memory", lambda: M.peak_bytes(sparse(con, tr, "type = 'mem'")), None)
     pp = sp.parallel.pp if sp is not None else 1
     strides: dict[str, int] = {}
-    big = {n: _arrow(path[n]) if sizes.get(n) else None for n in BIG}
+    big = {n: _arrow(path[n]) if sizes.get(n) else None for n in BIG if n != "collectives"}
+    big["step_rank"] = sr
     for name in BIG:
-        t[name], strides[name] = _json_rows(name, big[name], tr)
+        t[name], strides[name] = _json_rows(name, path[name], sizes.get(name), tr)
     agg = A.safe(w, "headline", lambda: step_aggregates(
         big["step_rank"], big["throughput"], big["stragglers"]), None)
     headline = A.safe(w, "headline", lambda: A.headline(t, agg, pred, pp, peak), {}) \
@@ -303,11 +319,11 @@ def _strag_rows(table, tr: Traces) -> list[dict]:
     return SC.straggler_rows(table)
 
 
-def _json_rows(name: str, table, tr: Traces) -> tuple[list[dict], int]:
+def _json_rows(name: str, path: Path, n: int | None, tr: Traces) -> tuple[list[dict], int]:
     """analysis.json's rows of a large table: all of them, or every k-th."""
-    if table is None:
+    if not n:
         return [], 1
-    part, stride = _sample(table, table.num_rows)
+    part, stride = _sample(path, n)
     if name == "collectives":  # the file is in step-range order: the oracle's within JSON
         from . import np_coll as NC
         part = part.take(NC.sort_indices(part))

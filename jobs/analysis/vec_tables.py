@@ -4,16 +4,14 @@ Each function gives the rows of its Python counterpart (the oracle, tests/analys
 test_columnar.py compares them) without loading records into Python:
 
     step_rank_table    steps.step_rank_table (vec_steps.py), for runs without pipeline actions
-    collectives_table  collectives.collectives_table, for runs without point-to-point ops
-                       (their FIFO matching and peer resolution stay in Python: `None`)
     axis_bytes_table   collectives.axis_bytes_table
     mem_peaks          memory.measured (trace samples; the summary fallback stays in Python)
     peak_bytes         memory.peak_bytes, where every rank's samples carry model state
 
-Definitions are not restated: group membership is collectives.group_key evaluated in Python
-once per (rank, axis), bus-bandwidth factors are jobs.commbytes.busbw_factor per (op, n), the
-steady steps rules.steady; SQL only groups, orders and sums. Floating sums may differ from the
-Python loop's in the last bit (another summation order); integers and maxima are exact.
+The collectives' instances are np_coll.py's (numpy over one step range at a time). Definitions
+are not restated: the steady steps are rules.steady; SQL only groups, orders and sums. Floating
+sums may differ from the Python loop's in the last bit (another summation order); integers and
+maxima are exact.
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ from pathlib import Path
 
 from jobs import commbytes
 
-from . import collectives as C
 from . import columnar
 from . import memory as M
 from .load import _RANK_RE, Traces
@@ -85,119 +82,6 @@ def has_p2p(con) -> bool:
     ops = ", ".join(f"'{o}'" for o in commbytes.P2P_OPS)
     return con.execute(f"SELECT count(*) FROM t WHERE type = 'comm' AND op IN ({ops})"
                        ).fetchone()[0] > 0
-
-
-def _keys(con, tr: Traces) -> None:
-    """gk(rank, axis, gkey): collectives.group_key per (rank, axis) seen; bw(op, n, factor)."""
-    pairs = con.execute("SELECT DISTINCT rank, coalesce(axis, '') FROM t WHERE type = 'comm'"
-                        ).fetchall()
-    ep = C.ep_of(tr)
-    _register(con, "gk", {"rank": [r for r, _ in pairs], "axis": [a for _, a in pairs],
-                          "gkey": [repr(C.group_key(tr, r, a, ep)) for r, a in pairs]})
-    ops = con.execute("SELECT DISTINCT op, group_size FROM t WHERE type = 'comm' AND "
-                      "group_size IS NOT NULL").fetchall()
-    fac = []
-    for op, n in ops:
-        try:
-            fac.append(float(commbytes.busbw_factor(op, int(n))))
-        except ValueError:
-            fac.append(None)
-    _register(con, "bw", {"op": [o for o, _ in ops], "n": [n for _, n in ops], "factor": fac})
-    err = {r: int(m.get("clock_error_ns") or 0) for r, m in tr.meta.items()}
-    _register(con, "clk", {"rank": list(err), "err": list(err.values())})
-
-
-# The comm records with their instance key, then the instances one hash partition of the
-# keys at a time (an instance lies in one partition whole; each pass's aggregate fits in
-# memory where 50 M records' at once would not).
-_COMM = """
-CREATE OR REPLACE TEMP TABLE c AS
-SELECT t.rank, t.ts_ns, t.ts_ns + coalesce(t.dur_ns, 0) AS e, t.step, t.op, t.axis,
-       t."group", t.seq, t.group_size, t.payload_bytes, t.backend_op, t.phase, t.bucket,
-       t.unit, t.microbatch, t.bytes_sent, coalesce(t."group", coalesce(t.axis, '')) AS g,
-       gk.gkey, (t.rank::BIGINT << 40) | t.row AS k, clk.err,
-       hash(coalesce(t."group", coalesce(t.axis, '')), gk.gkey, t.seq) % $parts AS part
-FROM t JOIN gk ON gk.rank = t.rank AND gk.axis = coalesce(t.axis, '')
-LEFT JOIN clk ON clk.rank = t.rank
-WHERE t.type = 'comm'
-"""
-
-_INSTANCES = """
-WITH p AS MATERIALIZED (SELECT * FROM c WHERE part = $part),
-a AS (
-  SELECT min(k) AS first_key, arg_max(k, (ts_ns, rank)) AS last_key,
-         count(*) AS parts, min(coalesce(step, -1)) AS step, list(rank) AS ranks,
-         max(coalesce(bytes_sent, 0.0)) AS bytes_sent, min(ts_ns) AS start_ns,
-         max(e) AS max_end, max(ts_ns) AS a_last, arg_max(ts_ns, (ts_ns, rank), 2) AS top2,
-         sum(ts_ns::HUGEINT) AS a_sum, max(err) AS clock_err
-  FROM p GROUP BY g, gkey, seq)
-SELECT a.*, f.op, f.axis, f."group" AS grp, f.seq, f.group_size AS gsize,
-       f.payload_bytes AS payload, f.backend_op, f.phase, f.bucket, f.unit, f.microbatch,
-       l.rank AS last_rank, l.e AS e_last
-FROM a JOIN p f ON f.k = a.first_key JOIN p l ON l.k = a.last_key
-"""
-
-PART_RECORDS = 1_000_000  # comm records per instance pass
-
-
-def build_instances(con) -> None:
-    """Temp table `inst`: one row per collective instance (gk, bw, clk registered)."""
-    n = con.execute("SELECT count(*) FROM t WHERE type = 'comm'").fetchone()[0]
-    parts = max(1, -(-n // PART_RECORDS))
-    con.execute(_COMM, {"parts": parts})
-    con.execute("DROP TABLE IF EXISTS inst")
-    con.execute("CREATE TEMP TABLE inst AS " + _INSTANCES, {"part": 0})
-    for i in range(1, parts):
-        con.execute("INSERT INTO inst " + _INSTANCES, {"part": i})
-    con.execute("DROP TABLE c")
-
-
-_ROWS = """
-SELECT i.*, greatest(e_last - a_last, 0) / 1e9 AS dur, bw.factor
-FROM inst i LEFT JOIN bw ON bw.op = i.op AND bw.n = i.gsize
-ORDER BY start_ns, coalesce(grp, 'None'), coalesce(seq, 0), first_key
-"""
-
-
-def collectives_table(con, tr: Traces) -> list[dict] | None:
-    """collectives.collectives_table over the Parquet files; None with point-to-point ops.
-    Appends the same incomplete-instances warning to tr.warnings."""
-    if has_p2p(con) or in_args(con, "comm", COMM_FIELDS):
-        return None
-    _keys(con, tr)
-    build_instances(con)
-    cur = con.execute(_ROWS)
-    names = [d[0] for d in cur.description]
-    rows = []
-    for tup in cur.fetchall():
-        x = dict(zip(names, tup, strict=True))
-        n = int(x["gsize"] or x["parts"])
-        payload = int(x["payload"] or 0)
-        dur, a_last = x["dur"], x["a_last"]
-        row = {"step": x["step"], "op": x["op"] or "?", "axis": x["axis"], "group": x["grp"],
-               "seq": x["seq"], "group_size": n, "ranks": sorted(x["ranks"]),
-               "complete": x["parts"] >= n, "payload_bytes": payload,
-               "bytes_sent": x["bytes_sent"], "backend_op": x["backend_op"],
-               "start_ns": x["start_ns"], "last_rank": x["last_rank"],
-               "wait_s": (a_last - x["start_ns"]) / NS,
-               "late_s": (a_last - x["top2"][1]) / NS if x["parts"] > 1 else 0.0,
-               "others_wait_s": int(a_last * (x["parts"] - 1) - (x["a_sum"] - a_last)) / NS,
-               "duration_s": dur, "span_s": (x["max_end"] - x["start_ns"]) / NS,
-               "clock_error_s": (x["clock_err"] or 0) / NS,
-               "algbw_GBps": None, "busbw_GBps": None}
-        if dur > 0 and payload:
-            row["algbw_GBps"] = commbytes.algbw(payload, dur) / 1e9
-            if x["factor"] is not None:
-                row["busbw_GBps"] = commbytes.algbw(payload, dur) * x["factor"] / 1e9
-        for k in ("phase", "bucket", "unit", "microbatch"):
-            if x[k] is not None:
-                row[k] = x[k]
-        rows.append(row)
-    incomplete = sum(not r["complete"] for r in rows)
-    if incomplete:
-        tr.warnings.append(f"{incomplete} communication instance(s) seen on fewer ranks than "
-                           "their group size (missing ranks, or a cancelled run)")
-    return rows
 
 
 def axis_bytes_table(con, tr: Traces) -> list[dict] | None:

@@ -90,7 +90,6 @@ def test_same_records_and_analysis_through_both_storages(tmp_path):
 
 def test_vectorised_tables_equal_the_python_ones(tmp_path, monkeypatch):
     monkeypatch.setattr(VS, "CHUNK_RECORDS", 40)  # several step ranges, as a long run has
-    monkeypatch.setattr(V, "PART_RECORDS", 10)  # and several instance partitions
     run = dp_tp_run(tmp_path / "run", steps=6, drop=(2, 4), unfinished=(1, 5))
     tr = load_run_dir(run)
     columnar.convert_run_dir(run)
@@ -98,7 +97,8 @@ def test_vectorised_tables_equal_the_python_ones(tmp_path, monkeypatch):
     sr = VS.step_rank_table(con, mt)
     assert sr == S.step_rank_table(tr)
     assert any(not r["has_step_span"] for r in sr) and any(r["overlap_s"] for r in sr)
-    coll = V.collectives_table(con, mt)
+    from jobs.analysis import np_coll as N
+    coll = N.rows_of(list(N.instance_batches(con, mt)), mt)
     assert coll == C.collectives_table(tr)
     assert any(r["busbw_GBps"] for r in coll)
     assert mt.warnings == [w for w in tr.warnings if "instance" in w or "`step` span" in w]
@@ -127,7 +127,8 @@ def test_point_to_point_runs_keep_the_python_matching(tmp_path):
     run = s.write(tmp_path / "pp", per)
     want = analyze_run_dir(run)
     columnar.convert_run_dir(run)
-    assert V.collectives_table(V.connect(run), V.meta_traces(run)) is None
+    from jobs.analysis import np_coll as N
+    assert not N.applies(V.connect(run))
     assert VS.step_rank_table(V.connect(run), V.meta_traces(run)) is None  # pipeline actions
     assert analyze_run_dir(run) == want
 

@@ -18,7 +18,8 @@ TEMPLATES = Path(__file__).resolve().parents[2] / "frontend" / "templates"
 # tests look these up); the base template adds only "content". Since then: the runs list's
 # peak-memory filter (f-mem-max), the device-memory explanation (device-gb-help), the run
 # page's hang diagnosis and resume (#15), the cluster page (#16), bounded tracing's predicted
-# trace size (pred-trace) and traced-steps line (trace-coverage) (#19).
+# trace size (pred-trace), traced-steps line (trace-coverage) and the large tables' sampling
+# note (table-sampling) (#19).
 IDS = {
     "/cluster": ["cluster-error", "cluster-updated", "hosts", "hosts-empty", "queued",
                  "queued-empty", "queues", "unseen"],
@@ -45,7 +46,7 @@ IDS = {
                   "resume", "resume-section",
                   "run-error", "run-head",
                   "run-meta", "run-status", "run-sweep", "run-sweep-link", "run-title",
-                  "throughput-chart", "trace-coverage", "table-sampling"],
+                  "table-sampling", "throughput-chart", "trace-coverage"],
     "/advise": ["a-arch", "a-devices_per_host", "a-global_batch", "a-heads", "a-hidden",
         "a-hosts", "a-inter", "a-intra", "a-layers", "a-memory", "a-preset", "a-queue",
         "a-seq_len", "a-t_backward_input", "a-t_backward_weight", "a-t_forward", "a-tflops",

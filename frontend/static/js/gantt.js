@@ -266,7 +266,10 @@ export async function mountGantt(runId, pipeline = false, headline = {}) {
       await g.load();
     } else {
       const data = await g.load();
-      fillSteps(sel, data.steps.map((s) => s.step), null);
+      // a large run opens on one step (backend/gantt_columnar.py): select the one shown
+      const shown = data.lod?.shown_step;
+      if (shown !== undefined && shown !== null) g.step = shown;
+      fillSteps(sel, data.steps.map((s) => s.step), g.step);
     }
   } catch (e) {
     div.classList.add("empty");

@@ -14,7 +14,7 @@ from typing import Literal
 from fastapi import APIRouter, Query
 from fastapi.responses import FileResponse, Response, StreamingResponse
 
-from backend import gantt, run_traces
+from backend import gantt, gantt_columnar, run_traces
 from backend.api.deps import DbDep, RunDep, SettingsDep
 from backend.crud.collective_sweeps import latest_sweep
 from backend.errors import Invalid, NotFound
@@ -109,16 +109,30 @@ def export_run(run: RunDep, settings: SettingsDep,
             raise _bad_query("t0_ms", "a window applies to format=perfetto only")
         if not t1_ms > t0_ms:
             raise _bad_query("t1_ms", f"must be greater than t0_ms = {t0_ms:g}")
-        rt = run_traces.get(settings.runs_dir / run.id)
+        name = f"paralab-{run.id}-{t0_ms:g}-{t1_ms:g}ms.perfetto.json"
+        run_dir = settings.runs_dir / run.id
+        if gantt_columnar.is_large(run_dir):  # only the window's records, from Parquet
+            try:
+                tr, origin = gantt_columnar.export_window(run_dir, t0_ms, t1_ms)
+            except ValueError as exc:
+                raise _bad_query("t1_ms", str(exc)) from None
+            return StreamingResponse(
+                iter_perfetto_json(tr, run.spec, window_ms=(t0_ms, t1_ms), origin=origin),
+                media_type="application/json",
+                headers={"Content-Disposition": f'attachment; filename="{name}"'})
+        rt = run_traces.get(run_dir)
         if rt is None:
             raise NotFound(f"run {run.id} has no trace files (yet)")
-        name = f"paralab-{run.id}-{t0_ms:g}-{t1_ms:g}ms.perfetto.json"
         return StreamingResponse(
             iter_perfetto_json(rt.traces, run.spec, window_ms=(t0_ms, t1_ms)),
             media_type="application/json",
             headers={"Content-Disposition": f'attachment; filename="{name}"'})
     if format == "perfetto":
         path = resolve_run_path(settings.runs_dir, run.id, PERFETTO_FILE)
+        if not path.is_file() and gantt_columnar.is_large(settings.runs_dir / run.id):
+            raise _bad_query("t0_ms", "this run is too large for one Perfetto file (columnar "
+                             "scale path): export a window with t0_ms and t1_ms (ms from the "
+                             "trace start, the Gantt's axis)")
         if not path.is_file():
             raise NotFound(f"run {run.id} has no Perfetto trace yet (status "
                                      f"{run.status}): the worker writes it when the job ends")
@@ -163,7 +177,13 @@ def get_gantt(run: RunDep, settings: SettingsDep,
               px: int = Query(2000, ge=100, le=10000, description="drawing width in pixels"),
               ) -> dict:
     """Per-rank Gantt segments of a window. When the window holds more than `max_spans` spans,
-    spans closer than a bucket width are merged (`n` > 1), so the answer stays bounded."""
+    spans closer than a bucket width are merged (`n` > 1), so the answer stays bounded. A
+    large converted run reads only the window's records (backend/gantt_columnar.py; without
+    a step or window it opens on its middle step)."""
+    run_dir = settings.runs_dir / run.id
+    if gantt_columnar.is_large(run_dir):
+        return gantt_columnar.answer(run_dir, step=step, t0_ms=t0_ms, t1_ms=t1_ms,
+                                     max_spans=max_spans, px=px)
     return gantt.gantt(_gantt_trace(settings, run), step=step, t0_ms=t0_ms, t1_ms=t1_ms,
                        max_spans=max_spans, px=px)
 
@@ -172,6 +192,11 @@ def get_gantt(run: RunDep, settings: SettingsDep,
 def gantt_steps(run: RunDep, settings: SettingsDep) -> dict:
     """The trace's optimizer steps and their windows (ms from the trace start), for the step
     selector, without any span."""
+    run_dir = settings.runs_dir / run.id
+    if gantt_columnar.is_large(run_dir):
+        info = gantt_columnar.run_info(run_dir)
+        return {"steps": info["steps"], "ranks": len(info["meta"].ranks),
+                "spans": None}  # not counted: the run is read one window at a time
     trace = _gantt_trace(settings, run)
     return {"steps": trace.steps, "ranks": len(gantt.rows_of(trace)),
             "spans": int(len(trace.cols["t0"]))}

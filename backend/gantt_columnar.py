@@ -1,0 +1,154 @@
+"""The Gantt of a large converted run (issue 19): one window's records read from the Parquet
+files, never the whole run's.
+
+A converted run of at least jobs.analysis.scale.SCALE_RECORDS records would need its whole
+trace in memory for backend/gantt.py's columns. Here a request reads only the records
+overlapping its window (DuckDB over the files, row groups pruned by their `ts_ns` / `step`
+statistics), loads them as a sparse Traces and hands them to the same `gantt.columns` /
+`gantt.gantt` (one lane rule, one drawing), with the run's time origin and its full step list
+(SQL over the `step` spans, cached per file version). The window:
+
+- `step`: that step's records (the default: the middle traced step, as pipeline runs open);
+- `t0_ms` / `t1_ms`: that range, narrowed to about MAX_RECORDS records when it holds more
+  (`lod.window_capped` says so; zoom in for the rest).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from backend import gantt
+from jobs.analysis import columnar, scale
+from jobs.analysis import vec_tables as V
+
+MAX_RECORDS = 400_000  # records one Gantt answer reads at most
+_CACHE: dict[tuple, dict] = {}
+_LOCK = threading.Lock()
+
+
+def _version(run_dir: Path) -> tuple:
+    files = sorted(run_dir.glob("trace-rank*" + columnar.SUFFIX))
+    return (str(run_dir), tuple((p.name, p.stat().st_mtime_ns) for p in files))
+
+
+def is_large(run_dir: Path) -> bool:
+    """A converted run the columnar scale path analyses (scale.use)."""
+    try:
+        return scale.use(run_dir)
+    except OSError:
+        return False
+
+
+def _stats(run_dir: Path, column: str, how) -> int | None:
+    """min / max of a column over every row group's statistics (no scan)."""
+    import pyarrow.parquet as pq
+    vals = []
+    for p in run_dir.glob("trace-rank*" + columnar.SUFFIX):
+        md = pq.read_metadata(p)
+        idx = md.schema.to_arrow_schema().get_field_index(column)
+        for i in range(md.num_row_groups):
+            st = md.row_group(i).column(idx).statistics
+            if st is not None and st.has_min_max:
+                vals.append(how(st.min, st.max))
+    return (min if how is _lo else max)(vals) if vals else None
+
+
+def _lo(a, b):
+    return a
+
+
+def _hi(a, b):
+    return b
+
+
+def run_info(run_dir: Path) -> dict:
+    """{con, meta, origin_ns, max_dur_ns, steps}: cached per file version."""
+    key = _version(run_dir)
+    with _LOCK:
+        if key in _CACHE:
+            return _CACHE[key]
+    con = V.connect(run_dir)
+    meta = V.meta_traces(run_dir)
+    t0 = [m["t0_ns"] for m in meta.meta.values() if isinstance(m.get("t0_ns"), int)]
+    first = _stats(run_dir, "ts_ns", _lo)
+    origin = min(t0 + ([first] if first is not None else [])) if t0 or first is not None else 0
+    rows = con.execute("SELECT step, min(ts_ns), max(ts_ns + coalesce(dur_ns, 0)) FROM t "
+                       "WHERE type = 'span' AND cat = 'step' AND step >= 0 "
+                       "GROUP BY step ORDER BY step").fetchall()
+    steps = [{"step": s, "t0_ms": (a - origin) / 1e6, "t1_ms": (b - origin) / 1e6}
+             for s, a, b in rows]
+    info = {"con": con, "meta": meta, "origin_ns": origin, "steps": steps,
+            "max_dur_ns": _stats(run_dir, "dur_ns", _hi) or 0}
+    with _LOCK:
+        _CACHE.clear()  # one large run at a time: its connection and step list
+        _CACHE[key] = info
+    return info
+
+
+def _count(con, where: str) -> int:
+    return con.sql(f"SELECT count(*) FROM t WHERE {where}").fetchall()[0][0]
+
+
+def window_trace(run_dir: Path, step: int | None, t0_ms: float | None,
+                 t1_ms: float | None) -> tuple[gantt.Trace, int | None, dict]:
+    """(the window's gantt.Trace, the step it shows, what bounded it)."""
+    info = run_info(run_dir)
+    con, origin = info["con"].cursor(), info["origin_ns"]  # a cursor per request: threads
+    capped = {"window_capped": False, "records": None}
+    if step is None and t0_ms is None and t1_ms is None and info["steps"]:
+        step = info["steps"][len(info["steps"]) // 2]["step"]  # open on one step
+    if step is not None and t0_ms is None and t1_ms is None:
+        where = f"step = {int(step)}"
+    else:
+        win = next((s for s in info["steps"] if s["step"] == step), None)
+        lo = t0_ms if t0_ms is not None else (win["t0_ms"] if win else 0.0)
+        hi = t1_ms if t1_ms is not None else (win["t1_ms"] if win else lo + 1.0)
+        lo_ns, hi_ns = origin + int(lo * 1e6), origin + int(hi * 1e6)
+        base = (f"ts_ns BETWEEN {lo_ns - info['max_dur_ns']} AND {hi_ns} "
+                f"AND ts_ns + coalesce(dur_ns, 0) >= {lo_ns}")
+        if step is not None:
+            base += f" AND step = {int(step)}"
+        n = _count(con, base)
+        if n > MAX_RECORDS:  # narrow the window in proportion, keep its start
+            hi_ns = lo_ns + int((hi_ns - lo_ns) * MAX_RECORDS / n)
+            base = (f"ts_ns BETWEEN {lo_ns - info['max_dur_ns']} AND {hi_ns} "
+                    f"AND ts_ns + coalesce(dur_ns, 0) >= {lo_ns}"
+                    + (f" AND step = {int(step)}" if step is not None else ""))
+            capped = {"window_capped": True, "records": n,
+                      "t1_ms": (hi_ns - origin) / 1e6}
+        where = base
+    tr = scale.sparse(con, info["meta"], f"type IN ('span', 'comm') AND ({where})")
+    trace = gantt.columns(tr, origin=origin)
+    trace.steps = info["steps"]
+    return trace, step, capped
+
+
+EXPORT_MAX_RECORDS = 5_000_000  # records one streamed Perfetto window reads at most
+
+
+def export_window(run_dir: Path, t0_ms: float, t1_ms: float):
+    """(the records overlapping [t0_ms, t1_ms] as a sparse Traces, the run's origin): the
+    Perfetto export's window of a large run. ValueError when it holds more than
+    EXPORT_MAX_RECORDS records (the caller answers 422 on t1_ms)."""
+    info = run_info(run_dir)
+    con, origin = info["con"].cursor(), info["origin_ns"]
+    lo_ns, hi_ns = origin + round(t0_ms * 1e6), origin + round(t1_ms * 1e6)
+    where = (f"ts_ns BETWEEN {lo_ns - info['max_dur_ns']} AND {hi_ns} "
+             f"AND ts_ns + coalesce(dur_ns, 0) >= {lo_ns}")
+    n = _count(con, where)
+    if n > EXPORT_MAX_RECORDS:
+        raise ValueError(f"the window holds {n:,} records, more than {EXPORT_MAX_RECORDS:,}: "
+                         "narrow it")
+    return scale.sparse(con, info["meta"], where), origin
+
+
+def answer(run_dir: Path, *, step, t0_ms, t1_ms, max_spans: int, px: int) -> dict:
+    """GET /gantt of a large run: gantt.gantt over the window's trace."""
+    trace, shown, capped = window_trace(run_dir, step, t0_ms, t1_ms)
+    if capped.get("t1_ms") is not None:
+        t1_ms = capped["t1_ms"]
+    out = gantt.gantt(trace, step=shown, t0_ms=t0_ms, t1_ms=t1_ms, max_spans=max_spans, px=px)
+    out["lod"].update(window_capped=capped["window_capped"], window_records=capped["records"],
+                      columnar=True, shown_step=shown)
+    return out

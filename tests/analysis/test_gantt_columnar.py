@@ -1,0 +1,73 @@
+"""The Gantt of a large converted run (backend/gantt_columnar.py, issue 19): a window's
+records from the Parquet files give the same segments as the whole loaded trace's Gantt
+(backend/gantt.py, the oracle), on the run's time origin and its full step list."""
+
+from __future__ import annotations
+
+from backend import gantt, gantt_columnar
+from jobs.analysis import columnar, load_run_dir, scale
+from tests.analysis.test_columnar import dp_tp_run
+
+
+def segments(out: dict) -> list[tuple]:
+    """(rank, lane label, t0, t1, span label, n) of an answer, order-free."""
+    lanes = {ln["id"]: ln["channel"] for ln in out["lanes"]}
+    s = out["segments"]
+    return sorted(zip(s["rank"], [lanes[x] for x in s["lane"]], s["t0"], s["t1"],
+                      [out["keys"][k] for k in s["key"]], s["n"], strict=True))
+
+
+def test_a_step_window_equals_the_whole_traces_gantt(tmp_path, monkeypatch):
+    run = dp_tp_run(tmp_path / "run", steps=5, drop=(1, 2))
+    columnar.convert_run_dir(run)
+    monkeypatch.setattr(scale, "SCALE_RECORDS", 0)
+    assert gantt_columnar.is_large(run)
+    full = gantt.columns(load_run_dir(run))
+    for step in (0, 2, 4):
+        want = gantt.gantt(full, step=step)
+        got = gantt_columnar.answer(run, step=step, t0_ms=None, t1_ms=None, max_spans=20000,
+                                    px=2000)
+        assert got["steps"] == want["steps"] and got["window"] == want["window"]
+        assert segments(got) == segments(want) and got["total_spans"] == want["total_spans"]
+    opened = gantt_columnar.answer(run, step=None, t0_ms=None, t1_ms=None, max_spans=20000,
+                                   px=2000)
+    assert opened["lod"]["shown_step"] == 2  # the middle step, not the whole run
+    assert segments(opened) == segments(gantt.gantt(full, step=2))
+
+
+def test_a_time_window_is_capped_in_records(tmp_path, monkeypatch):
+    run = dp_tp_run(tmp_path / "run", steps=6)
+    columnar.convert_run_dir(run)
+    monkeypatch.setattr(scale, "SCALE_RECORDS", 0)
+    full = gantt.columns(load_run_dir(run))
+    lo, hi = full.steps[1]["t0_ms"], full.steps[3]["t1_ms"]
+    got = gantt_columnar.answer(run, step=None, t0_ms=lo, t1_ms=hi, max_spans=20000, px=2000)
+    assert segments(got) == segments(gantt.gantt(full, t0_ms=lo, t1_ms=hi))
+    assert not got["lod"]["window_capped"]
+    monkeypatch.setattr(gantt_columnar, "MAX_RECORDS", 10)
+    capped = gantt_columnar.answer(run, step=None, t0_ms=lo, t1_ms=hi, max_spans=20000,
+                                   px=2000)
+    assert capped["lod"]["window_capped"] and capped["lod"]["window_records"] > 10
+    assert lo <= capped["window"]["t1_ms"] < hi
+    assert capped["total_spans"] < got["total_spans"]
+
+
+def test_a_perfetto_window_from_parquet_equals_the_loaded_traces(tmp_path, monkeypatch):
+    import json
+
+    import pytest
+
+    from jobs.analysis.export import iter_perfetto_json
+    run = dp_tp_run(tmp_path / "run", steps=5)
+    columnar.convert_run_dir(run)
+    monkeypatch.setattr(scale, "SCALE_RECORDS", 0)
+    full = load_run_dir(run)
+    steps = gantt.columns(full).steps
+    win = (steps[1]["t0_ms"] + 0.05, steps[2]["t1_ms"])
+    tr, origin = gantt_columnar.export_window(run, *win)
+    got = json.loads("".join(iter_perfetto_json(tr, None, window_ms=win, origin=origin)))
+    want = json.loads("".join(iter_perfetto_json(full, None, window_ms=win)))
+    assert got == want and len(got["traceEvents"]) > 20
+    monkeypatch.setattr(gantt_columnar, "EXPORT_MAX_RECORDS", 5)
+    with pytest.raises(ValueError, match="narrow it"):
+        gantt_columnar.export_window(run, *win)
