@@ -10,7 +10,7 @@ statistics), loads them as a sparse Traces and hands them to the same `gantt.col
 
 - `step`: that step's records (the default: the middle traced step, as pipeline runs open);
 - `t0_ms` / `t1_ms`: that range, narrowed to about MAX_RECORDS records when it holds more
-  (`lod.window_capped` says so; zoom in for the rest).
+  (the answer's `lod.window_capped` says so; zoom in for the rest).
 """
 
 from __future__ import annotations
