@@ -124,6 +124,20 @@ def window_trace(run_dir: Path, step: int | None, t0_ms: float | None,
     return trace, step, capped
 
 
+MAX_STEPS = 2_000  # steps an answer lists (the step selector): evenly spaced beyond it
+
+
+def listed_steps(steps: list[dict], keep: int | None = None) -> list[dict]:
+    """At most MAX_STEPS of the run's step windows, evenly spaced, always with step `keep`
+    (the one shown): a run of 10^5 steps would otherwise send megabytes of step list."""
+    if len(steps) <= MAX_STEPS:
+        return steps
+    stride = -(-len(steps) // MAX_STEPS)
+    out = steps[::stride]
+    extra = [s for s in steps if s["step"] == keep and s not in out]
+    return sorted(out + extra, key=lambda s: s["step"])
+
+
 EXPORT_MAX_RECORDS = 5_000_000  # records one streamed Perfetto window reads at most
 
 
@@ -150,5 +164,6 @@ def answer(run_dir: Path, *, step, t0_ms, t1_ms, max_spans: int, px: int) -> dic
         t1_ms = capped["t1_ms"]
     out = gantt.gantt(trace, step=shown, t0_ms=t0_ms, t1_ms=t1_ms, max_spans=max_spans, px=px)
     out["lod"].update(window_capped=capped["window_capped"], window_records=capped["records"],
-                      columnar=True, shown_step=shown)
+                      columnar=True, shown_step=shown, steps_total=len(out["steps"]))
+    out["steps"] = listed_steps(out["steps"], shown)
     return out

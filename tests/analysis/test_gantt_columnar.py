@@ -71,3 +71,12 @@ def test_a_perfetto_window_from_parquet_equals_the_loaded_traces(tmp_path, monke
     monkeypatch.setattr(gantt_columnar, "EXPORT_MAX_RECORDS", 5)
     with pytest.raises(ValueError, match="narrow it"):
         gantt_columnar.export_window(run, *win)
+
+
+def test_a_long_run_lists_a_bounded_step_selection(monkeypatch):
+    steps = [{"step": s, "t0_ms": float(s), "t1_ms": s + 1.0} for s in range(1000)]
+    monkeypatch.setattr(gantt_columnar, "MAX_STEPS", 100)
+    got = gantt_columnar.listed_steps(steps, keep=555)
+    assert len(got) <= 101 and [s["step"] for s in got] == sorted(s["step"] for s in got)
+    assert 555 in [s["step"] for s in got] and got[0]["step"] == 0
+    assert gantt_columnar.listed_steps(steps[:50]) == steps[:50]

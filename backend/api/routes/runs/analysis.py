@@ -195,7 +195,8 @@ def gantt_steps(run: RunDep, settings: SettingsDep) -> dict:
     run_dir = settings.runs_dir / run.id
     if gantt_columnar.is_large(run_dir):
         info = gantt_columnar.run_info(run_dir)
-        return {"steps": info["steps"], "ranks": len(info["meta"].ranks),
+        return {"steps": gantt_columnar.listed_steps(info["steps"]),
+                "steps_total": len(info["steps"]), "ranks": len(info["meta"].ranks),
                 "spans": None}  # not counted: the run is read one window at a time
     trace = _gantt_trace(settings, run)
     return {"steps": trace.steps, "ranks": len(gantt.rows_of(trace)),
