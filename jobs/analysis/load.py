@@ -125,7 +125,13 @@ def load_run_dir(out_dir: Path) -> Traces:
         _check_rank(rank, recs, meta, bad, empty, tr.warnings)
         if recs or meta:
             tr.ranks[rank], tr.meta[rank] = recs, meta
-    summ = out_dir / "summary.json"
+    return finish(tr, out_dir)
+
+
+def finish(tr: Traces, out_dir: Path) -> Traces:
+    """The run folder's summary.json (if any) and the missing-ranks warning, for either
+    loader (this one, or scale.meta_traces without records)."""
+    summ = Path(out_dir) / "summary.json"
     if summ.is_file():
         try:
             tr.summary = json.loads(summ.read_text())

@@ -32,7 +32,7 @@ from . import pipeline as PL
 from . import predicted as P
 from . import vec_steps as VS
 from . import vec_tables as V
-from .load import Traces, check_ranks, rank_warnings
+from .load import Traces, finish, rank_warnings
 
 SCALE_RECORDS = 1_000_000  # a converted run with at least this many records takes this path
 JSON_ROWS = 5_000  # rows of one table analysis.json holds; a larger table keeps a sample
@@ -82,14 +82,7 @@ def meta_traces(out_dir: Path, con) -> Traces:
                       ends.get(rank, []), tr.warnings)
         if rank in has_rows or meta:
             tr.ranks[rank], tr.meta[rank] = [], meta
-    summ = Path(out_dir) / "summary.json"
-    if summ.is_file():
-        try:
-            tr.summary = json.loads(summ.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            tr.warnings.append(f"summary.json unreadable ({exc})")
-    check_ranks(tr)
-    return tr
+    return finish(tr, out_dir)
 
 
 def sparse(con, base: Traces, where: str) -> Traces:
