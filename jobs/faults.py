@@ -7,7 +7,8 @@ group's global ranks (for the flight file) and sets `tracer.fault` to this rank'
 which the training loop (jobs/loop.py) and the tracer (`Tracer.comm_start`) call:
 
     data_ends(step)        data_exhausted: True at the step this rank's data has run out
-    at_step(step)          crash (raise / os._exit), slow compute (sleep inside the step)
+    at_step(step)          crash (raise / os._exit, once this host's other ranks wait in a
+                           collective: `_peers_waiting`), slow compute (sleep inside the step)
     on_comm(op, group, axis, payload, n, args)  from comm_start, before the record exists:
                            slow comm (sleep), hang (block here: the rank never enters),
                            skip (no record; the torch call becomes a no-op), mismatch (the
@@ -23,6 +24,7 @@ for engine native.
 from __future__ import annotations
 
 import faulthandler
+import json
 import math
 import os
 import signal
@@ -92,6 +94,22 @@ class InjectedCrash(RuntimeError):
     """The exception of a `crash` fault (mode exception)."""
 
 
+PEER_WAIT_S = 10.0  # the most a crash waits for its peers to block (Injector._peers_waiting)
+
+
+def _waits_or_closed(path, step: int) -> bool:
+    """True if the flight file at `path` says closed, exited, or a collective of step >=
+    `step` in flight (absent: not written yet)."""
+    try:
+        f = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):  # not yet written (its flusher's first turn)
+        return False
+    if f.get("closed") or f.get("exit"):
+        return True
+    return any((g.get("in_flight") or {}).get("step", -1) >= step
+               for g in (f.get("groups") or {}).values())
+
+
 def _hang_forever() -> None:
     while True:  # time.sleep releases the GIL: the flusher keeps the flight file current
         time.sleep(3600)
@@ -130,6 +148,7 @@ class Injector:
     def at_step(self, step: int) -> None:
         for f in self.faults:
             if f.kind == "crash" and f.step == step:
+                self._peers_waiting(f, step)
                 if f.resolved_mode == "exit":
                     self._exit(f, step)
                 raise InjectedCrash(f"injected crash on rank {self.rank} at step {step}")
@@ -138,6 +157,24 @@ class Injector:
                 time.sleep(f.delay_s)
             if f.kind == "nonfinite" and f.step == step:
                 self._poisoned = f.resolved_mode
+
+    def _peers_waiting(self, f, step: int) -> None:
+        """Hold a crash until this host's other ranks are blocked in a collective of this step
+        (their flight files, written by each rank's flusher, show one in flight) or have
+        closed, at most PEER_WAIT_S. A crash models a rank dying while the others wait for it;
+        fired at the step's start it would race their compute against the agent's kill (a
+        torchrun monitor interval), and the diagnosis could not say where they waited. Ranks on
+        other hosts and the fault's own ranks are not waited for."""
+        folder = self.tr.flight.path.parent
+        # torchrun numbers a node's ranks contiguously: this node's are [first, first + local)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", self.tr.world_size))
+        first = self.rank - int(os.environ.get("LOCAL_RANK", self.rank))
+        peers = [r for r in range(first, first + local) if r not in f.ranks]
+        deadline = time.monotonic() + PEER_WAIT_S
+        while peers and time.monotonic() < deadline:
+            peers = [r for r in peers if not _waits_or_closed(folder / f"flight-rank{r}.json",
+                                                              step)]
+            time.sleep(0.05)
 
     def _exit(self, f, step: int) -> None:
         """A hard exit: last words into the flight file and the trace, then os._exit."""

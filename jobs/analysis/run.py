@@ -59,15 +59,17 @@ def _vec_or(vec, fn, warnings: list[str]):
         return None
 
 
-def analyze(tr: Traces, spec=None, vec=None) -> dict:
+def analyze(tr: Traces, spec=None, vec=None, out_dir: Path | None = None) -> dict:
     """Tables + headline of loaded traces (see analyze_run_dir). `vec`: vector_source of the
-    run folder; the tables vec_tables computes come from DuckDB then (the same rows)."""
+    run folder `out_dir`; the tables vec_tables computes come from DuckDB then, step_rank
+    from np_steps over its Parquet files (the same rows)."""
     sp = P.spec_of(spec if spec is not None else tr.spec_dict(), tr.warnings)
     spec_dict = sp.to_dict() if sp is not None else tr.spec_dict()
     pred = _safe(tr, "theory", lambda: P.theory(sp, tr.warnings), None)
     t: dict = {}
     t["step_rank"] = _safe(tr, "step_rank", lambda: _vec_or(
-        vec, lambda: VS.step_rank_table(vec, tr), tr.warnings) or S.step_rank_table(tr), [])
+        vec, lambda: VS.step_rank_table(vec, tr, out_dir), tr.warnings)
+        or S.step_rank_table(tr), [])
     t["collectives"] = _safe(tr, "collectives", lambda: C.collectives_table(tr), [])
     t["ranks"] = _safe(tr, "ranks", lambda: S.ranks_table(t["step_rank"]), [])
     t["stragglers"] = _safe(tr, "stragglers",
@@ -107,7 +109,7 @@ def analyze_run_dir(out_dir: Path, spec=None) -> dict:
     folder (`trace-rank*.jsonl`, `summary.json` if present). `spec`: a JobSpec or spec dict; default
     the one in the traces' meta record."""
     tr = load_run_dir(Path(out_dir))
-    return analyze(tr, spec, vector_source(Path(out_dir), tr.warnings))
+    return analyze(tr, spec, vector_source(Path(out_dir), tr.warnings), Path(out_dir))
 
 
 def _write_json(path: Path, obj) -> None:
@@ -133,7 +135,7 @@ def write_analysis(out_dir: Path, spec=None, scale_records: int | None = None) -
         result = _scale_result(out_dir, spec, scale_records)
         if result is None:
             tr = load_run_dir(out_dir)
-            result = analyze(tr, spec, vector_source(out_dir, tr.warnings))
+            result = analyze(tr, spec, vector_source(out_dir, tr.warnings), out_dir)
             try:
                 write_perfetto(out_dir / PERFETTO_FILE, tr, result["spec"])
             except Exception as exc:  # noqa: BLE001

@@ -2,7 +2,7 @@
 Parquet files, without its records in Python.
 
     write_step_rank(con, tr, path)   steps.step_rank_table (non-pipeline runs), streamed per
-                                     step range (vec_steps.build: the interval sweep) to Parquet
+                                     step range (np_steps.build: the interval sweep) to Parquet
     step_rank_rows(table, tr)        its rows as steps.step_row's dicts (coords from `tr`)
     ranks_table(sr, tr)              steps.ranks_table
     step_times(sr)                   per step the slowest rank's step_s (stragglers' input)
@@ -64,7 +64,7 @@ def _chunk_table(c: dict) -> pa.Table:
 def write_step_rank(con, tr: Traces, path: Path) -> int:
     """steps.step_rank_table to `path` in (rank, step) order, its warning on tr.warnings;
     the row count (0: no file). Call only where vec_steps.applies(con)."""
-    parts = [_chunk_table(c) for c in VS.build(con)]
+    parts = [_chunk_table(c) for c in VS.build(Path(path).parent)]
     parts = [p for p in parts if p.num_rows]
     if not parts:
         return 0

@@ -9,6 +9,7 @@ import os
 from jobs.analysis import analyze_run_dir, columnar, load_run_dir
 from jobs.analysis import collectives as C
 from jobs.analysis import memory as M
+from jobs.analysis import np_steps as NS
 from jobs.analysis import steps as S
 from jobs.analysis import vec_steps as VS
 from jobs.analysis import vec_tables as V
@@ -90,11 +91,12 @@ def test_same_records_and_analysis_through_both_storages(tmp_path):
 
 def test_vectorised_tables_equal_the_python_ones(tmp_path, monkeypatch):
     monkeypatch.setattr(VS, "CHUNK_RECORDS", 40)  # several step ranges, as a long run has
+    monkeypatch.setattr(NS, "CHUNK_RECORDS", 40)
     run = dp_tp_run(tmp_path / "run", steps=6, drop=(2, 4), unfinished=(1, 5))
     tr = load_run_dir(run)
     columnar.convert_run_dir(run)
     con, mt = V.connect(run), V.meta_traces(run)
-    sr = VS.step_rank_table(con, mt)
+    sr = VS.step_rank_table(con, mt, run)
     assert sr == S.step_rank_table(tr)
     assert any(not r["has_step_span"] for r in sr) and any(r["overlap_s"] for r in sr)
     from jobs.analysis import np_coll as N
@@ -129,7 +131,7 @@ def test_point_to_point_runs_keep_the_python_matching(tmp_path):
     columnar.convert_run_dir(run)
     from jobs.analysis import np_coll as N
     assert not N.applies(V.connect(run))
-    assert VS.step_rank_table(V.connect(run), V.meta_traces(run)) is None  # pipeline actions
+    assert VS.step_rank_table(V.connect(run), V.meta_traces(run), run) is None  # pipeline
     assert analyze_run_dir(run) == want
 
 

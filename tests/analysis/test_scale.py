@@ -12,6 +12,7 @@ import shutil
 import pytest
 
 from jobs.analysis import analyze_run_dir, columnar, scale, write_analysis
+from jobs.analysis import np_steps as NS
 from jobs.analysis import vec_steps as VS
 from jobs.analysis import vec_tables as V
 from tests.analysis.test_columnar import dp_tp_run
@@ -68,6 +69,7 @@ def test_scale_path_equals_the_python_path(tmp_path, kw):
 
 def test_several_step_ranges_give_the_same_analysis(tmp_path, monkeypatch):
     monkeypatch.setattr(VS, "CHUNK_RECORDS", 30)  # one step range per step or two
+    monkeypatch.setattr(NS, "CHUNK_RECORDS", 30)
     run = dp_tp_run(tmp_path / "run", steps=7, drop=(0, 3))
     columnar.convert_run_dir(run)
     check(run)

@@ -84,6 +84,17 @@ def test_crash_names_the_failing_rank_and_where_the_others_waited(tmp_path, mode
     assert f"rank 0 was waiting in all_reduce #{SEQ} of group dp [0, 1]" in d["sentence"]
 
 
+def test_a_crash_waits_for_a_slow_peer_to_block(tmp_path):
+    """Rank 0 computes 1.5 s longer in the crash's step: fired at once, rank 1's exit would
+    have the agent stop rank 0 mid-compute (no collective to name); the crash waits until rank
+    0's flight file shows it blocked, so the diagnosis says where it waited."""
+    r, d = _run(tmp_path, 2, [
+        {"kind": "crash", "ranks": [1], "step": STEP, "mode": "exit", "exit_code": 7},
+        {"kind": "slow", "ranks": [0], "step": STEP, "mode": "compute", "delay_s": 1.5}])
+    assert r["status"] == "failed" and d["waited_for"] == 1
+    assert f"rank 0 was waiting in all_reduce #{SEQ} of group dp [0, 1]" in d["sentence"]
+
+
 def test_skip_names_the_first_disagreeing_position(tmp_path):
     r, d = _run(tmp_path, 2, [{"kind": "skip_collective", "ranks": [1], "step": STEP,
                                "op": "all_reduce"}])

@@ -1,0 +1,244 @@
+"""vec_steps.build without SQL (issue 19): the step sweep's windows and events formed in numpy
+from each rank's Parquet file, read once per step range with the columns it needs.
+
+steps.step_row's interval algebra as one sweep per (rank, step): every interval becomes a +1
+at its start and a -1 at its end on one of three counters, A compute spans, B blocking comm
+records (steps.is_blocking's rule), C all comm records; between two consecutive event times the
+state is constant, so with the segment clipped to the step window [t0, t1]
+
+    compute = A > 0 and B = 0      comm = C > 0
+    overlap = compute and comm     exposed = comm and not compute     busy = compute or comm
+
+and each figure is a sum of segment lengths: the same integers as steps.py's unions and
+differences (tests/analysis/test_columnar.py, test_scale.py compare the rows). Per rank and
+step range of its file:
+
+    window   per (rank, step): the first `step` span by (start, file row) gives t0, t1, loss
+             and loss_weight; else the extent of the step's span and comm records
+    blocking a comm record blocks (counter B) when `async` says so, never when it is a bucket
+             or a wait / issue record, else when a compute span of its step started at or
+             before it and the latest end of those spans reaches its end (the ASOF join)
+    events   +1 / -1 at the start / end of every non-empty compute span (A), blocking comm
+             record (B) and comm record (C)
+
+and sums the segments between consecutive events (`sweep`). Reading only `type, step, ts_ns,
+dur_ns, cat, async, bucket, end, loss, loss_weight` (strings as dictionaries) and grouping
+with one argsort per range replaced a DuckDB query's materialised CTEs and ASOF join
+(docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from . import columnar
+from . import steps as S
+
+CHUNK_RECORDS = 2_000_000  # records per step range over all ranks (vec_steps.chunks)
+SUMS = ("compute_ns", "comm_ns", "overlap_ns", "exposed_ns", "busy_ns")
+COLS = ("type", "step", "ts_ns", "dur_ns", "cat", "async", "bucket", "end", "loss",
+        "loss_weight")
+_DICT = ("type", "cat", "end")
+
+
+def _ranges(pf, budget: int) -> list[tuple[int, int]]:
+    """Step ranges of about `budget` rows of one file (its row groups' step statistics)."""
+    md = pf.metadata
+    j = pf.schema_arrow.get_field_index("step")
+    lo = hi = None
+    for i in range(md.num_row_groups):
+        st = md.row_group(i).column(j).statistics
+        if st is None or not st.has_min_max:
+            steps = pf.read(columns=["step"]).column(0).drop_null().to_numpy()
+            lo, hi = (int(steps.min()), int(steps.max())) if len(steps) else (None, None)
+            break
+        lo = st.min if lo is None else min(lo, st.min)
+        hi = st.max if hi is None else max(hi, st.max)
+    if hi is None or hi < 0:
+        return []
+    lo = max(0, lo)
+    k = max(1, -(-md.num_rows // budget))
+    width = -(-(hi - lo + 1) // k)
+    return [(a, min(hi, a + width - 1)) for a in range(lo, hi + 1, width)]
+
+
+def _codes(col, values) -> np.ndarray:
+    """Whether each row of a dictionary column is one of `values` (null: False)."""
+    col = col.combine_chunks() if hasattr(col, "combine_chunks") else col
+    if not hasattr(col, "dictionary"):  # a plain string column (an empty read)
+        return np.isin(np.asarray(col.to_pylist(), object), list(values))
+    hit = np.isin(np.asarray(col.dictionary.to_pylist(), object), list(values))
+    idx = col.indices.to_numpy(zero_copy_only=False)
+    valid = ~np.asarray(col.is_null())
+    return valid & hit[np.where(valid, idx, 0).astype(np.int64)] if len(hit) else valid & False
+
+
+def _num(col, fill, dtype) -> np.ndarray:
+    return np.asarray(col.fill_null(fill).to_numpy(zero_copy_only=False), dtype)
+
+
+def _running_max(g, s, e):
+    """Per row of the rows sorted by (g, s): the latest `e` of its group's rows so far."""
+    e0 = int(e.min())
+    span = int(e.max()) - e0 + 1
+    if (int(g.max()) + 1) * span < (1 << 62):
+        packed = g * span + (e - e0)
+        return np.maximum.accumulate(packed) - g * span + e0
+    out = np.empty_like(e)  # groups too wide to pack: one accumulate per group
+    cut = np.flatnonzero(np.diff(g)) + 1
+    for a, b in zip(np.r_[0, cut], np.r_[cut, len(g)], strict=True):
+        out[a:b] = np.maximum.accumulate(e[a:b])
+    return out
+
+
+def _sort_gs(g, s):
+    """The order of rows by (g, s), ties in row order."""
+    if not len(g):
+        return np.zeros(0, np.int64)
+    s0 = int(s.min())
+    span = int(s.max()) - s0 + 1
+    if (int(g.max()) + 1) * span < (1 << 62):
+        return np.argsort(g * span + (s - s0), kind="stable")
+    return np.lexsort((s, g))
+
+
+def chunk(t, rank: int, lo: int) -> tuple[dict, dict]:
+    """(events, windows) of one rank's rows in one step range (`sweep`'s input)."""
+    typ = t.column("type")
+    span, comm = _codes(typ, ("span",)), _codes(typ, ("comm",))
+    keep = np.flatnonzero(span | comm)
+    span, comm = span[keep], comm[keep]
+    step = t.column("step").to_numpy(zero_copy_only=False).astype(np.int64)[keep]
+    s = _num(t.column("ts_ns"), 0, np.int64)[keep]
+    e = s + _num(t.column("dur_ns"), 0, np.int64)[keep]
+    g = step - lo
+    width = int(g.max()) + 1 if len(g) else 0
+    present = np.bincount(g, minlength=width) > 0
+    gi = np.cumsum(present) - 1  # group -> window row
+    nwin = int(present.sum())
+    xs = np.full(width, np.iinfo(np.int64).max)
+    xe = np.full(width, np.iinfo(np.int64).min)
+    np.minimum.at(xs, g, s)
+    np.maximum.at(xe, g, e)
+    ops = np.bincount(g[comm], minlength=width)
+
+    # the first step span of each group by (start, file row)
+    stepspan = span & _codes(t.column("cat"), ("step",))[keep]
+    si = np.flatnonzero(stepspan)
+    si = si[_sort_gs(g[si], s[si])]
+    gs, first = np.unique(g[si], return_index=True)
+    first = si[first]
+    t0, t1 = xs.copy(), xe.copy()
+    t0[gs], t1[gs] = s[first], e[first]
+    has = np.zeros(width, bool)
+    has[gs] = True
+    win = {"rank": np.full(nwin, rank, np.int64), "step": np.flatnonzero(present) + lo,
+           "t0": t0[present], "t1": t1[present], "has_step": has[present],
+           "comm_ops": ops[present]}
+    for k in ("loss", "loss_weight"):
+        col = t.column(k)
+        v = _num(col, 0.0, np.float64)[keep]
+        m = np.asarray(col.is_null())[keep]
+        val, mask = np.zeros(width), np.ones(width, bool)
+        val[gs], mask[gs] = v[first], m[first]
+        win[k] = np.ma.masked_array(val[present], mask[present])
+
+    # blocking: the ASOF join as a search in the compute spans sorted by (group, start)
+    comp = np.flatnonzero(span & _codes(t.column("cat"), S.COMPUTE_CATS)[keep])
+    comp = comp[_sort_gs(g[comp], s[comp])]
+    ci = np.flatnonzero(comm)
+    blocking = np.zeros(len(ci), bool)
+    if len(comp) and len(ci):
+        run = _running_max(g[comp], s[comp], e[comp])
+        lo_s = int(min(s[comp].min(), s[ci].min()))
+        wide = (width + 1) * (int(max(s[comp].max(), s[ci].max())) - lo_s + 1)
+        if wide < (1 << 62):
+            sp = int(max(s[comp].max(), s[ci].max())) - lo_s + 1
+            pos = np.searchsorted(g[comp] * sp + (s[comp] - lo_s), g[ci] * sp + (s[ci] - lo_s),
+                                  side="right") - 1
+        else:  # per group: the last compute start at or before the comm start
+            pos = np.empty(len(ci), np.int64)
+            for x in np.unique(g[ci]):
+                a, b = np.searchsorted(g[comp], [x, x + 1])
+                m = g[ci] == x
+                pos[m] = a + np.searchsorted(s[comp][a:b], s[ci][m], side="right") - 1
+                pos[m & (pos < a)] = -1
+        ok = pos >= 0
+        ok[ok] = g[comp][pos[ok]] == g[ci][ok]
+        blocking[ok] = run[pos[ok]] >= e[ci][ok]
+    asy = t.column("async")
+    asy_valid = np.asarray(asy.is_valid())[keep][ci]
+    asy_v = _num(asy, False, bool)[keep][ci]
+    quiet = (np.asarray(t.column("bucket").is_valid())[keep][ci]
+             | _codes(t.column("end"), ("wait", "issue"))[keep][ci])
+    blocking = np.where(asy_valid, ~asy_v, ~quiet & blocking)
+
+    ce = comp[e[comp] > s[comp]]
+    be = ci[blocking & (e[ci] > s[ci])]
+    cc = ci[e[ci] > s[ci]]
+    idx = np.concatenate([ce, ce, be, be, cc, cc])
+    n = [len(ce), len(ce), len(be), len(be), len(cc), len(cc)]
+    ev = {"w": gi[g[idx]], "t": np.concatenate([s[ce], e[ce], s[be], e[be], s[cc], e[cc]])}
+    for i, k in enumerate("abc"):  # +1 at starts, -1 at ends, on counter k only
+        ev[k] = np.repeat(np.array([1 if j // 2 == i else 0 for j in range(6)], np.int8)
+                          * np.array([1, -1] * 3, np.int8), n)
+    return ev, win
+
+
+def sweep(ev: dict, win: dict) -> list:
+    """(compute, comm, overlap, exposed, busy) ns per window row. `ev`: the events' window
+    row `w`, time `t` and counter deltas a, b, c (any order); `win`: t0, t1 per row. The
+    counters are running sums over the events sorted by (w, t) (each window's deltas sum to
+    0, so one cumsum serves all); a segment runs from an event to the next one of its window,
+    clipped to the window. The order among events of equal time does not matter: the
+    segments between them are empty, the counters after the last of them the same sums."""
+    nwin = len(win["t0"])
+    out = np.zeros((5, nwin), np.int64)
+    if not len(ev["t"]):
+        return list(out)
+    w, t = ev["w"], ev["t"]
+    order = _sort_gs(w, t)
+    w, t = w[order], t[order]
+    a, b, c = (np.cumsum(ev[k][order], dtype=np.int64) for k in "abc")
+    lo, hi = win["t0"][w], win["t1"][w]
+    same = w[1:] == w[:-1]
+    seg = np.where(same, np.clip(np.minimum(t[1:], hi[:-1]) - np.maximum(t[:-1], lo[:-1]),
+                                 0, None), 0)
+    seg = np.append(seg, 0)  # the last event opens no segment
+    comp_on = np.append((a[:-1] > 0) & (b[:-1] == 0), False)
+    comm_on = np.append(c[:-1] > 0, False)
+    starts = np.flatnonzero(np.concatenate(([True], ~same)))
+    for i, m in enumerate((comp_on, comm_on, comp_on & comm_on, comm_on & ~comp_on,
+                           comp_on | comm_on)):
+        out[i, w[starts]] = np.add.reduceat(seg * m, starts)
+    return list(out)
+
+
+def build(out_dir: Path, budget: int | None = None):
+    """Per rank file and step range of about `budget` rows (CHUNK_RECORDS / 4: a range's
+    arrays stay in the tens of MB), the step_rank integers: columns
+    (rank, step, t0, t1, has_step, comm_ops, loss, loss_weight, compute_ns, comm_ns,
+    overlap_ns, exposed_ns, busy_ns) as numpy arrays in step order."""
+    import pyarrow.parquet as pq
+    budget = budget or max(1, CHUNK_RECORDS // 4)
+    for path in sorted(Path(out_dir).glob("trace-rank*" + columnar.SUFFIX)):
+        pf = pq.ParquetFile(path)
+        names = set(pf.schema_arrow.names)
+        if not set(COLS) <= names:
+            continue
+        rank_col = pf.read_row_group(0, columns=["rank"]).column(0) if pf.metadata.num_rows \
+            else None
+        if rank_col is None or not len(rank_col):
+            continue
+        rank = int(rank_col[0].as_py())
+        for lo, hi in _ranges(pf, budget):
+            t = pq.read_table(path, columns=list(COLS), read_dictionary=list(_DICT),
+                              filters=[("step", ">=", lo), ("step", "<=", hi)])
+            if not t.num_rows:
+                continue
+            ev, win = chunk(t, rank, lo)
+            if not len(win["step"]):
+                continue
+            yield {**win, **dict(zip(SUMS, sweep(ev, win), strict=True))}
