@@ -30,6 +30,7 @@ def main(mode: str, out: Path) -> None:
     if mode == "new":
         import pyarrow as pa
 
+        from jobs.analysis import np_axis as NA
         from jobs.analysis import np_coll as N
         from jobs.analysis import predicted as P
         from jobs.analysis import scale_comm as SC
@@ -43,7 +44,7 @@ def main(mode: str, out: Path) -> None:
         ranks = SC.straggler_ranks_table(path, sorted(tr.ranks))
         bw = SC.bandwidth_table(path)
         sp = P.spec_of(tr.spec_dict(), [])
-        lk = SC.links_table(con, tr, sp, path, P.theory(sp, []))
+        lk = SC.links_table(con, tr, sp, path, P.theory(sp, []), NA.axis_sums(out))
         c3 = time.process_time()
         extra = (f" instances {c1 - c0:.2f} s, four tables {c3 - c2:.2f} s (rows "
                  f"{strag.num_rows}/{len(ranks)}/{len(bw)}/{len(lk)})")

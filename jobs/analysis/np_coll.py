@@ -236,7 +236,6 @@ def instance_batches(con, tr: Traces) -> Iterator[pa.Table]:
     ctx = _Ctx(tr)
     passes = [("step IS NULL OR step < 0", -2)]
     passes += [(f"step BETWEEN {lo} AND {hi}", hi) for lo, hi in VS.chunks(con)]
-    con.execute("SELECT 1").fetchall()  # chunks' fetchone left a result open: con.sql refuses
     carry = None
     for i, (where, carry_step) in enumerate(passes):
         tab = con.sql(_SCAN.format(where=where)).to_arrow_table()

@@ -78,7 +78,8 @@ def analyze(tr: Traces, spec=None, vec=None, out_dir: Path | None = None) -> dic
         t["collectives"], t["step_rank"]), [])
     t["bandwidth"] = _safe(tr, "bandwidth", lambda: C.bandwidth_table(t["collectives"]), [])
     t["axis_bytes"] = _safe(tr, "axis_bytes", lambda: _vec_or(
-        vec, lambda: V.axis_bytes_table(vec, tr), tr.warnings) or C.axis_bytes_table(tr), [])
+        vec, lambda: V.axis_bytes_table(vec, tr, out_dir), tr.warnings)
+        or C.axis_bytes_table(tr), [])
     _safe(tr, "axis_bytes predictions",
           lambda: A.axis_predictions(t["axis_bytes"], pred, tr.summary), None)
     t["links"] = _safe(tr, "links", lambda: LK.links_table(tr, sp, t["collectives"], pred), [])

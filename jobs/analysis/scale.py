@@ -222,6 +222,7 @@ def analyze_columnar(out_dir: Path, spec=None, con=None) -> dict:
     """run.analyze's result over a converted run's Parquet files (see the module doc), plus
     `table_files`; the large tables' Parquet files are left in `out_dir`. `con`: a
     vec_tables.connect connection (else one with MEMORY_LIMIT)."""
+    from . import np_axis as NA
     from . import scale_comm as SC
     from . import scale_steps as SS
     out_dir = Path(out_dir)
@@ -247,11 +248,13 @@ def analyze_columnar(out_dir: Path, spec=None, con=None) -> dict:
         path["collectives"], _ranks_of(sr)), [])
     t["bandwidth"] = A.safe(w, "bandwidth", lambda: SC.bandwidth_table(path["collectives"]),
                             [])
-    t["axis_bytes"] = A.safe(w, "axis_bytes", lambda: V.axis_bytes_table(con, tr), [])
+    sums = A.safe(w, "axis_bytes", lambda: NA.axis_sums(out_dir), None)
+    t["axis_bytes"] = A.safe(w, "axis_bytes", lambda: V.axis_bytes_table(
+        con, tr, out_dir, sums), []) if sums is not None else []
     A.safe(w, "axis_bytes predictions",
            lambda: A.axis_predictions(t["axis_bytes"], pred, tr.summary), None)
-    t["links"] = A.safe(w, "links", lambda: SC.links_table(con, tr, sp, path["collectives"],
-                                                            pred), [])
+    t["links"] = A.safe(w, "links", lambda: SC.links_table(
+        con, tr, sp, path["collectives"], pred, sums), []) if sums is not None else []
     t["placement"] = A.safe(w, "placement", lambda: LK.placement_table(tr, sp), [])
     rare = sparse(con, tr, "type = 'moe' OR (type = 'comm' AND op = 'all_to_all')")
     peaks = A.safe(w, "memory peaks", lambda: V.mem_peaks(con), None)

@@ -122,7 +122,7 @@ def straggler_ranks_table(coll_path: Path, step_ranks) -> list[dict]:
         return _rank_rows(ranks, {}, 0)
     con = _open(coll_path)
     ranks |= {k for (k,) in con.execute("SELECT DISTINCT unnest(ranks) FROM c").fetchall()}
-    n = con.execute("SELECT count(*) FROM use").fetchone()[0]
+    n = con.execute("SELECT count(*) FROM use").fetchall()[0][0]
     q = f"""
     WITH r AS (SELECT step, last_rank AS rank, late_ns, others_wait_ns FROM c
                WHERE {_COLL} AND step IN (SELECT step FROM use)),
@@ -166,29 +166,22 @@ def bandwidth_table(coll_path: Path) -> list[dict]:
     return _dicts(_open(coll_path).execute(q))
 
 
-_RECORD_BYTES = """
-WITH cm AS (SELECT rank, axis, step, bytes_sent FROM t WHERE type = 'comm' AND step >= 0),
-a AS (SELECT rank, axis, sum(coalesce(bytes_sent, 0.0)) AS b FROM cm GROUP BY ALL),
-ss AS (SELECT DISTINCT rank, step FROM t WHERE type = 'span' AND cat = 'step' AND step >= 0),
-u AS (SELECT DISTINCT rank, axis, step FROM cm
-      UNION SELECT a.rank, a.axis, ss.step FROM a JOIN ss ON ss.rank = a.rank),
-n AS (SELECT rank, axis, count(*) AS n FROM u GROUP BY ALL)
-SELECT a.rank, a.axis, a.b, n.n FROM a JOIN n ON a.rank = n.rank
-  AND a.axis IS NOT DISTINCT FROM n.axis"""
-
-
-def links_table(con, tr: Traces, spec, coll_path: Path, pred: dict | None) -> list[dict] | None:
-    """links.links_table: per-record bytes from `t` (con = vec_tables.connect), instance
-    medians from coll_path; tr: vec_tables.meta_traces. None where a span's step / cat sits
-    in args (the caller takes the Python path). A NULL axis and an axis named "?" on one
-    rank would merge in the oracle's (rank, "?") and not here."""
+def links_table(con, tr: Traces, spec, coll_path: Path, pred: dict | None,
+                sums: dict) -> list[dict] | None:
+    """links.links_table: per-record bytes from np_axis.axis_sums' `raw` sums (the axis_bytes
+    table's), instance medians from coll_path; tr: vec_tables.meta_traces. None where a
+    span's step / cat sits in args (the caller takes the Python path). A NULL axis and an
+    axis named "?" on one rank would merge in the oracle's (rank, "?") and not here."""
     from .vec_tables import in_args
     if in_args(con, "span", ("step", "cat")):
         return None
     hosts, source = LK.rank_hosts(tr, spec)
     groups = LK._Groups(tr, spec)
     per: dict[tuple, dict] = {}
-    for rank, axis, b, n in con.execute(_RECORD_BYTES).fetchall():
+    for (rank, axis), v in sums["raw"].items():
+        if not v["records"]:  # setup records only: no per-step bytes
+            continue
+        b, n = v["sent"], v["steps"]
         link = LK.link_of(groups.members(rank, {"axis": axis} if axis is not None else {}),
                           hosts)
         row = per.setdefault(("?" if axis is None else axis, link), {"ranks": set(),

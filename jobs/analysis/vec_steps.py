@@ -24,7 +24,7 @@ def applies(con) -> bool:
     """No pipeline action spans and no field the SQL needs hidden in args."""
     acts = ", ".join(f"'{a}'" for a in S.ACTIONS)
     if con.execute(f"SELECT count(*) FROM t WHERE type = 'span' AND action IN ({acts})"
-                   ).fetchone()[0]:
+                   ).fetchall()[0][0]:
         return False
     return not (in_args(con, "span", FIELDS) or in_args(con, "comm", FIELDS))
 
@@ -33,7 +33,7 @@ def chunks(con):
     """Step ranges of about CHUNK_RECORDS records each (the files' row groups follow time,
     so a range reads only its own)."""
     n, s0, s1 = con.execute("SELECT count(*), min(step), max(step) FROM t "
-                            "WHERE type IN ('span', 'comm') AND step >= 0").fetchone()
+                            "WHERE type IN ('span', 'comm') AND step >= 0").fetchall()[0]
     if not n:
         return []
     k = max(1, -(-n // CHUNK_RECORDS))

@@ -70,7 +70,7 @@ def in_args(con, typ: str, fields) -> bool:
     Python path."""
     cond = " OR ".join(f"json_exists(args, '$.\"{f}\"')" for f in fields)
     return con.execute(f"SELECT count(*) FROM t WHERE type = '{typ}' AND args IS NOT NULL "
-                       f"AND ({cond})").fetchone()[0] > 0
+                       f"AND ({cond})").fetchall()[0][0] > 0
 
 
 COMM_FIELDS = ("ts_ns", "dur_ns", "step", "op", "axis", "group", "seq", "group_size",
@@ -81,35 +81,26 @@ COMM_FIELDS = ("ts_ns", "dur_ns", "step", "op", "axis", "group", "seq", "group_s
 def has_p2p(con) -> bool:
     ops = ", ".join(f"'{o}'" for o in commbytes.P2P_OPS)
     return con.execute(f"SELECT count(*) FROM t WHERE type = 'comm' AND op IN ({ops})"
-                       ).fetchone()[0] > 0
+                       ).fetchall()[0][0] > 0
 
 
-def axis_bytes_table(con, tr: Traces) -> list[dict] | None:
-    """collectives.axis_bytes_table: per (rank, axis) sums; steps = the rank's `step` spans
-    and its comm records' training steps. None: a field the SQL needs is in args."""
-    if in_args(con, "comm", COMM_FIELDS) or in_args(con, "span", ("step", "cat")):
+def axis_bytes_table(con, tr: Traces, out_dir: Path, sums: dict | None = None
+                     ) -> list[dict] | None:
+    """collectives.axis_bytes_table from np_axis.axis_sums (`sums`: computed already, e.g.
+    shared with the links table). None: a field it reads is in args."""
+    from . import np_axis
+    if in_args(con, "comm", ("step", "axis", "bytes_sent", "bytes_recv")) \
+            or in_args(con, "span", ("step", "cat")):
         return None
-    q = """
-    WITH c AS (SELECT rank, coalesce(axis, '?') AS axis, coalesce(step, -1) AS st,
-                      coalesce(bytes_sent, 0.0) AS s, coalesce(bytes_recv, 0.0) AS r
-               FROM t WHERE type = 'comm'),
-    ss AS (SELECT DISTINCT rank, step AS st FROM t
-           WHERE type = 'span' AND cat = 'step' AND coalesce(step, -1) >= 0),
-    a AS (SELECT rank, axis, sum(s) FILTER (st >= 0) AS sent, sum(r) FILTER (st >= 0) AS recv,
-                 sum(s) FILTER (st < 0) AS setup FROM c GROUP BY rank, axis),
-    n AS (SELECT a.rank, a.axis, count(DISTINCT u.st) AS steps FROM a LEFT JOIN (
-            SELECT rank, NULL AS axis, st FROM ss
-            UNION ALL SELECT rank, axis, st FROM c WHERE st >= 0) u
-          ON u.rank = a.rank AND (u.axis IS NULL OR u.axis = a.axis)
-          GROUP BY a.rank, a.axis)
-    SELECT a.rank, a.axis, coalesce(sent, 0.0), coalesce(recv, 0.0), coalesce(setup, 0.0),
-           n.steps FROM a JOIN n USING (rank, axis) ORDER BY a.rank, a.axis"""
+    sums = sums if sums is not None else np_axis.axis_sums(out_dir)
     rows = []
-    for rank, axis, sent, recv, setup, n in con.execute(q).fetchall():
+    for (rank, axis), v in sorted(sums["merged"].items()):
+        n = v["steps"]
         rows.append({"rank": rank, "axis": axis, "coords": tr.coords(rank),
-                     "bytes_sent": sent, "bytes_recv": recv, "setup_bytes_sent": setup,
-                     "steps": n, "bytes_sent_per_step": sent / n if n else None,
-                     "bytes_recv_per_step": recv / n if n else None})
+                     "bytes_sent": v["sent"], "bytes_recv": v["recv"],
+                     "setup_bytes_sent": v["setup"], "steps": n,
+                     "bytes_sent_per_step": v["sent"] / n if n else None,
+                     "bytes_recv_per_step": v["recv"] / n if n else None})
     return rows
 
 
@@ -147,5 +138,5 @@ def peak_bytes(con) -> tuple[int | None, bool]:
     anyst = " OR ".join(f'"{k}" IS NOT NULL' for k in state)
     best, ranks_with, ranks_all = con.execute(
         f"SELECT max(CASE WHEN {anyst} THEN {total} END), "
-        f"count(DISTINCT rank) FILTER ({anyst}), count(DISTINCT rank) FROM t").fetchone()
+        f"count(DISTINCT rank) FILTER ({anyst}), count(DISTINCT rank) FROM t").fetchall()[0]
     return (int(best) if best is not None else None), ranks_with == ranks_all

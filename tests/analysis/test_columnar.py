@@ -104,7 +104,7 @@ def test_vectorised_tables_equal_the_python_ones(tmp_path, monkeypatch):
     assert coll == C.collectives_table(tr)
     assert any(r["busbw_GBps"] for r in coll)
     assert mt.warnings == [w for w in tr.warnings if "instance" in w or "`step` span" in w]
-    assert V.axis_bytes_table(con, mt) == C.axis_bytes_table(tr)
+    assert V.axis_bytes_table(con, mt, run) == C.axis_bytes_table(tr)
     peaks = V.mem_peaks(con)
     assert {r: (peaks[r], "trace") for r in peaks} == {r: M.measured(tr, r) for r in tr.ranks}
     assert V.peak_bytes(con) == (M.peak_bytes(tr), True)

@@ -13,6 +13,7 @@ import pytest
 from jobs.analysis import collectives as C
 from jobs.analysis import columnar, load_run_dir
 from jobs.analysis import links as LK
+from jobs.analysis import np_axis as NA
 from jobs.analysis import np_coll as N
 from jobs.analysis import predicted as P
 from jobs.analysis import scale_comm as SC
@@ -157,7 +158,7 @@ def test_tables_over_the_instances_file_equal_the_oracle(tmp_path, monkeypatch, 
     assert close(bw, C.bandwidth_table(coll)) and bw
     sp = P.spec_of(tr.spec_dict(), [])
     pred = P.theory(sp, [])
-    lk = SC.links_table(con, mt, sp, path, pred)
+    lk = SC.links_table(con, mt, sp, path, pred, NA.axis_sums(run))
     assert close(lk, LK.links_table(tr, sp, coll, pred)) and lk
     if kind == "ep":
         assert {r["link"] for r in lk} == {"intra", "inter"}

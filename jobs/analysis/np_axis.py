@@ -1,0 +1,96 @@
+"""Bytes per rank and mesh axis from a run's Parquet files (issue 19): the one input of
+collectives.axis_bytes_table's columnar twin (vec_tables.axis_bytes_table) and of the links
+table at scale (scale_comm.links_table), read once per rank file (`type, step, cat, axis,
+bytes_sent, bytes_recv`, strings as dictionaries).
+
+Per (rank, axis), as axis_bytes_table forms them: bytes sent and received by the comm records
+of training steps (step >= 0), bytes sent by the setup ones (step < 0 or none), the number of
+training comm records, and `steps` = |the rank's `step` spans' steps U the axis's comm steps|.
+Sums run in file order (np.cumsum: sequential, as the oracle's `+=`; np.sum's pairwise order
+could differ in the last bit). Keyed twice: `merged` (an absent axis is "?", the oracle's
+r.get("axis", "?")) and `raw` (absent stays None: links asks the mesh for the group of a
+record that names its axis, and for the default group otherwise).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from . import columnar
+
+COLS = ("rank", "type", "step", "cat", "axis", "bytes_sent", "bytes_recv")
+
+
+def _is(col, value: str) -> np.ndarray:
+    """Whether each row of a dictionary column equals `value` (null: False)."""
+    col = col.combine_chunks()
+    d = col.dictionary.to_pylist()
+    if value not in d:
+        return np.zeros(len(col), bool)
+    return np.asarray(col.indices.fill_null(-1).to_numpy(zero_copy_only=False)) == d.index(value)
+
+
+def _seqsum(x: np.ndarray) -> float:
+    return float(np.cumsum(x)[-1]) if len(x) else 0.0
+
+
+def _union_size(a: np.ndarray, b: np.ndarray) -> int:
+    """|set(a) | set(b)| of step numbers (>= 0): a presence array where the steps are in the
+    tens of millions at most (no hashing), else np.union1d."""
+    top = int(max(a.max(initial=-1), b.max(initial=-1)))
+    if top > 50_000_000:
+        return len(np.union1d(a, b))
+    seen = np.zeros(top + 1, bool)
+    seen[a] = True
+    seen[b] = True
+    return int(seen.sum())
+
+
+def _rank(t) -> tuple[int, dict, dict]:
+    rank = int(t.column("rank")[0].as_py())
+    step = np.asarray(t.column("step").fill_null(-1).to_numpy(zero_copy_only=False), np.int64)
+    stepspan = _is(t.column("type"), "span") & _is(t.column("cat"), "step") & (step >= 0)
+    span_steps = np.unique(step[stepspan])
+    c = np.flatnonzero(_is(t.column("type"), "comm"))
+    axis = t.column("axis").combine_chunks()
+    names = axis.dictionary.to_pylist()
+    code = np.asarray(axis.indices.fill_null(len(names)).to_numpy(zero_copy_only=False),
+                      np.int64)[c]
+    st = step[c]
+    sent = np.asarray(t.column("bytes_sent").fill_null(0.0).to_numpy(zero_copy_only=False),
+                      np.float64)[c]
+    recv = np.asarray(t.column("bytes_recv").fill_null(0.0).to_numpy(zero_copy_only=False),
+                      np.float64)[c]
+    train = st >= 0
+    out = {}
+    for merged in (True, False):
+        label = [*names, "?" if merged else None]
+        keys = np.array([label.index(x) for x in label], np.int64)[code]  # "?" twice: one key
+        acc = {}
+        for k in np.unique(keys).tolist():
+            m = keys == k
+            mt = m & train
+            acc[label[k]] = {"sent": _seqsum(sent[mt]), "recv": _seqsum(recv[mt]),
+                             "setup": _seqsum(sent[m & ~train]), "records": int(mt.sum()),
+                             "steps": _union_size(span_steps, st[mt])}
+        out["merged" if merged else "raw"] = acc
+    return rank, out["merged"], out["raw"]
+
+
+def axis_sums(out_dir: Path) -> dict[str, dict[tuple, dict]]:
+    """{"merged": {(rank, axis): sums}, "raw": {(rank, axis or None): sums}} (module doc);
+    only (rank, axis) pairs with comm records."""
+    import pyarrow.parquet as pq
+    res: dict[str, dict[tuple, dict]] = {"merged": {}, "raw": {}}
+    for path in sorted(Path(out_dir).glob("trace-rank*" + columnar.SUFFIX)):
+        pf = pq.ParquetFile(path, read_dictionary=["type", "cat", "axis"])
+        if not pf.metadata.num_rows or not set(COLS) <= set(pf.schema_arrow.names):
+            continue
+        t = pf.read(columns=list(COLS))
+        rank, merged, raw = _rank(t)
+        for name, acc in (("merged", merged), ("raw", raw)):
+            for axis, v in acc.items():
+                res[name][(rank, axis)] = v
+    return res
