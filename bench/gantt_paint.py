@@ -8,6 +8,14 @@ the JSON size the browser parses.
 
 What is timed is the backend's answer, the part that grows with the run; the browser's
 drawing of the bounded answer (at most max_spans segments) does not grow with it.
+
+    .venv/bin/python bench/gantt_paint.py --ranks 8 --records 5M,50M --browser
+
+--browser times what the user waits for: a real `paralab serve` (fresh SQLite database), a run
+whose Parquet files are put in its folder as the worker's conversion leaves them, and Debian's
+headless Chromium (Playwright) opening the run page at 1280x800: navigation start -> the Gantt
+drawn and its zoom handler bound (`#gantt[data-ready]`, bench/gantt_render.py's measure). Cold:
+the first load after the server started (nothing of the run cached); warm: reloads.
 """
 
 from __future__ import annotations
@@ -48,16 +56,69 @@ def child(d: str) -> None:
     print(json.dumps(out))
 
 
+def browser(a) -> int:
+    """--browser: first paint in Chromium, cold and warm, per size (module doc)."""
+    import statistics
+
+    import httpx
+    from playwright.sync_api import sync_playwright
+
+    from bench.gantt_render import start_server
+    from tests.frontend.browser import launch_chromium
+    print("| records | cold first paint s | warm first paint s (median of 3) | segments | "
+          "page |")
+    print("|---|---|---|---|---|")
+    for text in a.records.split(","):
+        target = parse_count(text)
+        with tempfile.TemporaryDirectory(dir=a.tmp) as d:
+            tmp = Path(d)
+            proc, url, token = start_server(tmp)
+            try:
+                auth = {"Authorization": f"Bearer {token}"}
+                with httpx.Client(base_url=url, timeout=120) as c:
+                    rid = c.post("/api/runs", json={
+                        "preset": "ddp", "name": "paint bench",
+                        "runtime": {"queue": "bench-nobody"}}).json()["id"]
+                    c.post(f"/api/internal/runs/{rid}/claim", json={"worker": "bench"},
+                           headers=auth)
+                    run = tmp / "var" / "runs" / rid
+                    run.mkdir(parents=True, exist_ok=True)
+                    n = make_parquet(run, a.ranks, max(2, round(target / (a.ranks * PER_STEP))))
+                    c.post(f"/api/internal/runs/{rid}/finish", headers=auth,
+                           json={"status": "succeeded", "exit_code": 0, "summary": {}})
+                with sync_playwright() as pw:
+                    b = launch_chromium(pw)
+                    page = b.new_page(viewport={"width": 1280, "height": 800})
+                    times = []
+                    for _ in range(4):
+                        t = time.perf_counter()
+                        page.goto(f"{url}/runs/{rid}", wait_until="commit")
+                        page.wait_for_selector("#gantt[data-ready='1']", timeout=180_000)
+                        times.append(time.perf_counter() - t)
+                    seg = page.locator("#gantt").get_attribute("data-segments")
+                    info = (page.locator("#gantt-info").text_content() or "").strip()[:60]
+                    b.close()
+                print(f"| {n:,} | {times[0]:.2f} | {statistics.median(times[1:]):.2f} | "
+                      f"{seg} | {info} |", flush=True)
+            finally:
+                proc.terminate()
+                proc.wait(30)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--records", default="5M")
     ap.add_argument("--tmp", default=None)
+    ap.add_argument("--browser", action="store_true", help="time the page in Chromium")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
         child(a.child)
         return 0
+    if a.browser:
+        return browser(a)
     print("| records | cold first paint s | warm s | 50 ms zoom s | answer MB | segments | "
           "steps listed |")
     print("|---|---|---|---|---|---|---|")

@@ -3,8 +3,9 @@
 // pp send / recv), idle gaps shaded on the compute lane, and under pipeline runs the schedule
 // the analysis simulates. Every category has a colour no other category shares (CATEGORIES);
 // segments the server merged for the level of detail are drawn as "many spans", never in the
-// colour of one. Search highlights spans by name; a click shows the span's details. WebGL line
-// segments (scattergl) draw it; zooming asks the server again for the finer window.
+// colour of one. Search highlights spans by name; a click shows the span's details. Line
+// segments (scatter, or scattergl when many: lineType) draw it; zooming asks the server again
+// for the finer window.
 import { stepsLabel } from "./analysis.js";
 import { api } from "./api.js";
 import { Plotly } from "./charts.js";
@@ -27,6 +28,15 @@ export function categoryOf(name, channel) {
   if (channel === "compute") return name in CATEGORIES ? name : "other compute";
   if (channel === "sync") return name in CATEGORIES ? name : "grad_sync";
   return name in CATEGORIES ? name : "other comm";
+}
+
+// WebGL pays a fixed cost per draw (a context, shaders: about 0.4 s in a browser without a
+// GPU, docs/benchmarks.md) that SVG does not; SVG's cost grows with the points. Below this many
+// segments and idle gaps SVG draws first; above, WebGL.
+const SVG_MAX = 3000;
+
+function lineType(data) {
+  return data.returned + data.idle.t0.length <= SVG_MAX ? "scatter" : "scattergl";
 }
 
 function segmentTraces(data, query) {
@@ -56,7 +66,7 @@ function segmentTraces(data, query) {
   return [...groups.values()].sort((a, b) => a.depth - b.depth).map((g) => {
     const first = !seen.has(g.cat);
     seen.add(g.cat);
-    return { type: "scattergl", mode: "lines", name: esc(g.cat), x: g.x, y: g.y,
+    return { type: lineType(data), mode: "lines", name: esc(g.cat), x: g.x, y: g.y,
       customdata: g.custom, line: { color: CATEGORIES[g.cat], width: g.width },
       opacity: g.hit ? 1 : 0.15, legendgroup: g.cat, showlegend: first,
       hovertemplate: "%{text}<extra></extra>", text: g.custom.map((i) => (i === null ? null
@@ -83,13 +93,13 @@ function idleTrace(data) {
     x.push(d.t0[i], d.t1[i], null);
     y.push(yy, yy, null);
   }
-  return { type: "scattergl", mode: "lines", name: "idle", x, y, hoverinfo: "skip",
+  return { type: lineType(data), mode: "lines", name: "idle", x, y, hoverinfo: "skip",
     line: { color: CATEGORIES.idle, width: DEPTH_W[0] + 4 }, legendgroup: "idle" };
 }
 
 const THEORY_CAT = { F: "forward", B: "backward (input)", W: "backward (weight)", BW: "backward" };
 
-function theoryTraces(theory, base) {
+function theoryTraces(theory, base, type) {
   const groups = new Map();
   theory.rows.forEach((row, i) => {
     const y = base + i;
@@ -105,7 +115,7 @@ function theoryTraces(theory, base) {
     }
   });
   return [...groups.values()].map((g) => ({
-    type: "scattergl", mode: "lines", name: esc(g.cat), x: g.x, y: g.y, text: g.text,
+    type, mode: "lines", name: esc(g.cat), x: g.x, y: g.y, text: g.text,
     line: { color: CATEGORIES[g.cat], width: DEPTH_W[1] + 3 }, legendgroup: g.cat,
     showlegend: false, hovertemplate: "%{text}<extra></extra>", meta: "theory" }));
 }
@@ -147,7 +157,7 @@ export class Gantt {
     const bottom = lanes.length ? Math.max(...tickvals) : 0;
     if (theory) {
       const base = bottom + 1.5;
-      traces.push(...theoryTraces(theory, base));
+      traces.push(...theoryTraces(theory, base, lineType(data)));
       theory.rows.forEach((r, i) => { tickvals.push(base + i); ticktext.push(esc(`simulated pp${r.pp}`)); });
     }
     // time axis: one unit for the window (ms from the trace start, drawn in its own unit)
