@@ -56,6 +56,13 @@ def child(d: str) -> None:
     print(json.dumps(out))
 
 
+def _sizes(a):
+    """Per --records size: a fresh folder (removed after) and the steps that give the size."""
+    for text in a.records.split(","):
+        with tempfile.TemporaryDirectory(dir=a.tmp) as d:
+            yield Path(d), max(2, round(parse_count(text) / (a.ranks * PER_STEP)))
+
+
 def browser(a) -> int:
     """--browser: first paint in Chromium, cold and warm, per size (module doc)."""
     import statistics
@@ -68,41 +75,38 @@ def browser(a) -> int:
     print("| records | cold first paint s | warm first paint s (median of 3) | segments | "
           "page |")
     print("|---|---|---|---|---|")
-    for text in a.records.split(","):
-        target = parse_count(text)
-        with tempfile.TemporaryDirectory(dir=a.tmp) as d:
-            tmp = Path(d)
-            proc, url, token = start_server(tmp)
-            try:
-                auth = {"Authorization": f"Bearer {token}"}
-                with httpx.Client(base_url=url, timeout=120) as c:
-                    rid = c.post("/api/runs", json={
-                        "preset": "ddp", "name": "paint bench",
-                        "runtime": {"queue": "bench-nobody"}}).json()["id"]
-                    c.post(f"/api/internal/runs/{rid}/claim", json={"worker": "bench"},
-                           headers=auth)
-                    run = tmp / "var" / "runs" / rid
-                    run.mkdir(parents=True, exist_ok=True)
-                    n = make_parquet(run, a.ranks, max(2, round(target / (a.ranks * PER_STEP))))
-                    c.post(f"/api/internal/runs/{rid}/finish", headers=auth,
-                           json={"status": "succeeded", "exit_code": 0, "summary": {}})
-                with sync_playwright() as pw:
-                    b = launch_chromium(pw)
-                    page = b.new_page(viewport={"width": 1280, "height": 800})
-                    times = []
-                    for _ in range(4):
-                        t = time.perf_counter()
-                        page.goto(f"{url}/runs/{rid}", wait_until="commit")
-                        page.wait_for_selector("#gantt[data-ready='1']", timeout=180_000)
-                        times.append(time.perf_counter() - t)
-                    seg = page.locator("#gantt").get_attribute("data-segments")
-                    info = (page.locator("#gantt-info").text_content() or "").strip()[:60]
-                    b.close()
-                print(f"| {n:,} | {times[0]:.2f} | {statistics.median(times[1:]):.2f} | "
-                      f"{seg} | {info} |", flush=True)
-            finally:
-                proc.terminate()
-                proc.wait(30)
+    for tmp, steps in _sizes(a):
+        proc, url, token = start_server(tmp)
+        try:
+            auth = {"Authorization": f"Bearer {token}"}
+            with httpx.Client(base_url=url, timeout=120) as c:
+                rid = c.post("/api/runs", json={
+                    "preset": "ddp", "name": "paint bench",
+                    "runtime": {"queue": "bench-nobody"}}).json()["id"]
+                c.post(f"/api/internal/runs/{rid}/claim", json={"worker": "bench"},
+                       headers=auth)
+                run = tmp / "var" / "runs" / rid
+                run.mkdir(parents=True, exist_ok=True)
+                n = make_parquet(run, a.ranks, steps)
+                c.post(f"/api/internal/runs/{rid}/finish", headers=auth,
+                       json={"status": "succeeded", "exit_code": 0, "summary": {}})
+            with sync_playwright() as pw:
+                b = launch_chromium(pw)
+                page = b.new_page(viewport={"width": 1280, "height": 800})
+                times = []
+                for _ in range(4):
+                    t = time.perf_counter()
+                    page.goto(f"{url}/runs/{rid}", wait_until="commit")
+                    page.wait_for_selector("#gantt[data-ready='1']", timeout=180_000)
+                    times.append(time.perf_counter() - t)
+                seg = page.locator("#gantt").get_attribute("data-segments")
+                info = (page.locator("#gantt-info").text_content() or "").strip()[:60]
+                b.close()
+            print(f"| {n:,} | {times[0]:.2f} | {statistics.median(times[1:]):.2f} | "
+                  f"{seg} | {info} |", flush=True)
+        finally:
+            proc.terminate()
+            proc.wait(30)
     return 0
 
 
@@ -122,15 +126,13 @@ def main(argv=None) -> int:
     print("| records | cold first paint s | warm s | 50 ms zoom s | answer MB | segments | "
           "steps listed |")
     print("|---|---|---|---|---|---|---|")
-    for text in a.records.split(","):
-        target = parse_count(text)
-        with tempfile.TemporaryDirectory(dir=a.tmp) as d:
-            n = make_parquet(Path(d), a.ranks, max(2, round(target / (a.ranks * PER_STEP))))
-            p = subprocess.run([sys.executable, __file__, "--child", d], check=True,
-                               capture_output=True, text=True)
-            m = json.loads(p.stdout.strip().splitlines()[-1])
-            print(f"| {n:,} | {m['cold_s']:.2f} | {m['warm_s']:.3f} | {m['zoom_s']:.3f} | "
-                  f"{m['json_MB']:.2f} | {m['segments']:,} | {m['steps']} |")
+    for d, steps in _sizes(a):
+        n = make_parquet(d, a.ranks, steps)
+        p = subprocess.run([sys.executable, __file__, "--child", str(d)], check=True,
+                           capture_output=True, text=True)
+        m = json.loads(p.stdout.strip().splitlines()[-1])
+        print(f"| {n:,} | {m['cold_s']:.2f} | {m['warm_s']:.3f} | {m['zoom_s']:.3f} | "
+              f"{m['json_MB']:.2f} | {m['segments']:,} | {m['steps']} |")
     return 0
 
 

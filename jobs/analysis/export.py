@@ -233,17 +233,38 @@ def csv_cell(v):
 
 def rows_to_csv(rows: list[dict]) -> str:
     """CSV of rows (header = the union of the rows' keys, in first-seen order). The one CSV
-    writer: every download (analysis tables, run lists) goes through it."""
+    writer: every download (analysis tables, run lists) goes through it (iter_csv)."""
     cols: dict[str, None] = {}
     for r in rows:
         for k in r:
             cols.setdefault(k, None)
+    return "".join(iter_csv([rows], list(cols)))
+
+
+def iter_csv(batches, cols: list[str]):
+    """CSV text chunk by chunk: the header `cols`, then each batch of rows (dicts), so a table
+    of millions of rows streams without being whole in memory."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow([csv_cell(c) for c in cols])
-    for r in rows:
-        w.writerow([csv_cell(r.get(c)) for c in cols])
-    return buf.getvalue()
+    for rows in batches:
+        for r in rows:
+            w.writerow([csv_cell(r.get(c)) for c in cols])
+        yield buf.getvalue()
+        buf.seek(0)
+        buf.truncate()
+    yield buf.getvalue()
+
+
+def iter_json_rows(batches):
+    """json.dumps(rows) of every batch's rows together, chunk by chunk (the same text)."""
+    yield "["
+    first = True
+    for rows in batches:
+        if rows:
+            yield ("" if first else ", ") + ", ".join(json.dumps(r) for r in rows)
+            first = False
+    yield "]"
 
 
 def tables_to_csv(tables: dict, name: str) -> str:

@@ -208,6 +208,45 @@ def table_rows(out_dir: Path, name: str, offset: int = 0,
     return total, ROWS[name](part, meta_only(Path(out_dir)))
 
 
+def iter_table_rows(out_dir: Path, name: str):
+    """Every row of a table kept in `table-<name>.parquet`, one list of dicts per row group
+    (table_rows' dicts, in file order): what the whole-table CSV / JSON downloads stream."""
+    import pyarrow.parquet as pq
+    pf = pq.ParquetFile(Path(out_dir) / FILE.format(name))
+    meta = meta_only(Path(out_dir))
+    for i in range(pf.metadata.num_row_groups):
+        yield ROWS[name](pf.read_row_group(i), meta)
+
+
+def table_header(out_dir: Path, name: str) -> list[str]:
+    """rows_to_csv's header of the whole table without its rows in memory: the first row's
+    keys, then the optional keys a later row brings, by the first row holding each (ties in
+    the row's key order). Only the collectives' rows omit keys (NC.OPTIONAL when null)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from . import np_coll as NC
+    pf = pq.ParquetFile(Path(out_dir) / FILE.format(name))
+    if not pf.metadata.num_rows:
+        return []
+    first = ROWS[name](pf.read_row_group(0).slice(0, 1), meta_only(Path(out_dir)))[0]
+    cols = list(first)
+    if name != "collectives":
+        return cols
+    seen, at = {}, 0  # optional key -> the first row holding it
+    for i in range(pf.metadata.num_row_groups):
+        todo = [k for k in NC.OPTIONAL if k not in cols and k not in seen]
+        if not todo:
+            break
+        g = pf.read_row_group(i, columns=todo)
+        for k in todo:
+            valid = np.asarray(g.column(k).is_valid())
+            if valid.any():
+                seen[k] = at + int(valid.argmax())
+        at += g.num_rows
+    return cols + sorted(seen, key=lambda k: (seen[k], NC.OPTIONAL.index(k)))
+
+
 def meta_only(out_dir: Path) -> Traces:
     """The ranks' meta records (coordinates) from the files' footers, no query."""
     return V.meta_traces(out_dir)
