@@ -25,6 +25,7 @@ from jobs.analysis import vec_tables as V
 MAX_RECORDS = 400_000  # records one Gantt answer reads at most
 _CACHE: dict[tuple, dict] = {}
 _LOCK = threading.Lock()
+_BUILD = threading.Lock()  # one build at a time: a page's warm-up and its first request share it
 
 
 def _version(run_dir: Path) -> tuple:
@@ -68,6 +69,14 @@ def run_info(run_dir: Path) -> dict:
     with _LOCK:
         if key in _CACHE:
             return _CACHE[key]
+    with _BUILD:
+        with _LOCK:
+            if key in _CACHE:  # built while this request waited
+                return _CACHE[key]
+        return _build(run_dir, key)
+
+
+def _build(run_dir: Path, key: tuple) -> dict:
     con = V.connect(run_dir)
     meta = V.meta_traces(run_dir)
     t0 = [m["t0_ns"] for m in meta.meta.values() if isinstance(m.get("t0_ns"), int)]

@@ -41,9 +41,11 @@ def _version(run_dir: Path, files: list[Path]) -> tuple:
 
 
 def get(run_dir: Path) -> RunTraces | None:
-    """The run's loaded traces (None without trace files), parsed once per file version."""
+    """The run's loaded traces (None without trace files), parsed once per file version.
+    None too for a large converted run (scale.use): its millions of records are never loaded
+    whole; its readers go through backend/gantt_columnar.py and the stored analysis."""
     files = trace_files(run_dir)
-    if not files:
+    if not files or _large(run_dir):
         return None
     try:
         key = _version(run_dir, files)
@@ -98,10 +100,19 @@ def _copy(tr: Traces) -> Traces:
     return Traces(ranks=tr.ranks, meta=tr.meta, warnings=list(tr.warnings), summary=tr.summary)
 
 
+def _large(run_dir: Path) -> bool:
+    from backend import gantt_columnar
+    return gantt_columnar.is_large(run_dir)
+
+
 def warm(run_dir: Path) -> None:
     """Parse a run's traces and build its Gantt columns before the page asks (a background
-    task when a run finishes or its page is opened)."""
-    from backend import gantt  # the dashboard's drawing module, only needed here
+    task when a run finishes or its page is opened; for a large converted run, the Gantt's
+    step list and connection over the Parquet files: gantt_columnar.run_info)."""
+    from backend import gantt, gantt_columnar  # the dashboard's drawing modules
+    if gantt_columnar.is_large(run_dir):
+        gantt_columnar.run_info(run_dir)
+        return
     rt = get(run_dir)
     if rt is not None:
         derived(rt, "gantt", gantt.columns)

@@ -80,3 +80,20 @@ def test_a_long_run_lists_a_bounded_step_selection(monkeypatch):
     assert len(got) <= 101 and [s["step"] for s in got] == sorted(s["step"] for s in got)
     assert 555 in [s["step"] for s in got] and got[0]["step"] == 0
     assert gantt_columnar.listed_steps(steps[:50]) == steps[:50]
+
+
+def test_a_large_runs_json_lines_are_never_loaded_and_its_page_warms_the_step_list(
+        tmp_path, monkeypatch):
+    """Its JSON lines stay next to the Parquet files, but run_traces never parses them (a
+    50 M-record run would not fit in the server's memory); opening the page builds the Gantt's
+    step list (gantt_columnar.run_info) in the background instead."""
+    from backend import run_traces
+    run = dp_tp_run(tmp_path / "run", steps=3)
+    columnar.convert_run_dir(run)
+    assert run_traces.get(run) is not None  # below SCALE_RECORDS: the loaded traces
+    monkeypatch.setattr(scale, "SCALE_RECORDS", 0)
+    assert list(run.glob("trace-rank*.jsonl")) and run_traces.get(run) is None
+    gantt_columnar._CACHE.clear()
+    run_traces.warm(run)
+    assert [i["steps"] for i in gantt_columnar._CACHE.values()] == [
+        gantt.columns(load_run_dir(run)).steps]
