@@ -21,7 +21,8 @@ FIELDS = ("step", "cat", "ts_ns", "dur_ns", "async", "bucket", "end", "loss", "l
 
 
 def applies(con) -> bool:
-    """No pipeline action spans and no field the SQL needs hidden in args."""
+    """No pipeline action spans and no field the sweep reads hidden in args (np_steps reads
+    the columns only)."""
     acts = ", ".join(f"'{a}'" for a in S.ACTIONS)
     if con.execute(f"SELECT count(*) FROM t WHERE type = 'span' AND action IN ({acts})"
                    ).fetchall()[0][0]:
