@@ -135,6 +135,7 @@ def write_analysis(out_dir: Path, spec=None, scale_records: int | None = None) -
     try:
         result = _scale_result(out_dir, spec, scale_records)
         if result is None:
+            _python_fits(out_dir)
             tr = load_run_dir(out_dir)
             result = analyze(tr, spec, vector_source(out_dir, tr.warnings), out_dir)
             try:
@@ -146,6 +147,22 @@ def write_analysis(out_dir: Path, spec=None, scale_records: int | None = None) -
         return result["headline"]
     except Exception as exc:  # noqa: BLE001 - the worker must finish the run regardless
         return {"analysis_error": f"{type(exc).__name__}: {exc}"}
+
+
+def _python_fits(out_dir: Path) -> None:
+    """ValueError when a converted run is too large for the Python path (scale.
+    PYTHON_MAX_RECORDS): the columnar path did not take it, so loading it whole would only
+    end with the worker killed for memory."""
+    from . import scale
+    if not columnar.has_columnar(out_dir):
+        return
+    n = scale.record_count(out_dir)
+    if n > scale.PYTHON_MAX_RECORDS:
+        raise ValueError(
+            f"{n:,} trace records: more than the Python analysis loads "
+            f"({scale.PYTHON_MAX_RECORDS:,}), and the columnar engine does not cover this run "
+            "(pipeline actions, point-to-point ops or fields kept in args); trace fewer steps "
+            "(spec trace: a schedule or steps) to analyse it")
 
 
 def _scale_result(out_dir: Path, spec, scale_records: int | None) -> dict | None:

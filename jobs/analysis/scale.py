@@ -37,6 +37,10 @@ from .load import Traces, finish, rank_warnings
 SCALE_RECORDS = 1_000_000  # a converted run with at least this many records takes this path
 JSON_ROWS = 5_000  # rows of one table analysis.json holds; a larger table keeps a sample
 PERFETTO_MAX_RECORDS = 2_000_000  # above: no whole-run Perfetto file, windows on request
+# the most records the Python path loads: about 2.3 KB of memory each (1.16 GiB at 0.5 M,
+# docs/benchmarks.md), so ~9 GiB here; a larger run the columnar path does not cover gets an
+# analysis error that says so instead of a worker killed for memory (run.write_analysis)
+PYTHON_MAX_RECORDS = 4_000_000
 MEMORY_LIMIT = "1GB"  # DuckDB spills beyond it (peak RSS stays bounded)
 FILE = "table-{}.parquet"
 BIG = ("step_rank", "collectives", "throughput", "stragglers")  # rows per step or instance

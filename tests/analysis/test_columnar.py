@@ -135,6 +135,22 @@ def test_point_to_point_runs_keep_the_python_matching(tmp_path):
     assert analyze_run_dir(run) == want
 
 
+def test_a_run_too_large_for_the_python_path_gets_an_error_not_a_killed_worker(
+        tmp_path, monkeypatch):
+    """A large run the columnar engine does not cover (point-to-point ops here) is not loaded
+    whole: the analysis error names the record count, the limit and what to do."""
+    from jobs.analysis import scale, write_analysis
+    run = dp_tp_run(tmp_path / "run", steps=3)
+    columnar.convert_run_dir(run)
+    monkeypatch.setattr(scale, "applies", lambda con: False)  # as for a pipeline run
+    assert "analysis_error" not in write_analysis(run, scale_records=0)  # fits: Python path
+    n = scale.record_count(run)
+    monkeypatch.setattr(scale, "PYTHON_MAX_RECORDS", n - 1)
+    err = write_analysis(run, scale_records=0)["analysis_error"]
+    assert err.startswith(f"ValueError: {n:,} trace records: more than the Python analysis "
+                          f"loads ({n - 1:,})") and "trace fewer steps" in err
+
+
 def test_old_json_only_run_and_a_stale_conversion_read_the_json_lines(tmp_path):
     run = dp_tp_run(tmp_path / "old")
     want = analyze_run_dir(run)  # a run from before issue 19: JSON lines only
