@@ -79,29 +79,59 @@ def _num(col, fill, dtype) -> np.ndarray:
     return np.asarray(col.fill_null(fill).to_numpy(zero_copy_only=False), dtype)
 
 
-def _running_max(g, s, e):
-    """Per row of the rows sorted by (g, s): the latest `e` of its group's rows so far."""
-    e0 = int(e.min())
-    span = int(e.max()) - e0 + 1
-    if (int(g.max()) + 1) * span < (1 << 62):
-        packed = g * span + (e - e0)
-        return np.maximum.accumulate(packed) - g * span + e0
-    out = np.empty_like(e)  # groups too wide to pack: one accumulate per group
+PACK_LIMIT = 1 << 62  # packed (group, time) keys stay below it (int64, with room for a sum)
+
+
+class _Pack:
+    """(group, time) as one int64 key, g * W + (t - base[g]), where every time of group g lies
+    in [base[g], base[g] + W): W is the widest group's time extent (a step's, not the range's),
+    so a range of many long steps still packs. Where it would not (`ok` False) the callers
+    take their slower exact paths."""
+
+    def __init__(self, base: np.ndarray, top: np.ndarray):
+        self.base = base
+        self.w = int((top - base).max(initial=0)) + 1
+        self.ok = len(base) * self.w < PACK_LIMIT
+
+    def key(self, g, t):
+        return g * self.w + (t - self.base[g])
+
+
+def _sort_gs(g, s, pack: _Pack):
+    """The order of rows by (g, s), ties in row order."""
+    if not len(g):
+        return np.zeros(0, np.int64)
+    if pack.ok:
+        return np.argsort(pack.key(g, s), kind="stable")
+    return np.lexsort((s, g))
+
+
+def _running_max(g, e, pack: _Pack):
+    """Per row of rows sorted by group: the latest `e` of its group's rows so far."""
+    if pack.ok:
+        k = pack.key(g, e)
+        return np.maximum.accumulate(k) - k + e
+    out = np.empty_like(e)  # one accumulate per group
     cut = np.flatnonzero(np.diff(g)) + 1
     for a, b in zip(np.r_[0, cut], np.r_[cut, len(g)], strict=True):
         out[a:b] = np.maximum.accumulate(e[a:b])
     return out
 
 
-def _sort_gs(g, s):
-    """The order of rows by (g, s), ties in row order."""
-    if not len(g):
-        return np.zeros(0, np.int64)
-    s0 = int(s.min())
-    span = int(s.max()) - s0 + 1
-    if (int(g.max()) + 1) * span < (1 << 62):
-        return np.argsort(g * span + (s - s0), kind="stable")
-    return np.lexsort((s, g))
+def _last_at_or_before(g_sorted, s_sorted, g, s, pack: _Pack):
+    """Per (g, s): the index of the last row of the (g, s)-sorted rows of group g that starts
+    at or before s (-1: none; a row of another group is never returned)."""
+    if pack.ok:
+        pos = np.searchsorted(pack.key(g_sorted, s_sorted), pack.key(g, s), side="right") - 1
+    else:
+        pos = np.empty(len(g), np.int64)
+        for x in np.unique(g):
+            a, b = np.searchsorted(g_sorted, [x, x + 1])
+            m = g == x
+            pos[m] = a + np.searchsorted(s_sorted[a:b], s[m], side="right") - 1
+    ok = pos >= 0
+    ok[ok] = g_sorted[pos[ok]] == g[ok]
+    return np.where(ok, pos, -1)
 
 
 def chunk(t, rank: int, lo: int) -> tuple[dict, dict]:
@@ -124,10 +154,12 @@ def chunk(t, rank: int, lo: int) -> tuple[dict, dict]:
     np.maximum.at(xe, g, e)
     ops = np.bincount(g[comm], minlength=width)
 
+    # every start and end of group g lies in [xs[g], xe[g]] (absent groups: never keyed)
+    pack = _Pack(np.where(present, xs, 0), np.where(present, xe, 0))
     # the first step span of each group by (start, file row)
     stepspan = span & _codes(t.column("cat"), ("step",))[keep]
     si = np.flatnonzero(stepspan)
-    si = si[_sort_gs(g[si], s[si])]
+    si = si[_sort_gs(g[si], s[si], pack)]
     gs, first = np.unique(g[si], return_index=True)
     first = si[first]
     t0, t1 = xs.copy(), xe.copy()
@@ -147,26 +179,13 @@ def chunk(t, rank: int, lo: int) -> tuple[dict, dict]:
 
     # blocking: the ASOF join as a search in the compute spans sorted by (group, start)
     comp = np.flatnonzero(span & _codes(t.column("cat"), S.COMPUTE_CATS)[keep])
-    comp = comp[_sort_gs(g[comp], s[comp])]
+    comp = comp[_sort_gs(g[comp], s[comp], pack)]
     ci = np.flatnonzero(comm)
     blocking = np.zeros(len(ci), bool)
     if len(comp) and len(ci):
-        run = _running_max(g[comp], s[comp], e[comp])
-        lo_s = int(min(s[comp].min(), s[ci].min()))
-        wide = (width + 1) * (int(max(s[comp].max(), s[ci].max())) - lo_s + 1)
-        if wide < (1 << 62):
-            sp = int(max(s[comp].max(), s[ci].max())) - lo_s + 1
-            pos = np.searchsorted(g[comp] * sp + (s[comp] - lo_s), g[ci] * sp + (s[ci] - lo_s),
-                                  side="right") - 1
-        else:  # per group: the last compute start at or before the comm start
-            pos = np.empty(len(ci), np.int64)
-            for x in np.unique(g[ci]):
-                a, b = np.searchsorted(g[comp], [x, x + 1])
-                m = g[ci] == x
-                pos[m] = a + np.searchsorted(s[comp][a:b], s[ci][m], side="right") - 1
-                pos[m & (pos < a)] = -1
+        run = _running_max(g[comp], e[comp], pack)
+        pos = _last_at_or_before(g[comp], s[comp], g[ci], s[ci], pack)
         ok = pos >= 0
-        ok[ok] = g[comp][pos[ok]] == g[ci][ok]
         blocking[ok] = run[pos[ok]] >= e[ci][ok]
     asy = t.column("async")
     asy_valid = np.asarray(asy.is_valid())[keep][ci]
@@ -180,7 +199,8 @@ def chunk(t, rank: int, lo: int) -> tuple[dict, dict]:
     cc = ci[e[ci] > s[ci]]
     idx = np.concatenate([ce, ce, be, be, cc, cc])
     n = [len(ce), len(ce), len(be), len(be), len(cc), len(cc)]
-    ev = {"w": gi[g[idx]], "t": np.concatenate([s[ce], e[ce], s[be], e[be], s[cc], e[cc]])}
+    ev = {"w": gi[g[idx]], "t": np.concatenate([s[ce], e[ce], s[be], e[be], s[cc], e[cc]]),
+          "pack": _Pack(xs[present], xe[present])}  # by window row
     for i, k in enumerate("abc"):  # +1 at starts, -1 at ends, on counter k only
         ev[k] = np.repeat(np.array([1 if j // 2 == i else 0 for j in range(6)], np.int8)
                           * np.array([1, -1] * 3, np.int8), n)
@@ -199,7 +219,7 @@ def sweep(ev: dict, win: dict) -> list:
     if not len(ev["t"]):
         return list(out)
     w, t = ev["w"], ev["t"]
-    order = _sort_gs(w, t)
+    order = _sort_gs(w, t, ev["pack"])
     w, t = w[order], t[order]
     a, b, c = (np.cumsum(ev[k][order], dtype=np.int64) for k in "abc")
     lo, hi = win["t0"][w], win["t1"][w]

@@ -9,6 +9,7 @@ import json
 import math
 import shutil
 
+import numpy as np
 import pytest
 
 from jobs.analysis import analyze_run_dir, columnar, scale, write_analysis
@@ -126,3 +127,17 @@ def test_meta_traces_carry_the_loaders_warnings(tmp_path):
     assert tr.warnings == load_run_dir(run).warnings
     assert any("empty trace file" in w for w in tr.warnings)
     assert sorted(tr.ranks) == [0, 1, 3]
+
+
+def test_the_sweeps_exact_fallbacks_give_the_same_step_rank(tmp_path, monkeypatch):
+    """np_steps packs (step, time) into one int64 where a range's steps fit; where they would
+    not (steps too many and too long), lexsort and per-step loops answer: forced here, the
+    same rows."""
+    from jobs.analysis import np_steps
+    run = dp_tp_run(tmp_path / "run", steps=5, drop=(1, 3))
+    columnar.convert_run_dir(run)
+    packed = [{k: v.tolist() for k, v in c.items()} for c in np_steps.build(run)]
+    monkeypatch.setattr(np_steps, "PACK_LIMIT", 0)
+    assert not np_steps._Pack(np.zeros(1, np.int64), np.ones(1, np.int64)).ok
+    exact = [{k: v.tolist() for k, v in c.items()} for c in np_steps.build(run)]
+    assert exact == packed and any(x for c in packed for x in c["overlap_ns"])
