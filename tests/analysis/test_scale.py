@@ -129,6 +129,21 @@ def test_meta_traces_carry_the_loaders_warnings(tmp_path):
     assert sorted(tr.ranks) == [0, 1, 3]
 
 
+def test_files_of_many_row_groups_give_the_same_analysis(tmp_path, monkeypatch):
+    """A real-size run's files hold many row groups, each with its own string dictionaries
+    and step statistics: rewritten here with 9 rows per group, the analysis is the same."""
+    import pyarrow.parquet as pq
+    monkeypatch.setattr(VS, "CHUNK_RECORDS", 40)
+    monkeypatch.setattr(NS, "CHUNK_RECORDS", 40)
+    run = dp_tp_run(tmp_path / "run", steps=6, drop=(2,))
+    columnar.convert_run_dir(run)
+    for p in run.glob("trace-rank*.parquet"):
+        t = pq.read_table(p)
+        pq.write_table(t, p, row_group_size=9)
+        assert pq.ParquetFile(p).metadata.num_row_groups > 3
+    check(run)
+
+
 def test_the_sweeps_exact_fallbacks_give_the_same_step_rank(tmp_path, monkeypatch):
     """np_steps packs (step, time) into one int64 where a range's steps fit; where they would
     not (steps too many and too long), lexsort and per-step loops answer: forced here, the
