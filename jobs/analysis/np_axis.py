@@ -19,17 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from . import columnar
+from .np_steps import codes
 
 COLS = ("rank", "type", "step", "cat", "axis", "bytes_sent", "bytes_recv")
-
-
-def _is(col, value: str) -> np.ndarray:
-    """Whether each row of a dictionary column equals `value` (null: False)."""
-    col = col.combine_chunks()
-    d = col.dictionary.to_pylist()
-    if value not in d:
-        return np.zeros(len(col), bool)
-    return np.asarray(col.indices.fill_null(-1).to_numpy(zero_copy_only=False)) == d.index(value)
 
 
 def _seqsum(x: np.ndarray) -> float:
@@ -51,9 +43,10 @@ def _union_size(a: np.ndarray, b: np.ndarray) -> int:
 def _rank(t) -> tuple[int, dict, dict]:
     rank = int(t.column("rank")[0].as_py())
     step = np.asarray(t.column("step").fill_null(-1).to_numpy(zero_copy_only=False), np.int64)
-    stepspan = _is(t.column("type"), "span") & _is(t.column("cat"), "step") & (step >= 0)
+    stepspan = (codes(t.column("type"), ("span",)) & codes(t.column("cat"), ("step",))
+                & (step >= 0))
     span_steps = np.unique(step[stepspan])
-    c = np.flatnonzero(_is(t.column("type"), "comm"))
+    c = np.flatnonzero(codes(t.column("type"), ("comm",)))
     axis = t.column("axis").combine_chunks()
     names = axis.dictionary.to_pylist()
     code = np.asarray(axis.indices.fill_null(len(names)).to_numpy(zero_copy_only=False),

@@ -64,7 +64,7 @@ def _ranges(pf, budget: int) -> list[tuple[int, int]]:
     return [(a, min(hi, a + width - 1)) for a in range(lo, hi + 1, width)]
 
 
-def _codes(col, values) -> np.ndarray:
+def codes(col, values) -> np.ndarray:
     """Whether each row of a dictionary column is one of `values` (null: False)."""
     col = col.combine_chunks() if hasattr(col, "combine_chunks") else col
     if not hasattr(col, "dictionary"):  # a plain string column (an empty read)
@@ -137,7 +137,7 @@ def _last_at_or_before(g_sorted, s_sorted, g, s, pack: _Pack):
 def chunk(t, rank: int, lo: int) -> tuple[dict, dict]:
     """(events, windows) of one rank's rows in one step range (`sweep`'s input)."""
     typ = t.column("type")
-    span, comm = _codes(typ, ("span",)), _codes(typ, ("comm",))
+    span, comm = codes(typ, ("span",)), codes(typ, ("comm",))
     keep = np.flatnonzero(span | comm)
     span, comm = span[keep], comm[keep]
     step = t.column("step").to_numpy(zero_copy_only=False).astype(np.int64)[keep]
@@ -157,7 +157,7 @@ def chunk(t, rank: int, lo: int) -> tuple[dict, dict]:
     # every start and end of group g lies in [xs[g], xe[g]] (absent groups: never keyed)
     pack = _Pack(np.where(present, xs, 0), np.where(present, xe, 0))
     # the first step span of each group by (start, file row)
-    stepspan = span & _codes(t.column("cat"), ("step",))[keep]
+    stepspan = span & codes(t.column("cat"), ("step",))[keep]
     si = np.flatnonzero(stepspan)
     si = si[_sort_gs(g[si], s[si], pack)]
     gs, first = np.unique(g[si], return_index=True)
@@ -178,7 +178,7 @@ def chunk(t, rank: int, lo: int) -> tuple[dict, dict]:
         win[k] = np.ma.masked_array(val[present], mask[present])
 
     # blocking: the ASOF join as a search in the compute spans sorted by (group, start)
-    comp = np.flatnonzero(span & _codes(t.column("cat"), S.COMPUTE_CATS)[keep])
+    comp = np.flatnonzero(span & codes(t.column("cat"), S.COMPUTE_CATS)[keep])
     comp = comp[_sort_gs(g[comp], s[comp], pack)]
     ci = np.flatnonzero(comm)
     blocking = np.zeros(len(ci), bool)
@@ -191,7 +191,7 @@ def chunk(t, rank: int, lo: int) -> tuple[dict, dict]:
     asy_valid = np.asarray(asy.is_valid())[keep][ci]
     asy_v = _num(asy, False, bool)[keep][ci]
     quiet = (np.asarray(t.column("bucket").is_valid())[keep][ci]
-             | _codes(t.column("end"), ("wait", "issue"))[keep][ci])
+             | codes(t.column("end"), ("wait", "issue"))[keep][ci])
     blocking = np.where(asy_valid, ~asy_v, ~quiet & blocking)
 
     ce = comp[e[comp] > s[comp]]
