@@ -6,10 +6,10 @@ bytes_sent, bytes_recv`, strings as dictionaries).
 Per (rank, axis), as axis_bytes_table forms them: bytes sent and received by the comm records
 of training steps (step >= 0), bytes sent by the setup ones (step < 0 or none), the number of
 training comm records, and `steps` = |the rank's `step` spans' steps U the axis's comm steps|.
-Sums run in file order (np.cumsum: sequential, as the oracle's `+=`; np.sum's pairwise order
-could differ in the last bit). Keyed twice: `merged` (an absent axis is "?", the oracle's
-r.get("axis", "?")) and `raw` (absent stays None: links asks the mesh for the group of a
-record that names its axis, and for the default group otherwise).
+Sums run in file order (np.bincount's weights: sequential per bin, as the oracle's `+=`;
+np.sum's pairwise order could differ in the last bit). Keyed twice: `merged` (an absent
+axis is "?", the oracle's r.get("axis", "?")) and `raw` (absent stays None: links asks the
+mesh for the group of a record that names its axis, and for the default group otherwise).
 """
 
 from __future__ import annotations
@@ -22,10 +22,6 @@ from . import columnar
 from .np_steps import codes
 
 COLS = ("rank", "type", "step", "cat", "axis", "bytes_sent", "bytes_recv")
-
-
-def _seqsum(x: np.ndarray) -> float:
-    return float(np.cumsum(x)[-1]) if len(x) else 0.0
 
 
 def _union_size(a: np.ndarray, b: np.ndarray) -> int:
@@ -61,13 +57,20 @@ def _rank(t) -> tuple[int, dict, dict]:
     for merged in (True, False):
         label = [*names, "?" if merged else None]
         keys = np.array([label.index(x) for x in label], np.int64)[code]  # "?" twice: one key
+        # bincount adds each bin's weights in input order, from 0.0: the oracle's `+=` in
+        # file order (a pairwise np.sum could differ in the last bit)
+        bins = 2 * keys + train  # (key, training step?) -> one bin
+        nb = 2 * len(label)
+        sums = {k: np.bincount(bins, weights=v, minlength=nb) for k, v in
+                (("sent", sent), ("recv", recv))}
+        count = np.bincount(bins, minlength=nb)
         acc = {}
-        for k in np.unique(keys).tolist():
-            m = keys == k
-            mt = m & train
-            acc[label[k]] = {"sent": _seqsum(sent[mt]), "recv": _seqsum(recv[mt]),
-                             "setup": _seqsum(sent[m & ~train]), "records": int(mt.sum()),
-                             "steps": _union_size(span_steps, st[mt])}
+        for k in np.flatnonzero(count[0::2] + count[1::2]).tolist():
+            acc[label[k]] = {"sent": float(sums["sent"][2 * k + 1]),
+                             "recv": float(sums["recv"][2 * k + 1]),
+                             "setup": float(sums["sent"][2 * k]),
+                             "records": int(count[2 * k + 1]),
+                             "steps": _union_size(span_steps, st[bins == 2 * k + 1])}
         out["merged" if merged else "raw"] = acc
     return rank, out["merged"], out["raw"]
 

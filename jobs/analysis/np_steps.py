@@ -70,9 +70,14 @@ def codes(col, values) -> np.ndarray:
     if not hasattr(col, "dictionary"):  # a plain string column (an empty read)
         return np.isin(np.asarray(col.to_pylist(), object), list(values))
     hit = np.isin(np.asarray(col.dictionary.to_pylist(), object), list(values))
-    idx = col.indices.to_numpy(zero_copy_only=False)
-    valid = ~np.asarray(col.is_null())
-    return valid & hit[np.where(valid, idx, 0).astype(np.int64)] if len(hit) else valid & False
+    if not hit.any():
+        return np.zeros(len(col), bool)
+    idx = col.indices
+    nulls = idx.null_count
+    idx = (idx.fill_null(0) if nulls else idx).to_numpy(zero_copy_only=False)
+    (one,) = np.flatnonzero(hit) if hit.sum() == 1 else (None,)
+    out = idx == one if one is not None else hit[idx]  # one value: a compare, not a gather
+    return out & np.asarray(col.is_valid()) if nulls else out
 
 
 def _num(col, fill, dtype) -> np.ndarray:

@@ -103,19 +103,39 @@ def sparse(con, base: Traces, where: str) -> Traces:
     return tr
 
 
-def _sample(path: Path, n: int):
-    """(every k-th row of a table file, k), at most JSON_ROWS rows (k = 1 when it fits),
-    read batch by batch: a file of millions of instances is never whole in memory."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    stride = max(1, -(-n // JSON_ROWS))
-    parts, at = [], 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=1 << 16):
-        first = (-at) % stride  # the batch's first row whose global index is a multiple
-        parts.append(batch.take(pa.array(np.arange(first, batch.num_rows, stride))))
-        at += batch.num_rows
-    return pa.Table.from_batches(parts), stride
+def stride_of(n: int) -> int:
+    """The sample's stride of a table of n rows: the smallest power of two leaving at most
+    JSON_ROWS rows (every k-th row, from the first). A power of two so that a sample taken
+    while the rows stream (Sampler: their count unknown until the end) is this one."""
+    k = 1
+    while -(-n // k) > JSON_ROWS:
+        k *= 2
+    return k
+
+
+class Sampler:
+    """The rows of index 0, k, 2k, ... of a table fed batch by batch in file order, k =
+    stride_of(rows fed): k doubles (the kept rows thinned to the new multiples) whenever more
+    than JSON_ROWS are kept, so at most 2 x JSON_ROWS rows are held, never the table."""
+
+    def __init__(self):
+        self.k, self.n, self.parts = 1, 0, []
+
+    def add(self, batch) -> None:
+        import numpy as np
+        import pyarrow as pa
+        first = (-self.n) % self.k
+        self.parts.append(batch.take(pa.array(np.arange(first, batch.num_rows, self.k))))
+        self.n += batch.num_rows
+        while -(-self.n // self.k) > JSON_ROWS:
+            kept = pa.concat_tables(self.parts)  # kept row i holds index i * k
+            self.parts, self.k = [kept.take(pa.array(np.arange(0, kept.num_rows, 2)))], 2 * self.k
+
+    def result(self):
+        """(the sample as one table, its stride)."""
+        import pyarrow as pa
+        assert self.k == stride_of(self.n)
+        return pa.concat_tables(self.parts), self.k
 
 
 def _seq_sum(x) -> float:
@@ -280,8 +300,9 @@ def analyze_columnar(out_dir: Path, spec=None, con=None) -> dict:
     t: dict = {}
     sizes["step_rank"] = A.safe(w, "step_rank", lambda: SS.write_step_rank(
         con, tr, path["step_rank"]), 0)
+    coll_sample = Sampler()  # analysis.json's rows of the collectives, taken as they stream
     sizes["collectives"] = A.safe(w, "collectives", lambda: SC.write_instances(
-        con, tr, path["collectives"]), 0)
+        con, tr, path["collectives"], coll_sample.add), 0)
     sr = _arrow(path["step_rank"]) if sizes["step_rank"] else None
     t["ranks"] = A.safe(w, "ranks", lambda: SS.ranks_table(sr, tr), [])
     step_s = A.safe(w, "step times", lambda: SS.step_times(sr), None)
@@ -318,7 +339,8 @@ def analyze_columnar(out_dir: Path, spec=None, con=None) -> dict:
     big = {n: _arrow(path[n]) if sizes.get(n) else None for n in BIG if n != "collectives"}
     big["step_rank"] = sr
     for name in BIG:
-        t[name], strides[name] = _json_rows(name, path[name], sizes.get(name), tr)
+        t[name], strides[name] = _json_rows(
+            name, coll_sample if name == "collectives" else big[name], sizes.get(name), tr)
     agg = A.safe(w, "headline", lambda: step_aggregates(
         big["step_rank"], big["throughput"], big["stragglers"]), None)
     headline = A.safe(w, "headline", lambda: A.headline(t, agg, pred, pp, peak), {}) \
@@ -358,11 +380,19 @@ def _strag_rows(table, tr: Traces) -> list[dict]:
     return SC.straggler_rows(table)
 
 
-def _json_rows(name: str, path: Path, n: int | None, tr: Traces) -> tuple[list[dict], int]:
-    """analysis.json's rows of a large table: all of them, or every k-th."""
+def _json_rows(name: str, table, n: int | None, tr: Traces) -> tuple[list[dict], int]:
+    """analysis.json's rows of a large table: all of them, or every k-th (stride_of). `table`:
+    the whole table in memory, or for the collectives the Sampler their batches fed."""
     if not n:
         return [], 1
-    part, stride = _sample(path, n)
+    if isinstance(table, Sampler):
+        part, stride = table.result()
+        assert table.n == n, (table.n, n)
+    else:
+        import numpy as np
+        import pyarrow as pa
+        stride = stride_of(n)
+        part = table.take(pa.array(np.arange(0, n, stride))) if stride > 1 else table
     if name == "collectives":  # the file is in step-range order: the oracle's within JSON
         from . import np_coll as NC
         part = part.take(NC.sort_indices(part))

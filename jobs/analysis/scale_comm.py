@@ -42,17 +42,21 @@ WRITE = {"compression": "snappy", "use_dictionary": ["op", "axis", "group", "bac
                                                       "phase"], "write_statistics": ["step"]}
 
 
-def write_instances(con, tr: Traces, path: Path) -> int:
+def write_instances(con, tr: Traces, path: Path, sample=None) -> int:
     """np_coll.instance_batches streamed to `path` (one row group per batch, each in the
     oracle's order: the file is by step range, then as collectives_table orders); the count.
     Appends collectives_table's incomplete-instances warning to tr.warnings. No file is
-    written when there is no instance. Call only where np_coll.applies(con)."""
+    written when there is no instance. `sample`: called with each batch as written (the
+    scale path's Sampler of analysis.json's rows). Call only where np_coll.applies(con)."""
     writer, n, incomplete = None, 0, 0
     try:
         for b in N.instance_batches(con, tr):
             if writer is None:
                 writer = pq.ParquetWriter(path, b.schema, **WRITE)
-            writer.write_table(b.take(N.sort_indices(b)).cast(writer.schema))
+            b = b.take(N.sort_indices(b)).cast(writer.schema)
+            writer.write_table(b)
+            if sample is not None:
+                sample(b)
             n += b.num_rows
             incomplete += b.num_rows - pc.sum(b["complete"]).as_py()
     finally:

@@ -156,3 +156,23 @@ def test_the_sweeps_exact_fallbacks_give_the_same_step_rank(tmp_path, monkeypatc
     assert not np_steps._Pack(np.zeros(1, np.int64), np.ones(1, np.int64)).ok
     exact = [{k: v.tolist() for k, v in c.items()} for c in np_steps.build(run)]
     assert exact == packed and any(x for c in packed for x in c["overlap_ns"])
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 6, 11, 40, 41, 333])
+def test_the_streamed_sample_is_every_kth_row_of_the_whole_table(monkeypatch, n):
+    """Sampler over batches of any sizes keeps exactly rows 0, k, 2k, ... with k =
+    stride_of(n), the smallest power of two leaving at most JSON_ROWS rows."""
+    import random
+
+    import pyarrow as pa
+    monkeypatch.setattr(scale, "JSON_ROWS", 5)
+    table = pa.table({"i": list(range(n))})
+    rng = random.Random(n)
+    s, at = scale.Sampler(), 0
+    while at < n or not s.parts:
+        size = rng.choice([0, 1, 3, 17, 64])
+        s.add(table.slice(at, size))
+        at += size
+    got, k = s.result()
+    assert k == scale.stride_of(n) and -(-n // k) <= 5 and (k == 1 or -(-n // (k // 2)) > 5)
+    assert got.column("i").to_pylist() == list(range(0, n, k))
