@@ -21,7 +21,9 @@ import numpy as np
 from . import columnar
 from .np_steps import codes
 
-COLS = ("rank", "type", "step", "cat", "axis", "bytes_sent", "bytes_recv")
+COLS = ("rank", "type", "step", "cat", "axis", "op", "bytes_sent", "bytes_recv")
+# what only MoE tables read (scale.RARE): whether a rank has any, from this same read
+RARE_TYPES, RARE_OPS = ("moe",), ("all_to_all",)
 
 
 def _union_size(a: np.ndarray, b: np.ndarray) -> int:
@@ -36,13 +38,16 @@ def _union_size(a: np.ndarray, b: np.ndarray) -> int:
     return int(seen.sum())
 
 
-def _rank(t) -> tuple[int, dict, dict]:
+def _rank(t) -> tuple[int, dict, dict, bool]:
     rank = int(t.column("rank")[0].as_py())
     step = np.asarray(t.column("step").fill_null(-1).to_numpy(zero_copy_only=False), np.int64)
     stepspan = (codes(t.column("type"), ("span",)) & codes(t.column("cat"), ("step",))
                 & (step >= 0))
     span_steps = np.unique(step[stepspan])
-    c = np.flatnonzero(codes(t.column("type"), ("comm",)))
+    comm = codes(t.column("type"), ("comm",))
+    rare = bool(codes(t.column("type"), RARE_TYPES).any()
+                or (comm & codes(t.column("op"), RARE_OPS)).any())
+    c = np.flatnonzero(comm)
     axis = t.column("axis").combine_chunks()
     names = axis.dictionary.to_pylist()
     code = np.asarray(axis.indices.fill_null(len(names)).to_numpy(zero_copy_only=False),
@@ -72,20 +77,25 @@ def _rank(t) -> tuple[int, dict, dict]:
                              "records": int(count[2 * k + 1]),
                              "steps": _union_size(span_steps, st[bins == 2 * k + 1])}
         out["merged" if merged else "raw"] = acc
-    return rank, out["merged"], out["raw"]
+    return rank, out["merged"], out["raw"], rare
 
 
-def axis_sums(out_dir: Path) -> dict[str, dict[tuple, dict]]:
-    """{"merged": {(rank, axis): sums}, "raw": {(rank, axis or None): sums}} (module doc);
-    only (rank, axis) pairs with comm records."""
+def axis_sums(out_dir: Path) -> dict:
+    """{"merged": {(rank, axis): sums}, "raw": {(rank, axis or None): sums}, "rare": bool}
+    (module doc); only (rank, axis) pairs with comm records. `rare`: whether a file may hold
+    a RARE_TYPES record or a comm record of RARE_OPS (one it could not read counts)."""
     import pyarrow.parquet as pq
-    res: dict[str, dict[tuple, dict]] = {"merged": {}, "raw": {}}
+    res: dict = {"merged": {}, "raw": {}, "rare": False}
     for path in sorted(Path(out_dir).glob("trace-rank*" + columnar.SUFFIX)):
-        pf = pq.ParquetFile(path, read_dictionary=["type", "cat", "axis"])
-        if not pf.metadata.num_rows or not set(COLS) <= set(pf.schema_arrow.names):
+        pf = pq.ParquetFile(path, read_dictionary=["type", "cat", "axis", "op"])
+        if not pf.metadata.num_rows:
+            continue
+        if not set(COLS) <= set(pf.schema_arrow.names):
+            res["rare"] = True
             continue
         t = pf.read(columns=list(COLS))
-        rank, merged, raw = _rank(t)
+        rank, merged, raw, rare = _rank(t)
+        res["rare"] |= rare
         for name, acc in (("merged", merged), ("raw", raw)):
             for axis, v in acc.items():
                 res[name][(rank, axis)] = v

@@ -212,32 +212,45 @@ def chunk(t, rank: int, lo: int) -> tuple[dict, dict]:
     return ev, win
 
 
+_K = 21  # bits per counter in sweep's packed running sums
+
+
 def sweep(ev: dict, win: dict) -> list:
     """(compute, comm, overlap, exposed, busy) ns per window row. `ev`: the events' window
-    row `w`, time `t` and counter deltas a, b, c (any order); `win`: t0, t1 per row. The
-    counters are running sums over the events sorted by (w, t) (each window's deltas sum to
-    0, so one cumsum serves all); a segment runs from an event to the next one of its window,
-    clipped to the window. The order among events of equal time does not matter: the
-    segments between them are empty, the counters after the last of them the same sums."""
+    row `w`, time `t` and counter deltas a, b, c, each interval's start listed before its end
+    (chunk's order); `win`: t0, t1 per row. Event times are clipped to their window first
+    (monotone, so the order stays valid and a segment's clipped length is the difference of
+    its ends); the counters are running sums over the events sorted by (w, t), each window's
+    deltas summing to 0 so that one cumsum serves all, the three packed in one int64 (_K bits
+    each: counters never go negative, ties sorting stably start-first). A segment runs from
+    an event to the next one of its window. The order among events of equal time does not
+    matter: the segments between them are empty, the counters after the last the same sums.
+    exposed = comm - overlap and busy = compute + comm - overlap (integer ns: exact)."""
     nwin = len(win["t0"])
     out = np.zeros((5, nwin), np.int64)
     if not len(ev["t"]):
         return list(out)
-    w, t = ev["w"], ev["t"]
+    w = ev["w"]
+    t = np.clip(ev["t"], win["t0"][w], win["t1"][w])
     order = _sort_gs(w, t, ev["pack"])
     w, t = w[order], t[order]
-    a, b, c = (np.cumsum(ev[k][order], dtype=np.int64) for k in "abc")
-    lo, hi = win["t0"][w], win["t1"][w]
+    if len(t) < 1 << _K:  # no counter reaches 2^_K
+        d = ((ev["a"].astype(np.int64) << 2 * _K) + (ev["b"].astype(np.int64) << _K)
+             + ev["c"])
+        run = np.cumsum(d[order])
+        a, b, c = run >> 2 * _K, (run >> _K) & ((1 << _K) - 1), run & ((1 << _K) - 1)
+    else:
+        a, b, c = (np.cumsum(ev[k][order], dtype=np.int64) for k in "abc")
     same = w[1:] == w[:-1]
-    seg = np.where(same, np.clip(np.minimum(t[1:], hi[:-1]) - np.maximum(t[:-1], lo[:-1]),
-                                 0, None), 0)
-    seg = np.append(seg, 0)  # the last event opens no segment
+    seg = np.append(np.where(same, np.diff(t), 0), 0)  # the last event opens no segment
     comp_on = np.append((a[:-1] > 0) & (b[:-1] == 0), False)
     comm_on = np.append(c[:-1] > 0, False)
     starts = np.flatnonzero(np.concatenate(([True], ~same)))
-    for i, m in enumerate((comp_on, comm_on, comp_on & comm_on, comm_on & ~comp_on,
-                           comp_on | comm_on)):
-        out[i, w[starts]] = np.add.reduceat(seg * m, starts)
+    at = w[starts]
+    for i, m in enumerate((comp_on, comm_on, comp_on & comm_on)):
+        out[i, at] = np.add.reduceat(np.where(m, seg, 0), starts)
+    out[3] = out[1] - out[2]
+    out[4] = out[0] + out[1] - out[2]
     return list(out)
 
 

@@ -43,6 +43,8 @@ PERFETTO_MAX_RECORDS = 2_000_000  # above: no whole-run Perfetto file, windows o
 PYTHON_MAX_RECORDS = 4_000_000
 MEMORY_LIMIT = "1GB"  # DuckDB spills beyond it (peak RSS stays bounded)
 FILE = "table-{}.parquet"
+# the records of the MoE tables (expert_load, all_to_all): np_axis.RARE_TYPES / RARE_OPS
+RARE = "type = 'moe' OR (type = 'comm' AND op = 'all_to_all')"
 BIG = ("step_rank", "collectives", "throughput", "stragglers")  # rows per step or instance
 
 
@@ -89,11 +91,14 @@ def meta_traces(out_dir: Path, con) -> Traces:
     return finish(tr, out_dir)
 
 
-def sparse(con, base: Traces, where: str) -> Traces:
+def sparse(con, base: Traces, where: str | None) -> Traces:
     """`base` (meta, summary, warnings shared) with the records matching the SQL condition
-    `where` only, in the loader's order: what the Python functions of rare records read."""
+    `where` only (None: no record), in the loader's order: what the Python functions of rare
+    records read."""
     tr = Traces(ranks={r: [] for r in base.ranks}, meta=base.meta, warnings=base.warnings,
                 summary=base.summary)
+    if where is None:
+        return tr
     table = con.sql(f"SELECT * EXCLUDE (row) FROM t WHERE {where} ORDER BY rank, row"
                     ).to_arrow_table()
     for rec in columnar.records_of(table):
@@ -320,7 +325,8 @@ def analyze_columnar(out_dir: Path, spec=None, con=None) -> dict:
     t["links"] = A.safe(w, "links", lambda: SC.links_table(
         con, tr, sp, path["collectives"], pred, sums), []) if sums is not None else []
     t["placement"] = A.safe(w, "placement", lambda: LK.placement_table(tr, sp), [])
-    rare = sparse(con, tr, "type = 'moe' OR (type = 'comm' AND op = 'all_to_all')")
+    # the records only MoE tables read; none (no scan) where axis_sums saw none
+    rare = sparse(con, tr, RARE if sums is None or sums["rare"] else None)
     peaks = A.safe(w, "memory peaks", lambda: V.mem_peaks(con), None)
     mem_tr = rare if peaks is not None else sparse(con, tr, "type IN ('mem', 'moe')")
     t["memory"] = A.safe(w, "memory", lambda: M.memory_table(mem_tr, sp, pred, peaks), [])

@@ -178,3 +178,20 @@ def test_a_missing_rank_leaves_its_group_out_with_a_warning():
     out = analyze(tr)
     assert {x["src"] for x in out["tables"]["all_to_all"]} == {0, 1}
     assert any("all_to_all: rank 2" in w for w in out["warnings"])
+
+
+def test_scale_path_reads_the_moe_records_it_finds(runs, tmp_path):
+    """The columnar scale path loads the MoE records (np_axis saw them in its read) and
+    gives the Python path's expert_load and all_to_all tables."""
+    import shutil
+
+    from jobs.analysis import columnar, np_axis, scale
+    run = tmp_path / "ep2"
+    shutil.copytree(runs["ep2-cap"], run, ignore=shutil.ignore_patterns(
+        "*.parquet", "table-*", "analysis.json"))
+    columnar.convert_run_dir(run)
+    assert np_axis.axis_sums(run)["rare"]
+    want, got = analyze_run_dir(run)["tables"], scale.analyze_columnar(run)["tables"]
+    assert want["expert_load"] and want["all_to_all"]
+    for name in ("expert_load", "all_to_all"):
+        assert got[name] == want[name], name

@@ -176,3 +176,17 @@ def test_the_streamed_sample_is_every_kth_row_of_the_whole_table(monkeypatch, n)
     got, k = s.result()
     assert k == scale.stride_of(n) and -(-n // k) <= 5 and (k == 1 or -(-n // (k // 2)) > 5)
     assert got.column("i").to_pylist() == list(range(0, n, k))
+
+
+def test_a_run_without_moe_records_skips_their_scan(tmp_path, monkeypatch):
+    """np_axis's read says whether MoE records exist; without them the scale path queries
+    none (sparse(None)), with the same analysis."""
+    from jobs.analysis import np_axis
+    run = dp_tp_run(tmp_path / "run")
+    columnar.convert_run_dir(run)
+    assert np_axis.axis_sums(run)["rare"] is False
+    seen, real = [], scale.sparse
+    monkeypatch.setattr(scale, "sparse", lambda con, tr, where: seen.append(where)
+                        or real(con, tr, where))
+    check(run)
+    assert None in seen and scale.RARE not in seen
