@@ -161,7 +161,8 @@ def make_parquet(out: Path, ranks: int, steps: int, chunk_steps: int = 20000) ->
                 seq = pa.array(np.tile(seq0, s1 - s0) + st * np.tile(seq_step, s1 - s0),
                                mask=np.tile([x.get("seq") is None for x in body], s1 - s0))
                 t = t.set_column(t.schema.get_field_index("seq"), "seq", seq)
-                w.write_table(t.replace_schema_metadata(md))
+                w.write_table(t.replace_schema_metadata(md),
+                              row_group_size=columnar.ROW_GROUP_ROWS)  # as the converter
             c, a = columnar.to_columns([end])
             w.write_table(pa.Table.from_arrays(
                 [pa.array([r], pa.int32())]

@@ -35,7 +35,7 @@ def main(mode: str, out: Path) -> None:
         from jobs.analysis import predicted as P
         from jobs.analysis import scale_comm as SC
         assert N.applies(con)
-        n = SC.write_instances(con, tr, path)
+        n = SC.write_instances(tr, out, path)
         c1 = time.process_time()
         st, ss = zip(*con.execute(STEP_S).fetchall(), strict=True)
         step_s = pa.table({"step": list(st), "step_s": list(ss)})

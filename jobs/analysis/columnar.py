@@ -47,6 +47,9 @@ COLUMNS: dict[str, str] = {
 _PYTYPE = {_INT: int, _FLOAT: float, _STR: str, _BOOL: bool}
 _INT64 = 1 << 63
 _EXACT = 1 << 53  # ints a float holds exactly
+# rows per row group: a step range reads the groups its steps meet (np_read.py), so small
+# groups waste little at a range's ends and one per rank file stays decoded between ranges
+ROW_GROUP_ROWS = 1 << 16
 NULL_IS_NONE = ("microbatch",)  # every record has it: a null reads back as None
 
 
@@ -117,7 +120,7 @@ def file_metadata(meta: dict, bad: int = 0, empty: bool = False) -> dict:
 def write_table(table, path: Path) -> None:
     import pyarrow.parquet as pq
     tmp = path.with_name(path.name + ".part")
-    pq.write_table(table, tmp, compression="zstd", row_group_size=1 << 20)
+    pq.write_table(table, tmp, compression="zstd", row_group_size=ROW_GROUP_ROWS)
     os.replace(tmp, path)
 
 

@@ -1,15 +1,19 @@
 """Bytes per rank and mesh axis from a run's Parquet files (issue 19): the one input of
 collectives.axis_bytes_table's columnar twin (vec_tables.axis_bytes_table) and of the links
-table at scale (scale_comm.links_table), read once per rank file (`type, step, cat, axis,
-bytes_sent, bytes_recv`, strings as dictionaries).
+table at scale (scale_comm.links_table), summed over np_read's rows (`COLS`, strings as
+dictionaries): each rank's setup records, then its rows step range by step range (the scale
+path feeds the same read the step sweep and the collectives take, scale._one_read).
 
 Per (rank, axis), as axis_bytes_table forms them: bytes sent and received by the comm records
 of training steps (step >= 0), bytes sent by the setup ones (step < 0 or none), the number of
-training comm records, and `steps` = |the rank's `step` spans' steps U the axis's comm steps|.
-Sums run in file order (np.bincount's weights: sequential per bin, as the oracle's `+=`;
-np.sum's pairwise order could differ in the last bit). Keyed twice: `merged` (an absent
-axis is "?", the oracle's r.get("axis", "?")) and `raw` (absent stays None: links asks the
-mesh for the group of a record that names its axis, and for the default group otherwise).
+training comm records, and `steps` = |the rank's `step` spans' steps U the axis's comm steps|
+(ranges hold disjoint steps: the rank's span steps plus, per range, the axis's comm steps
+without a span). Sums are sequential, as the oracle's `+=`: np.bincount adds each bin's
+weights in input order, and the running sums enter each range's bincount as its first
+weights (np.sum's pairwise order could differ in the last bit); the order is the file's
+within a range, range after range. Keyed twice: `merged` (an absent axis is "?", the
+oracle's r.get("axis", "?")) and `raw` (absent stays None: links asks the mesh for the group
+of a record that names its axis, and for the default group otherwise).
 """
 
 from __future__ import annotations
@@ -18,85 +22,119 @@ from pathlib import Path
 
 import numpy as np
 
-from . import columnar
 from .np_steps import codes
 
-COLS = ("rank", "type", "step", "cat", "axis", "op", "bytes_sent", "bytes_recv")
+COLS = ("type", "step", "cat", "axis", "op", "bytes_sent", "bytes_recv")
+DICT = ("type", "cat", "axis", "op")
 # what only MoE tables read (scale.RARE): whether a rank has any, from this same read
 RARE_TYPES, RARE_OPS = ("moe",), ("all_to_all",)
+_KINDS = ("merged", "raw")
 
 
-def _union_size(a: np.ndarray, b: np.ndarray) -> int:
-    """|set(a) | set(b)| of step numbers (>= 0): a presence array where the steps are in the
-    tens of millions at most (no hashing), else np.union1d."""
-    top = int(max(a.max(initial=-1), b.max(initial=-1)))
-    if top > 50_000_000:
-        return len(np.union1d(a, b))
-    seen = np.zeros(top + 1, bool)
-    seen[a] = True
-    seen[b] = True
-    return int(seen.sum())
+class Sums:
+    """The per (rank, axis) sums, fed one rank's rows at a time (`add`), read by `result`."""
+
+    def __init__(self):
+        self.bins: dict[str, dict[tuple, int]] = {k: {} for k in _KINDS}  # (rank, axis) -> bin
+        # per kind and bin: sent, recv, setup (float); records, extra steps (int)
+        self.f = {k: np.zeros((3, 0)) for k in _KINDS}
+        self.n = {k: np.zeros((2, 0), np.int64) for k in _KINDS}
+        self.span_steps: dict[int, int] = {}
+        self.rare = False
+
+    def _bin_of(self, kind: str, rank: int, labels: list) -> np.ndarray:
+        """The bins of (rank, label) per label, new ones added (arrays grown)."""
+        table = self.bins[kind]
+        out = np.array([table.setdefault((rank, x), len(table)) for x in labels], np.int64)
+        grow = len(table) - self.f[kind].shape[1]
+        if grow > 0:
+            self.f[kind] = np.pad(self.f[kind], ((0, 0), (0, grow)))
+            self.n[kind] = np.pad(self.n[kind], ((0, 0), (0, grow)))
+        return out
+
+    def add(self, rank: int, t, train: bool) -> None:
+        """One rank's rows (np_read, COLS): one step range's (train) or its setup rows."""
+        if not set(COLS) <= set(t.column_names):
+            self.rare = True
+            return
+        typ = t.column("type")
+        comm = codes(typ, ("comm",))
+        self.rare = self.rare or bool(codes(typ, RARE_TYPES).any()
+                                      or (comm & codes(t.column("op"), RARE_OPS)).any())
+        step = np.asarray(t.column("step").fill_null(-1).to_numpy(zero_copy_only=False),
+                          np.int64)
+        spans = np.zeros(0, np.int64)
+        if train:
+            spans = np.unique(step[codes(typ, ("span",)) & codes(t.column("cat"), ("step",))])
+            self.span_steps[rank] = self.span_steps.get(rank, 0) + len(spans)
+        c = np.flatnonzero(comm)
+        if not len(c):
+            return
+        axis = t.column("axis").combine_chunks()
+        names = axis.dictionary.to_pylist()
+        code = np.asarray(axis.indices.fill_null(len(names)).to_numpy(zero_copy_only=False),
+                          np.int64)[c]
+        sent = _floats(t.column("bytes_sent"))[c]
+        recv = _floats(t.column("bytes_recv"))[c]
+        st = step[c]
+        for kind in _KINDS:
+            label = [*names, "?" if kind == "merged" else None]
+            present = np.flatnonzero(np.bincount(code, minlength=len(label)))
+            bins = self._bin_of(kind, rank, [label[i] for i in present])
+            lut = np.zeros(len(label), np.int64)
+            lut[present] = bins
+            b = lut[code]
+            nb = self.f[kind].shape[1]
+            head = np.arange(nb)  # the running sums first: each bin's sum stays sequential
+            f, n = self.f[kind], self.n[kind]
+            if train:
+                f[0] = np.bincount(np.r_[head, b], np.r_[f[0], sent], minlength=nb)
+                f[1] = np.bincount(np.r_[head, b], np.r_[f[1], recv], minlength=nb)
+                n[0] += np.bincount(b, minlength=nb)
+                ub, inv = np.unique(b, return_inverse=True)  # bins, not codes: "?" merges
+                n[1, ub] += _steps_without_span(st, inv, len(ub), spans)
+            else:
+                f[2] = np.bincount(np.r_[head, b], np.r_[f[2], sent], minlength=nb)
+
+    def result(self) -> dict:
+        """{"merged": {(rank, axis): sums}, "raw": {...}, "rare": bool}."""
+        out: dict = {"rare": self.rare}
+        for kind in _KINDS:
+            f, n = self.f[kind], self.n[kind]
+            out[kind] = {key: {"sent": float(f[0, b]), "recv": float(f[1, b]),
+                               "setup": float(f[2, b]), "records": int(n[0, b]),
+                               "steps": self.span_steps.get(key[0], 0) + int(n[1, b])}
+                         for key, b in self.bins[kind].items()}
+        return out
 
 
-def _rank(t) -> tuple[int, dict, dict, bool]:
-    rank = int(t.column("rank")[0].as_py())
-    step = np.asarray(t.column("step").fill_null(-1).to_numpy(zero_copy_only=False), np.int64)
-    stepspan = (codes(t.column("type"), ("span",)) & codes(t.column("cat"), ("step",))
-                & (step >= 0))
-    span_steps = np.unique(step[stepspan])
-    comm = codes(t.column("type"), ("comm",))
-    rare = bool(codes(t.column("type"), RARE_TYPES).any()
-                or (comm & codes(t.column("op"), RARE_OPS)).any())
-    c = np.flatnonzero(comm)
-    axis = t.column("axis").combine_chunks()
-    names = axis.dictionary.to_pylist()
-    code = np.asarray(axis.indices.fill_null(len(names)).to_numpy(zero_copy_only=False),
-                      np.int64)[c]
-    st = step[c]
-    sent = np.asarray(t.column("bytes_sent").fill_null(0.0).to_numpy(zero_copy_only=False),
-                      np.float64)[c]
-    recv = np.asarray(t.column("bytes_recv").fill_null(0.0).to_numpy(zero_copy_only=False),
-                      np.float64)[c]
-    train = st >= 0
-    out = {}
-    for merged in (True, False):
-        label = [*names, "?" if merged else None]
-        keys = np.array([label.index(x) for x in label], np.int64)[code]  # "?" twice: one key
-        # bincount adds each bin's weights in input order, from 0.0: the oracle's `+=` in
-        # file order (a pairwise np.sum could differ in the last bit)
-        bins = 2 * keys + train  # (key, training step?) -> one bin
-        nb = 2 * len(label)
-        sums = {k: np.bincount(bins, weights=v, minlength=nb) for k, v in
-                (("sent", sent), ("recv", recv))}
-        count = np.bincount(bins, minlength=nb)
-        acc = {}
-        for k in np.flatnonzero(count[0::2] + count[1::2]).tolist():
-            acc[label[k]] = {"sent": float(sums["sent"][2 * k + 1]),
-                             "recv": float(sums["recv"][2 * k + 1]),
-                             "setup": float(sums["sent"][2 * k]),
-                             "records": int(count[2 * k + 1]),
-                             "steps": _union_size(span_steps, st[bins == 2 * k + 1])}
-        out["merged" if merged else "raw"] = acc
-    return rank, out["merged"], out["raw"], rare
+def _steps_without_span(st, row, rows: int, spans) -> np.ndarray:
+    """Per row 0..rows-1: how many distinct steps of its records (`st`, by `row`) have no
+    `step` span (`spans`): presence counts over the range's steps, no sort."""
+    base = int(st.min())
+    width = int(st.max()) - base + 1
+    seen = np.bincount(row * width + (st - base), minlength=rows * width) > 0
+    span = np.zeros(width, bool)
+    span[spans[(spans >= base) & (spans < base + width)] - base] = True
+    return (seen.reshape(rows, width) & ~span).sum(axis=1)
+
+
+def _floats(col) -> np.ndarray:
+    return np.asarray(col.fill_null(0.0).to_numpy(zero_copy_only=False), np.float64)
 
 
 def axis_sums(out_dir: Path) -> dict:
     """{"merged": {(rank, axis): sums}, "raw": {(rank, axis or None): sums}, "rare": bool}
     (module doc); only (rank, axis) pairs with comm records. `rare`: whether a file may hold
-    a RARE_TYPES record or a comm record of RARE_OPS (one it could not read counts)."""
-    import pyarrow.parquet as pq
-    res: dict = {"merged": {}, "raw": {}, "rare": False}
-    for path in sorted(Path(out_dir).glob("trace-rank*" + columnar.SUFFIX)):
-        pf = pq.ParquetFile(path, read_dictionary=["type", "cat", "axis", "op"])
-        if not pf.metadata.num_rows:
-            continue
-        if not set(COLS) <= set(pf.schema_arrow.names):
-            res["rare"] = True
-            continue
-        t = pf.read(columns=list(COLS))
-        rank, merged, raw, rare = _rank(t)
-        res["rare"] |= rare
-        for name, acc in (("merged", merged), ("raw", raw)):
-            for axis, v in acc.items():
-                res[name][(rank, axis)] = v
-    return res
+    a RARE_TYPES record or a comm record of RARE_OPS (one it could not read counts). Its own
+    read of the rank files; the scale path feeds Sums from the read it shares."""
+    from . import np_read
+    from .np_steps import CHUNK_RECORDS
+    files = np_read.open_files(out_dir, COLS, DICT)
+    s = Sums()
+    for rank, t in np_read.setup(files).items():
+        s.add(rank, t, train=False)
+    for _lo, _hi, tabs in np_read.passes(files, CHUNK_RECORDS):
+        for rank, t in sorted(tabs.items()):
+            s.add(rank, t, train=True)
+    return s.result()

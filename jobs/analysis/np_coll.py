@@ -1,8 +1,9 @@
 """The collectives table at scale (issue 19): collectives.collectives_table's instances from a
-run's Parquet files, one plain filtered DuckDB scan per step range and numpy for the rest.
+run's Parquet files, read by np_read (the rows of one step range, decoded once for the step
+sweep, the axis sums and this), numpy for the rest.
 
-Per pass (the setup records, step NULL or < 0, then each vec_steps.chunks range) the comm
-records' columns come back as Arrow; an integer instance key packs (group-or-axis, group_key,
+Per pass (the setup records, step NULL or < 0, then each np_read step range) the comm
+records' columns as Arrow (comm_table); an integer instance key packs (group-or-axis, group_key,
 seq) (strings dictionary-encoded, collectives.group_key evaluated once per (rank, axis)); one
 sort by (instance, rank, file row) makes each instance a segment whose first record is the
 oracle's `first` (match() appends ranks in order, records in file order) and whose ranks are
@@ -21,6 +22,7 @@ is not collapsed as the oracle's per-rank dicts do.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import numpy as np
@@ -43,12 +45,6 @@ ROW_KEYS = ("step", "op", "axis", "group", "seq", "group_size", "ranks", "comple
             "late_s", "others_wait_s", "duration_s", "span_s", "clock_error_s", "algbw_GBps",
             "busbw_GBps")
 EXTRA = ("first_key", "wait_ns", "late_ns", "others_wait_ns", "n_ranks")
-
-_SCAN = """SELECT rank, row, ts_ns, ts_ns + coalesce(dur_ns, 0) AS e, coalesce(step, -1) AS step,
-  op, axis, "group", seq, group_size, payload_bytes, coalesce(bytes_sent, 0.0) AS bytes_sent,
-  backend_op, phase, bucket, unit, microbatch
-FROM t WHERE type = 'comm' AND ({where})"""
-
 
 def applies(con) -> bool:
     """False where vec_tables.collectives_table returns None: point-to-point ops (FIFO
@@ -227,26 +223,91 @@ def _compute(tab: pa.Table, ctx: _Ctx, carry_step: int | None):
     return out.filter(pa.array(~keep)), tab.take(pa.array(order[keep[seg]]))
 
 
-def instance_batches(con, tr: Traces) -> Iterator[pa.Table]:
+# what comm_table reads of each rank's rows (np_read), strings as dictionaries
+COLS = ("type", "ts_ns", "dur_ns", "op", "axis", "group", "seq", "group_size",
+        "payload_bytes", "bytes_sent", "backend_op", "phase", "bucket", "unit", "microbatch")
+DICT = ("type", "op", "axis", "group", "backend_op", "phase")
+# comm_table's columns and types (those of DuckDB's scan it replaced): carry's schema
+_TYPES = {"rank": pa.int32(), "row": pa.int64(), "ts_ns": pa.int64(), "e": pa.int64(),
+          "step": pa.int64(), "op": pa.string(), "axis": pa.string(), "group": pa.string(),
+          "seq": pa.int64(), "group_size": pa.int64(), "payload_bytes": pa.int64(),
+          "bytes_sent": pa.float64(), "backend_op": pa.string(), "phase": pa.string(),
+          "bucket": pa.int64(), "unit": pa.int64(), "microbatch": pa.int64()}
+
+
+def comm_table(tabs: dict) -> pa.Table:
+    """One pass's comm records (_TYPES' columns; rank, then file row) from its rows per rank
+    (np_read.passes or np_read.setup, COLS): ts_ns + dur_ns as `e`, a null step as -1, a
+    null bytes_sent as 0. A column a file lacks reads as nulls."""
+    from .np_steps import codes
+    parts = []
+    for _rank, t in sorted(tabs.items()):
+        m = codes(t.column("type"), ("comm",))
+        if not m.any():
+            continue
+        keep = [k for k in (*_TYPES, "dur_ns") if k in t.column_names]
+        # the columns it needs only; a filter, chunk by chunk (a take over a table of many
+        # chunks costs several times more)
+        c = t.select(keep).filter(pa.array(m))
+
+        cols = {k: _column(c, k, _TYPES[k]) for k in _TYPES if k != "e"}
+        cols["e"] = pc.add(cols["ts_ns"], pc.fill_null(_column(c, "dur_ns", pa.int64()), 0))
+        cols["step"] = pc.fill_null(cols["step"], -1)
+        cols["bytes_sent"] = pc.fill_null(cols["bytes_sent"], 0.0)
+        parts.append(pa.table({k: cols[k] for k in _TYPES}))
+    if not parts:
+        return pa.schema(list(_TYPES.items())).empty_table()
+    return pa.concat_tables(parts)
+
+
+def _column(t: pa.Table, name: str, typ):
+    """A column as `typ` (dictionaries decoded); nulls where the file lacks it."""
+    if name not in t.column_names:
+        return pa.nulls(t.num_rows, typ)
+    x = t.column(name)
+    return x if x.type == typ else x.cast(typ)
+
+
+def instance_batches(tr: Traces, out_dir, passes=None) -> Iterator[pa.Table]:
     """One table per pass, one row per collective instance: collectives_table's keys (the
     optional phase / bucket / unit / microbatch as nullable columns) plus EXTRA (first_key:
     the oracle's tie-break, rank << 40 | file row of the first record; the integer ns behind
     wait_s / late_s / others_wait_s; n_ranks = len(ranks), which readers filter on without
-    decoding the lists). Call only where applies(con)."""
+    decoding the lists). `passes`: (carry step, comm_table) per pass, the setup records'
+    first (carry step -2), then each step range's (its last step); default read here from
+    out_dir's rank files (np_read; the scale path shares its read with the step sweep and
+    the axis sums). Call only where applies(con)."""
+    if passes is None:
+        from . import np_read
+        files = np_read.open_files(out_dir, COLS, DICT)
+        passes = itertools.chain(
+            [(-2, comm_table(np_read.setup(files)))],
+            ((hi, comm_table(tabs)) for _lo, hi, tabs in
+             np_read.passes(files, VS.CHUNK_RECORDS)))
     ctx = _Ctx(tr)
-    passes = [("step IS NULL OR step < 0", -2)]
-    passes += [(f"step BETWEEN {lo} AND {hi}", hi) for lo, hi in VS.chunks(con)]
     carry = None
-    for i, (where, carry_step) in enumerate(passes):
-        tab = con.sql(_SCAN.format(where=where)).to_arrow_table()
+    for (carry_step, tab), last in _last_marked(passes):
         if carry is not None:
             tab = pa.concat_tables([carry, tab.cast(carry.schema)])
         if not tab.num_rows:
             carry = None
             continue
-        out, carry = _compute(tab, ctx, None if i == len(passes) - 1 else carry_step)
+        out, carry = _compute(tab, ctx, None if last else carry_step)
         if out.num_rows:
             yield out
+
+
+def _last_marked(items):
+    """(item, whether it is the last one) for each item of an iterator."""
+    it = iter(items)
+    try:
+        prev = next(it)
+    except StopIteration:
+        return
+    for x in it:
+        yield prev, False
+        prev = x
+    yield prev, True
 
 
 def sort_indices(table: pa.Table):

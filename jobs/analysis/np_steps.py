@@ -1,5 +1,5 @@
 """vec_steps.build without SQL (issue 19): the step sweep's windows and events formed in numpy
-from each rank's Parquet file, read once per step range with the columns it needs.
+from each rank's rows of one step range (np_read.py: the read the collectives share).
 
 steps.step_row's interval algebra as one sweep per (rank, step): every interval becomes a +1
 at its start and a -1 at its end on one of three counters, A compute spans, B blocking comm
@@ -33,35 +33,13 @@ from pathlib import Path
 
 import numpy as np
 
-from . import columnar
 from . import steps as S
 
-CHUNK_RECORDS = 2_000_000  # records per step range over all ranks (vec_steps.chunks)
+CHUNK_RECORDS = 1_000_000  # rows per step range over all rank files (np_read.ranges)
 SUMS = ("compute_ns", "comm_ns", "overlap_ns", "exposed_ns", "busy_ns")
 COLS = ("type", "step", "ts_ns", "dur_ns", "cat", "async", "bucket", "end", "loss",
         "loss_weight")
-_DICT = ("type", "cat", "end")
-
-
-def _ranges(pf, budget: int) -> list[tuple[int, int]]:
-    """Step ranges of about `budget` rows of one file (its row groups' step statistics)."""
-    md = pf.metadata
-    j = pf.schema_arrow.get_field_index("step")
-    lo = hi = None
-    for i in range(md.num_row_groups):
-        st = md.row_group(i).column(j).statistics
-        if st is None or not st.has_min_max:
-            steps = pf.read(columns=["step"]).column(0).drop_null().to_numpy()
-            lo, hi = (int(steps.min()), int(steps.max())) if len(steps) else (None, None)
-            break
-        lo = st.min if lo is None else min(lo, st.min)
-        hi = st.max if hi is None else max(hi, st.max)
-    if hi is None or hi < 0:
-        return []
-    lo = max(0, lo)
-    k = max(1, -(-md.num_rows // budget))
-    width = -(-(hi - lo + 1) // k)
-    return [(a, min(hi, a + width - 1)) for a in range(lo, hi + 1, width)]
+DICT = ("type", "cat", "end")
 
 
 def codes(col, values) -> np.ndarray:
@@ -254,29 +232,23 @@ def sweep(ev: dict, win: dict) -> list:
     return list(out)
 
 
-def build(out_dir: Path, budget: int | None = None):
-    """Per rank file and step range of about `budget` rows (CHUNK_RECORDS / 4: a range's
-    arrays stay in the tens of MB), the step_rank integers: columns
-    (rank, step, t0, t1, has_step, comm_ops, loss, loss_weight, compute_ns, comm_ns,
-    overlap_ns, exposed_ns, busy_ns) as numpy arrays in step order."""
-    import pyarrow.parquet as pq
-    budget = budget or max(1, CHUNK_RECORDS // 4)
-    for path in sorted(Path(out_dir).glob("trace-rank*" + columnar.SUFFIX)):
-        pf = pq.ParquetFile(path)
-        names = set(pf.schema_arrow.names)
-        if not set(COLS) <= names:
+def rows_of(tabs: dict, lo: int):
+    """The step_rank integers of one step range's rows per rank (np_read.passes' dict, the
+    range starting at step `lo`): per rank, columns (rank, step, t0, t1, has_step, comm_ops,
+    loss, loss_weight, compute_ns, comm_ns, overlap_ns, exposed_ns, busy_ns) as numpy arrays
+    in step order. A rank whose file lacks one of COLS gives none."""
+    for rank, t in sorted(tabs.items()):
+        if not set(COLS) <= set(t.column_names):
             continue
-        rank_col = pf.read_row_group(0, columns=["rank"]).column(0) if pf.metadata.num_rows \
-            else None
-        if rank_col is None or not len(rank_col):
-            continue
-        rank = int(rank_col[0].as_py())
-        for lo, hi in _ranges(pf, budget):
-            t = pq.read_table(path, columns=list(COLS), read_dictionary=list(_DICT),
-                              filters=[("step", ">=", lo), ("step", "<=", hi)])
-            if not t.num_rows:
-                continue
-            ev, win = chunk(t, rank, lo)
-            if not len(win["step"]):
-                continue
+        ev, win = chunk(t, rank, lo)
+        if len(win["step"]):
             yield {**win, **dict(zip(SUMS, sweep(ev, win), strict=True))}
+
+
+def build(out_dir: Path, budget: int | None = None):
+    """rows_of over each step range of about `budget` rows (CHUNK_RECORDS: a range's arrays
+    stay in the tens of MB) of the run's rank files, read by np_read (`COLS`)."""
+    from . import np_read
+    files = np_read.open_files(out_dir, COLS, DICT)
+    for lo, _hi, tabs in np_read.passes(files, budget or CHUNK_RECORDS):
+        yield from rows_of(tabs, lo)

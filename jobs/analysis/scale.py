@@ -120,8 +120,8 @@ def stride_of(n: int) -> int:
 
 class Sampler:
     """The rows of index 0, k, 2k, ... of a table fed batch by batch in file order, k =
-    stride_of(rows fed): k doubles (the kept rows thinned to the new multiples) whenever more
-    than JSON_ROWS are kept, so at most 2 x JSON_ROWS rows are held, never the table."""
+    stride_of(rows fed so far): as k grows (powers of two) the kept rows are thinned to its
+    multiples, so at most JSON_ROWS rows are held, never the table."""
 
     def __init__(self):
         self.k, self.n, self.parts = 1, 0, []
@@ -129,12 +129,14 @@ class Sampler:
     def add(self, batch) -> None:
         import numpy as np
         import pyarrow as pa
-        first = (-self.n) % self.k
-        self.parts.append(batch.take(pa.array(np.arange(first, batch.num_rows, self.k))))
+        k = stride_of(self.n + batch.num_rows)  # k only grows: thin what is kept to it
+        if k > self.k and self.parts:
+            kept = pa.concat_tables(self.parts)  # kept row i holds index i * self.k
+            self.parts = [kept.take(pa.array(np.arange(0, kept.num_rows, k // self.k)))]
+        self.k = k
+        first = (-self.n) % k  # the batch's first row whose index is a multiple of k
+        self.parts.append(batch.take(pa.array(np.arange(first, batch.num_rows, k))))
         self.n += batch.num_rows
-        while -(-self.n // self.k) > JSON_ROWS:
-            kept = pa.concat_tables(self.parts)  # kept row i holds index i * k
-            self.parts, self.k = [kept.take(pa.array(np.arange(0, kept.num_rows, 2)))], 2 * self.k
 
     def result(self):
         """(the sample as one table, its stride)."""
@@ -290,8 +292,8 @@ def analyze_columnar(out_dir: Path, spec=None, con=None) -> dict:
     """run.analyze's result over a converted run's Parquet files (see the module doc), plus
     `table_files`; the large tables' Parquet files are left in `out_dir`. `con`: a
     vec_tables.connect connection (else one with MEMORY_LIMIT)."""
-    from . import np_axis as NA
     from . import scale_comm as SC
+    from . import scale_read as SR
     from . import scale_steps as SS
     out_dir = Path(out_dir)
     con = con if con is not None else V.connect(out_dir, MEMORY_LIMIT)
@@ -303,11 +305,9 @@ def analyze_columnar(out_dir: Path, spec=None, con=None) -> dict:
     path = {n: out_dir / FILE.format(n) for n in BIG}
     sizes: dict[str, int] = {}
     t: dict = {}
-    sizes["step_rank"] = A.safe(w, "step_rank", lambda: SS.write_step_rank(
-        con, tr, path["step_rank"]), 0)
     coll_sample = Sampler()  # analysis.json's rows of the collectives, taken as they stream
-    sizes["collectives"] = A.safe(w, "collectives", lambda: SC.write_instances(
-        con, tr, path["collectives"], coll_sample.add), 0)
+    sizes["step_rank"], sizes["collectives"], axis = SR.one_read(tr, out_dir, path,
+                                                                 coll_sample.add)
     sr = _arrow(path["step_rank"]) if sizes["step_rank"] else None
     t["ranks"] = A.safe(w, "ranks", lambda: SS.ranks_table(sr, tr), [])
     step_s = A.safe(w, "step times", lambda: SS.step_times(sr), None)
@@ -317,7 +317,7 @@ def analyze_columnar(out_dir: Path, spec=None, con=None) -> dict:
         path["collectives"], _ranks_of(sr)), [])
     t["bandwidth"] = A.safe(w, "bandwidth", lambda: SC.bandwidth_table(path["collectives"]),
                             [])
-    sums = A.safe(w, "axis_bytes", lambda: NA.axis_sums(out_dir), None)
+    sums = A.safe(w, "axis_bytes", axis, None)
     t["axis_bytes"] = A.safe(w, "axis_bytes", lambda: V.axis_bytes_table(
         con, tr, out_dir, sums), []) if sums is not None else []
     A.safe(w, "axis_bytes predictions",

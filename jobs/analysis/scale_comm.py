@@ -42,15 +42,17 @@ WRITE = {"compression": "snappy", "use_dictionary": ["op", "axis", "group", "bac
                                                       "phase"], "write_statistics": ["step"]}
 
 
-def write_instances(con, tr: Traces, path: Path, sample=None) -> int:
-    """np_coll.instance_batches streamed to `path` (one row group per batch, each in the
+def write_instances(tr: Traces, out_dir: Path, path: Path, sample=None,
+                    passes=None) -> int:
+    """np_coll.instance_batches of the run in `out_dir` (`passes`: its comm records per pass,
+    when read already) streamed to `path` (one row group per batch, each in the
     oracle's order: the file is by step range, then as collectives_table orders); the count.
     Appends collectives_table's incomplete-instances warning to tr.warnings. No file is
     written when there is no instance. `sample`: called with each batch as written (the
-    scale path's Sampler of analysis.json's rows). Call only where np_coll.applies(con)."""
+    scale path's Sampler of analysis.json's rows). Call only where np_coll.applies."""
     writer, n, incomplete = None, 0, 0
     try:
-        for b in N.instance_batches(con, tr):
+        for b in N.instance_batches(tr, out_dir, passes):
             if writer is None:
                 writer = pq.ParquetWriter(path, b.schema, **WRITE)
             b = b.take(N.sort_indices(b)).cast(writer.schema)

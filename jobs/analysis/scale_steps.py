@@ -1,7 +1,7 @@
 """The per-step tables at scale (issue 19, scale.py): steps.py's tables over a converted run's
 Parquet files, without its records in Python.
 
-    write_step_rank(con, tr, path)   steps.step_rank_table (non-pipeline runs), streamed per
+    write_step_rank(tr, path)        steps.step_rank_table (non-pipeline runs), streamed per
                                      step range (np_steps.build: the interval sweep) to Parquet
     step_rank_rows(table, tr)        its rows as steps.step_row's dicts (coords from `tr`)
     ranks_table(sr, tr)              steps.ranks_table
@@ -61,10 +61,12 @@ def _chunk_table(c: dict) -> pa.Table:
     return pa.table(cols)
 
 
-def write_step_rank(con, tr: Traces, path: Path) -> int:
+def write_step_rank(tr: Traces, path: Path, chunks=None) -> int:
     """steps.step_rank_table to `path` in (rank, step) order, its warning on tr.warnings;
-    the row count (0: no file). Call only where vec_steps.applies(con)."""
-    parts = [_chunk_table(c) for c in VS.build(Path(path).parent)]
+    the row count (0: no file). `chunks`: np_steps.rows_of's dicts, read already (default:
+    vec_steps.build over path's folder). Call only where vec_steps.applies."""
+    chunks = chunks if chunks is not None else VS.build(Path(path).parent)
+    parts = [_chunk_table(c) for c in chunks]
     parts = [p for p in parts if p.num_rows]
     if not parts:
         return 0

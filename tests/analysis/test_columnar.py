@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from jobs.analysis import analyze_run_dir, columnar, load_run_dir
 from jobs.analysis import collectives as C
 from jobs.analysis import memory as M
@@ -100,7 +102,7 @@ def test_vectorised_tables_equal_the_python_ones(tmp_path, monkeypatch):
     assert sr == S.step_rank_table(tr)
     assert any(not r["has_step_span"] for r in sr) and any(r["overlap_s"] for r in sr)
     from jobs.analysis import np_coll as N
-    coll = N.rows_of(list(N.instance_batches(con, mt)), mt)
+    coll = N.rows_of(list(N.instance_batches(mt, run)), mt)
     assert coll == C.collectives_table(tr)
     assert any(r["busbw_GBps"] for r in coll)
     assert mt.warnings == [w for w in tr.warnings if "instance" in w or "`step` span" in w]
@@ -192,3 +194,33 @@ def test_a_damaged_parquet_file_degrades_to_the_python_path(tmp_path):
     got = analyze_run_dir(run)
     assert got["tables"] == want["tables"]
     assert any("vectorised" in w for w in got["warnings"])
+
+
+@pytest.mark.parametrize("chunk", [10**9, 25])
+def test_axis_sums_merge_a_missing_axis_with_one_named_question_mark(tmp_path, monkeypatch,
+                                                                      chunk):
+    """The oracle keys a comm record without an axis as "?": np_axis.Sums merges it with an
+    axis literally named "?" (bytes and distinct steps), fractional bytes summed in order,
+    over one step range or many."""
+    import json
+    monkeypatch.setattr(NS, "CHUNK_RECORDS", chunk)
+    run = dp_tp_run(tmp_path / "run", steps=5)
+    p = run / "trace-rank0.jsonl"
+    out, k = [], 0
+    for line in p.read_text().splitlines():
+        r = json.loads(line)
+        if r.get("type") == "comm" and r.get("axis") == "tp":
+            k += 1
+            if k % 3 == 0:
+                r.pop("axis")
+            elif k % 3 == 1:
+                r["axis"] = "?"
+            r["bytes_sent"] = r.get("bytes_sent", 0) + 0.1 * k  # sums differ by order
+        out.append(json.dumps(r))
+    p.write_text("\n".join(out) + "\n")
+    tr = load_run_dir(run)
+    columnar.convert_run_dir(run)
+    con, mt = V.connect(run), V.meta_traces(run)
+    want = C.axis_bytes_table(tr)
+    assert any(r["axis"] == "?" and r["rank"] == 0 for r in want)
+    assert V.axis_bytes_table(con, mt, run) == want

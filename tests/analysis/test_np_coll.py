@@ -88,7 +88,7 @@ def test_instances_equal_the_oracle(tmp_path, monkeypatch, kind, chunk):
     want = C.collectives_table(tr)
     con, mt = V.connect(run), V.meta_traces(run)
     assert N.applies(con)
-    batches = list(N.instance_batches(con, mt))
+    batches = list(N.instance_batches(mt, run))
     assert len(batches) > (2 if chunk == 7 else 0)
     got = N.rows_of(batches, mt)
     assert got == want  # exact: the same integer ns and the same float formulas
@@ -123,8 +123,8 @@ def test_an_instance_across_a_pass_boundary_stays_whole(tmp_path, monkeypatch):
         p.write_text("".join(out))
     tr = load_run_dir(run)
     columnar.convert_run_dir(run)
-    con, mt = V.connect(run), V.meta_traces(run)
-    assert N.rows_of(list(N.instance_batches(con, mt)), mt) == C.collectives_table(tr)
+    mt = V.meta_traces(run)
+    assert N.rows_of(list(N.instance_batches(mt, run)), mt) == C.collectives_table(tr)
     assert not mt.warnings
 
 
@@ -144,7 +144,7 @@ def test_tables_over_the_instances_file_equal_the_oracle(tmp_path, monkeypatch, 
     coll, step_rows = C.collectives_table(tr), S.step_rank_table(tr)
     con, mt = V.connect(run), V.meta_traces(run)
     path = tmp_path / "table-collectives.parquet"
-    assert SC.write_instances(con, mt, path) == len(coll)
+    assert SC.write_instances(mt, run, path) == len(coll)
     assert mt.warnings == [w for w in tr.warnings if "instance" in w]
     steps = sorted({r["step"] for r in step_rows})
     step_s = pa.table({"step": steps, "step_s": [max(r["step_s"] for r in step_rows
@@ -170,7 +170,7 @@ def test_a_flagged_straggler_and_an_even_median(tmp_path):
     run, tr = _run(tmp_path, "plain")
     coll = C.collectives_table(tr)
     path = tmp_path / "c.parquet"
-    SC.write_instances(V.connect(run), V.meta_traces(run), path)
+    SC.write_instances(V.meta_traces(run), run, path)
     tiny = pa.table({"step": [0, 1, 2, 3], "step_s": [1e-4] * 4})
     got = SC.straggler_rows(SC.stragglers_table(path, tiny))
     rows = [{"step": st, "rank": 0, "step_s": 1e-4} for st in range(4)]

@@ -1,0 +1,71 @@
+"""The scale path's one read (issue 19): each rank file decoded once per step range
+(np_read), its rows feeding the three consumers of record-scale data in one pass:
+
+    the step sweep     np_steps.rows_of   -> scale_steps.write_step_rank (table-step_rank)
+    the collectives    np_coll.comm_table -> scale_comm.write_instances (table-collectives)
+    the axis sums      np_axis.Sums       -> axis_bytes and links
+
+with the setup records (a null or negative step) read once for the collectives' first pass
+and the setup bytes. Reading the files three times (two per-rank reads and a DuckDB scan)
+cost a fifth of the whole analysis at 50 M records (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import assemble as A
+from .load import Traces
+
+
+def one_read(tr: Traces, out_dir: Path, path: dict, sample=None):
+    """(step_rank rows, collective instances, axis) with the two tables written to
+    path["step_rank"] and path["collectives"] (`sample`: called with each instance batch);
+    `axis`: a callable giving np_axis.axis_sums' result or raising what computing it raised.
+    Warnings in the Python path's order (step_rank's, then the collectives'). Should the
+    instances fail, the step_rank table and the axis sums are computed from reads of their
+    own (what did not fail stays)."""
+    from . import np_axis as NA
+    from . import np_coll as NC
+    from . import np_read
+    from . import np_steps as NS
+    from . import scale_comm as SC
+    from . import scale_steps as SS
+    w = tr.warnings
+    files = np_read.open_files(out_dir, NS.COLS + NC.COLS + NA.COLS,
+                               NS.DICT + NC.DICT + NA.DICT)
+    parts: list = []
+    sums, failed = NA.Sums(), []
+
+    def feed(rank, t, train):
+        if not failed:
+            try:
+                sums.add(rank, t, train)
+            except Exception as exc:  # noqa: BLE001 - said by axis(), the rest goes on
+                failed.append(exc)
+
+    def passes():  # the setup records' pass, then each step range's
+        tabs = np_read.setup(files)
+        for rank, t in sorted(tabs.items()):
+            feed(rank, t, False)
+        yield -2, NC.comm_table(tabs)
+        for lo, hi, tabs in np_read.passes(files, NS.CHUNK_RECORDS):
+            parts.extend(NS.rows_of(tabs, lo))
+            for rank, t in sorted(tabs.items()):
+                feed(rank, t, True)
+            yield hi, NC.comm_table(tabs)
+
+    at = len(w)
+    n_coll = A.safe(w, "collectives", lambda: SC.write_instances(
+        tr, out_dir, path["collectives"], sample, passes()), None)
+    whole = n_coll is not None
+    coll_warnings, w[at:] = w[at:], []
+    n_sr = A.safe(w, "step_rank", lambda: SS.write_step_rank(
+        tr, path["step_rank"], parts if whole else None), 0)
+    w.extend(coll_warnings)
+
+    def axis() -> dict:
+        if failed:
+            raise failed[0]
+        return sums.result() if whole else NA.axis_sums(out_dir)
+    return n_sr, n_coll or 0, axis
