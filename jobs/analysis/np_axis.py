@@ -91,8 +91,10 @@ class Sums:
                 f[0] = np.bincount(np.r_[head, b], np.r_[f[0], sent], minlength=nb)
                 f[1] = np.bincount(np.r_[head, b], np.r_[f[1], recv], minlength=nb)
                 n[0] += np.bincount(b, minlength=nb)
-                ub, inv = np.unique(b, return_inverse=True)  # bins, not codes: "?" merges
-                n[1, ub] += _steps_without_span(st, inv, len(ub), spans)
+                ub = np.flatnonzero(np.bincount(b))  # bins, not codes: "?" merges
+                row = np.zeros(ub[-1] + 1, np.int64)
+                row[ub] = np.arange(len(ub))
+                n[1, ub] += _steps_without_span(st, row[b], len(ub), spans)
             else:
                 f[2] = np.bincount(np.r_[head, b], np.r_[f[2], sent], minlength=nb)
 

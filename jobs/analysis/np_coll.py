@@ -241,7 +241,7 @@ def comm_table(tabs: dict) -> pa.Table:
     null bytes_sent as 0. A column a file lacks reads as nulls."""
     from .np_steps import codes
     parts = []
-    for _rank, t in sorted(tabs.items()):
+    for rank, t in sorted(tabs.items()):
         m = codes(t.column("type"), ("comm",))
         if not m.any():
             continue
@@ -250,7 +250,8 @@ def comm_table(tabs: dict) -> pa.Table:
         # chunks costs several times more)
         c = t.select(keep).filter(pa.array(m))
 
-        cols = {k: _column(c, k, _TYPES[k]) for k in _TYPES if k != "e"}
+        cols = {k: _column(c, k, _TYPES[k]) for k in _TYPES if k not in ("e", "rank")}
+        cols["rank"] = pa.array(np.full(c.num_rows, rank, np.int32))  # the file's rank
         cols["e"] = pc.add(cols["ts_ns"], pc.fill_null(_column(c, "dur_ns", pa.int64()), 0))
         cols["step"] = pc.fill_null(cols["step"], -1)
         cols["bytes_sent"] = pc.fill_null(cols["bytes_sent"], 0.0)

@@ -38,7 +38,9 @@ class RankFile:
         names = set(schema.names)
         self.pf = pq.ParquetFile(path, read_dictionary=[c for c in dictionary if c in names])
         self.names = names
-        self.columns = [c for c in dict.fromkeys(("rank", "step", *columns)) if c in names]
+        # not `rank`: the converter writes the file's rank in every row (self.rank, once)
+        self.columns = [c for c in dict.fromkeys(("step", *columns)) if c in names and
+                        c != "rank"]
         md = self.pf.metadata
         self.rows = md.num_rows
         # per row group: (first row, min step, max step, whether it may hold a null step)
@@ -105,7 +107,12 @@ class RankFile:
             idx = np.flatnonzero(keep(s, null))
             if not len(idx):
                 continue
-            part = t if len(idx) == t.num_rows else t.take(pa.array(idx))
+            if len(idx) == t.num_rows:
+                part = t
+            elif idx[-1] - idx[0] + 1 == len(idx):  # one run of rows (a sorted file): a view
+                part = t.slice(int(idx[0]), len(idx))
+            else:
+                part = t.take(pa.array(idx))
             parts.append(part.append_column("row", pa.array(first + idx, pa.int64())))
         return pa.concat_tables(parts) if parts else None
 
