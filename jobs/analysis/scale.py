@@ -327,7 +327,8 @@ def analyze_columnar(out_dir: Path, spec=None, con=None) -> dict:
     t["placement"] = A.safe(w, "placement", lambda: LK.placement_table(tr, sp), [])
     # the records only MoE tables read; none (no scan) where axis_sums saw none
     rare = sparse(con, tr, RARE if sums is None or sums["rare"] else None)
-    peaks = A.safe(w, "memory peaks", lambda: V.mem_peaks(con), None)
+    mem = A.safe(w, "memory peaks", lambda: V.mem_scan(con), None)  # one scan, two readers
+    peaks = mem["peaks"] if mem is not None else None
     mem_tr = rare if peaks is not None else sparse(con, tr, "type IN ('mem', 'moe')")
     t["memory"] = A.safe(w, "memory", lambda: M.memory_table(mem_tr, sp, pred, peaks), [])
     t["stage_bubbles"] = A.safe(w, "stage_bubbles", lambda: PL.stage_bubbles_table(
@@ -337,7 +338,7 @@ def analyze_columnar(out_dir: Path, spec=None, con=None) -> dict:
     sizes["throughput"] = A.safe(w, "throughput", lambda: SS.write_throughput(
         con, sr, spec_dict, tr.summary, path["throughput"]), 0)
     trace = A.safe(w, "trace coverage", lambda: SS.trace_coverage(con, sr), {})
-    vpeak = A.safe(w, "peak memory", lambda: V.peak_bytes(con), None)
+    vpeak = A.safe(w, "peak memory", lambda: V.peak_bytes(con, mem), None)
     peak = vpeak[0] if vpeak and vpeak[1] else A.safe(
         w, "peak memory", lambda: M.peak_bytes(sparse(con, tr, "type = 'mem'")), None)
     pp = sp.parallel.pp if sp is not None else 1

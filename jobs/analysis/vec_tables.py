@@ -109,34 +109,42 @@ def _mem_cols(con) -> list[str]:
     return [k for k in M.STATE + M.EXTRA + ("gathered",) if M.MEASURED_KEY.get(k, k) in have]
 
 
-def mem_peaks(con) -> dict[int, dict] | None:
-    """rank -> {component: peak} over the trace's `mem` samples (memory.measured's trace
-    part: a rank without model-state samples goes through its summary fallback)."""
-    if in_args(con, "mem", [M.MEASURED_KEY.get(k, k) for k in M.STATE + M.EXTRA]):
-        return None
-    comps = [k for k in _mem_cols(con) if k != "gathered"]
-    if not comps:
-        return {}
-    sel = ", ".join(f'max("{M.MEASURED_KEY.get(k, k)}")' for k in comps)
-    out: dict[int, dict] = {}
-    for rank, *vals in con.execute(f"SELECT rank, {sel} FROM t WHERE type = 'mem' "
-                                   "GROUP BY rank").fetchall():
-        out[rank] = {k: max(0, int(v)) for k, v in zip(comps, vals, strict=True)
-                     if v is not None}
-    return out
-
-
-def peak_bytes(con) -> tuple[int | None, bool]:
-    """(memory.peak_bytes' largest sample, whether every rank with mem samples has model-state
-    samples): when not, the caller takes the Python path (its per-rank summary fallback)."""
+def mem_scan(con) -> dict:
+    """One scan of the `mem` samples, what mem_peaks and peak_bytes read: {"peaks": rank ->
+    {component: peak} (None: a component hides in args), "best": rank -> largest model-state
+    sample total (None: no state column, or a summed field hides in args)}."""
     cols = _mem_cols(con)
+    comps = [k for k in cols if k != "gathered"]
+    peaks_ok = not in_args(con, "mem", [M.MEASURED_KEY.get(k, k) for k in M.STATE + M.EXTRA])
     state = [k for k in M.STATE if k in cols]
-    if not state or in_args(con, "mem", M.STATE + ("activations", "gathered")):
+    best_ok = bool(state) and not in_args(con, "mem", M.STATE + ("activations", "gathered"))
+    sel = [f'max("{M.MEASURED_KEY.get(k, k)}")' for k in comps]
+    if best_ok:
+        total = " + ".join(f'coalesce("{k}", 0)' for k in M.STATE + ("activations", "gathered")
+                           if k in cols)
+        anyst = " OR ".join(f'"{k}" IS NOT NULL' for k in state)
+        sel.append(f"max(CASE WHEN {anyst} THEN {total} END)")
+    rows = con.execute(f"SELECT rank, {', '.join(sel)} FROM t WHERE type = 'mem' "
+                       "GROUP BY rank").fetchall() if sel else []
+    peaks = {rank: {k: max(0, int(v)) for k, v in zip(comps, vals, strict=False)
+                    if v is not None} for rank, *vals in rows}
+    best = {rank: vals[-1] for rank, *vals in rows if vals[-1] is not None}
+    return {"peaks": peaks if peaks_ok else None, "best": best if best_ok else None}
+
+
+def mem_peaks(con, scan: dict | None = None) -> dict[int, dict] | None:
+    """rank -> {component: peak} over the trace's `mem` samples (memory.measured's trace
+    part: a rank without model-state samples goes through its summary fallback). `scan`:
+    mem_scan(con), when computed already."""
+    return (scan or mem_scan(con))["peaks"]
+
+
+def peak_bytes(con, scan: dict | None = None) -> tuple[int | None, bool]:
+    """(memory.peak_bytes' largest sample, whether every rank with records has model-state
+    samples): when not, the caller takes the Python path (its per-rank summary fallback).
+    `scan`: mem_scan(con), when computed already."""
+    best = (scan or mem_scan(con))["best"]
+    if best is None:
         return None, False
-    total = " + ".join(f'coalesce("{k}", 0)' for k in M.STATE + ("activations", "gathered")
-                       if k in cols)
-    anyst = " OR ".join(f'"{k}" IS NOT NULL' for k in state)
-    best, ranks_with, ranks_all = con.execute(
-        f"SELECT max(CASE WHEN {anyst} THEN {total} END), "
-        f"count(DISTINCT rank) FILTER ({anyst}), count(DISTINCT rank) FROM t").fetchall()[0]
-    return (int(best) if best is not None else None), ranks_with == ranks_all
+    ranks_all = con.execute("SELECT count(DISTINCT rank) FROM t").fetchall()[0][0]
+    return (int(max(best.values())) if best else None), len(best) == ranks_all
