@@ -306,16 +306,16 @@ def analyze_columnar(out_dir: Path, spec=None, con=None) -> dict:
     sizes: dict[str, int] = {}
     t: dict = {}
     coll_sample = Sampler()  # analysis.json's rows of the collectives, taken as they stream
-    sizes["step_rank"], sizes["collectives"], axis = SR.one_read(tr, out_dir, path,
-                                                                 coll_sample.add)
-    sr = _arrow(path["step_rank"]) if sizes["step_rank"] else None
+    sr, sizes["collectives"], axis = SR.one_read(tr, out_dir, path, coll_sample.add)
+    sizes["step_rank"] = sr.num_rows if sr is not None else 0
+    inst = SC.Instances(path["collectives"])  # one connection for the four tables over it
     t["ranks"] = A.safe(w, "ranks", lambda: SS.ranks_table(sr, tr), [])
     step_s = A.safe(w, "step times", lambda: SS.step_times(sr), None)
     sizes["stragglers"] = A.safe(w, "stragglers", lambda: _write(SC.stragglers_table(
-        path["collectives"], step_s), path["stragglers"]), 0)
+        inst, step_s), path["stragglers"]), 0)
     t["straggler_ranks"] = A.safe(w, "straggler_ranks", lambda: SC.straggler_ranks_table(
-        path["collectives"], _ranks_of(sr)), [])
-    t["bandwidth"] = A.safe(w, "bandwidth", lambda: SC.bandwidth_table(path["collectives"]),
+        inst, _ranks_of(sr)), [])
+    t["bandwidth"] = A.safe(w, "bandwidth", lambda: SC.bandwidth_table(inst),
                             [])
     sums = A.safe(w, "axis_bytes", axis, None)
     t["axis_bytes"] = A.safe(w, "axis_bytes", lambda: V.axis_bytes_table(
@@ -323,7 +323,7 @@ def analyze_columnar(out_dir: Path, spec=None, con=None) -> dict:
     A.safe(w, "axis_bytes predictions",
            lambda: A.axis_predictions(t["axis_bytes"], pred, tr.summary), None)
     t["links"] = A.safe(w, "links", lambda: SC.links_table(
-        con, tr, sp, path["collectives"], pred, sums), []) if sums is not None else []
+        con, tr, sp, inst, pred, sums), []) if sums is not None else []
     t["placement"] = A.safe(w, "placement", lambda: LK.placement_table(tr, sp), [])
     # the records only MoE tables read; none (no scan) where axis_sums saw none
     rare = sparse(con, tr, RARE if sums is None or sums["rare"] else None)

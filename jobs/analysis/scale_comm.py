@@ -80,17 +80,40 @@ def _open(coll_path: Path):
     return con
 
 
+class Instances:
+    """The instances' file with one connection over it (`_open`), opened on first use and
+    shared by the tables below (each would open its own, a scan of the file's steps each)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._con = None
+
+    def con(self):
+        if self._con is None:
+            self._con = _open(self.path)
+        return self._con
+
+
+def _path(coll) -> Path:
+    return coll.path if isinstance(coll, Instances) else Path(coll)
+
+
+def _con(coll):
+    """The connection over the instances: `coll` an Instances or the file's path."""
+    return coll.con() if isinstance(coll, Instances) else _open(coll)
+
+
 def _dicts(cur) -> list[dict]:
     names = [d[0] for d in cur.description]
     return [dict(zip(names, t, strict=True)) for t in cur.fetchall()]
 
 
-def stragglers_table(coll_path: Path, step_s: pa.Table) -> pa.Table:
+def stragglers_table(coll_path, step_s: pa.Table) -> pa.Table:
     """stragglers.stragglers_table as a table (one row per step, its columns the oracle's
     keys). step_s: columns step, step_s (the max over ranks of the step_rank rows)."""
-    if not Path(coll_path).exists():
+    if not _path(coll_path).exists():
         return pa.table({k: [] for k in STRAGGLER_KEYS})
-    con = _open(coll_path)
+    con = _con(coll_path)
     con.register("ss", step_s)
     frac = rules.STRAGGLER_MIN_WAIT_FRACTION
     q = f"""
@@ -121,12 +144,12 @@ def straggler_rows(table: pa.Table) -> list[dict]:
     return table.select(list(STRAGGLER_KEYS)).to_pylist()
 
 
-def straggler_ranks_table(coll_path: Path, step_ranks) -> list[dict]:
+def straggler_ranks_table(coll_path, step_ranks) -> list[dict]:
     """stragglers.straggler_ranks_table; step_ranks: the ranks of the step_rank rows."""
     ranks = set(step_ranks)
-    if not Path(coll_path).exists():
+    if not _path(coll_path).exists():
         return _rank_rows(ranks, {}, 0)
-    con = _open(coll_path)
+    con = _con(coll_path)
     ranks |= {k for (k,) in con.execute("SELECT DISTINCT unnest(ranks) FROM c").fetchall()}
     n = con.execute("SELECT count(*) FROM use").fetchall()[0][0]
     q = f"""
@@ -158,9 +181,9 @@ def _rank_rows(ranks: set, per: dict, n: int) -> list[dict]:
 _FILTER = "step IN (SELECT step FROM use) AND complete AND busbw_GBps IS NOT NULL"
 
 
-def bandwidth_table(coll_path: Path) -> list[dict]:
+def bandwidth_table(coll_path) -> list[dict]:
     """collectives.bandwidth_table."""
-    if not Path(coll_path).exists():
+    if not _path(coll_path).exists():
         return []
     q = f"""
     SELECT op, coalesce(axis, 'None') AS axis, payload_bytes, group_size,
@@ -169,10 +192,10 @@ def bandwidth_table(coll_path: Path) -> list[dict]:
            med(algbw_GBps) AS algbw_GBps,
            med(busbw_GBps) AS busbw_GBps
     FROM c WHERE {_FILTER} GROUP BY ALL ORDER BY op, axis, payload_bytes, group_size"""
-    return _dicts(_open(coll_path).execute(q))
+    return _dicts(_con(coll_path).execute(q))
 
 
-def links_table(con, tr: Traces, spec, coll_path: Path, pred: dict | None,
+def links_table(con, tr: Traces, spec, coll_path, pred: dict | None,
                 sums: dict) -> list[dict] | None:
     """links.links_table: per-record bytes from np_axis.axis_sums' `raw` sums (the axis_bytes
     table's), instance medians from coll_path; tr: vec_tables.meta_traces. None where a
@@ -195,8 +218,8 @@ def links_table(con, tr: Traces, spec, coll_path: Path, pred: dict | None,
         row["ranks"].add(rank)
         row["per_step"].append(b / n if n else 0.0)
     inst: dict[tuple, tuple] = {}
-    if Path(coll_path).exists():
-        c = _open(coll_path)
+    if _path(coll_path).exists():
+        c = _con(coll_path)
         sets = c.execute(f"SELECT DISTINCT hash(ranks), ranks FROM c WHERE {_FILTER}").fetchall()
         c.register("lk", pa.table({"h": pa.array([h for h, _ in sets], pa.uint64()),
                                    "ranks": pa.array([r for _, r in sets], pa.list_(pa.int64())),

@@ -19,7 +19,7 @@ from .load import Traces
 
 
 def one_read(tr: Traces, out_dir: Path, path: dict, sample=None):
-    """(step_rank rows, collective instances, axis) with the two tables written to
+    """(step_rank table or None, collective instances, axis) with the two tables written to
     path["step_rank"] and path["collectives"] (`sample`: called with each instance batch);
     `axis`: a callable giving np_axis.axis_sums' result or raising what computing it raised.
     Warnings in the Python path's order (step_rank's, then the collectives'). Should the
@@ -60,12 +60,12 @@ def one_read(tr: Traces, out_dir: Path, path: dict, sample=None):
         tr, out_dir, path["collectives"], sample, passes()), None)
     whole = n_coll is not None
     coll_warnings, w[at:] = w[at:], []
-    n_sr = A.safe(w, "step_rank", lambda: SS.write_step_rank(
-        tr, path["step_rank"], parts if whole else None), 0)
+    sr = A.safe(w, "step_rank", lambda: SS.write_step_rank(
+        tr, path["step_rank"], parts if whole else None), None)
     w.extend(coll_warnings)
 
     def axis() -> dict:
         if failed:
             raise failed[0]
         return sums.result() if whole else NA.axis_sums(out_dir)
-    return n_sr, n_coll or 0, axis
+    return sr, n_coll or 0, axis

@@ -61,15 +61,16 @@ def _chunk_table(c: dict) -> pa.Table:
     return pa.table(cols)
 
 
-def write_step_rank(tr: Traces, path: Path, chunks=None) -> int:
+def write_step_rank(tr: Traces, path: Path, chunks=None) -> pa.Table | None:
     """steps.step_rank_table to `path` in (rank, step) order, its warning on tr.warnings;
-    the row count (0: no file). `chunks`: np_steps.rows_of's dicts, read already (default:
-    vec_steps.build over path's folder). Call only where vec_steps.applies."""
+    the table written (None: no row, no file). `chunks`: np_steps.rows_of's dicts, read
+    already (default: vec_steps.build over path's folder). Call only where
+    vec_steps.applies."""
     chunks = chunks if chunks is not None else VS.build(Path(path).parent)
     parts = [_chunk_table(c) for c in chunks]
     parts = [p for p in parts if p.num_rows]
     if not parts:
-        return 0
+        return None
     table = pa.concat_tables(parts)
     table = table.take(pc_sort(table, ("rank", "step")))
     missing = int((~table.column("has_step_span").to_numpy(zero_copy_only=False)).sum())
@@ -77,7 +78,7 @@ def write_step_rank(tr: Traces, path: Path, chunks=None) -> int:
         tr.warnings.append(f"{missing} (step, rank) pair(s) without a `step` span: window taken "
                            "from the extent of their records (an unfinished step)")
     pq.write_table(table, path)
-    return table.num_rows
+    return table
 
 
 def pc_sort(table: pa.Table, keys) -> pa.Array:
