@@ -227,11 +227,13 @@ def _compute(tab: pa.Table, ctx: _Ctx, carry_step: int | None):
 COLS = ("type", "ts_ns", "dur_ns", "op", "axis", "group", "seq", "group_size",
         "payload_bytes", "bytes_sent", "backend_op", "phase", "bucket", "unit", "microbatch")
 DICT = ("type", "op", "axis", "group", "backend_op", "phase")
-# comm_table's columns and types (those of DuckDB's scan it replaced): carry's schema
+# comm_table's columns and types, carry's schema: strings stay dictionaries (as np_read
+# decodes them: no string is built per record, and _group_codes reads the codes as they are)
+_DSTR = pa.dictionary(pa.int32(), pa.string())
 _TYPES = {"rank": pa.int32(), "row": pa.int64(), "ts_ns": pa.int64(), "e": pa.int64(),
-          "step": pa.int64(), "op": pa.string(), "axis": pa.string(), "group": pa.string(),
+          "step": pa.int64(), "op": _DSTR, "axis": _DSTR, "group": _DSTR,
           "seq": pa.int64(), "group_size": pa.int64(), "payload_bytes": pa.int64(),
-          "bytes_sent": pa.float64(), "backend_op": pa.string(), "phase": pa.string(),
+          "bytes_sent": pa.float64(), "backend_op": _DSTR, "phase": _DSTR,
           "bucket": pa.int64(), "unit": pa.int64(), "microbatch": pa.int64()}
 
 
@@ -313,7 +315,10 @@ def _last_marked(items):
 
 def sort_indices(table: pa.Table):
     """The oracle's row order: (start_ns, str(group), seq or 0), then match()'s order."""
-    t = pa.table({"a": table["start_ns"], "b": pc.fill_null(table["group"], "None"),
+    group = table["group"]
+    if pa.types.is_dictionary(group.type):  # Arrow sorts no dictionary column
+        group = group.cast(pa.string())
+    t = pa.table({"a": table["start_ns"], "b": pc.fill_null(group, "None"),
                   "c": pc.fill_null(table["seq"], 0), "d": table["first_key"]})
     return pc.sort_indices(t, [(c, "ascending") for c in "abcd"])
 
