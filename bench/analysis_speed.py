@@ -150,7 +150,8 @@ def make_parquet(out: Path, ranks: int, steps: int, chunk_steps: int = 20000) ->
         end["issued"] = end["last_completed_seq"] = {ax: c * steps for ax, c in per_axis.items()}
         md = columnar.file_metadata(meta)
         path = out / f"trace-rank{r}{columnar.SUFFIX}"
-        with pq.ParquetWriter(path, schema.with_metadata(md), compression="zstd") as w:
+        with pq.ParquetWriter(path, schema.with_metadata(md),
+                              **columnar.write_options(schema.names)) as w:  # as the converter
             for s0 in range(0, steps, chunk_steps):
                 s1 = min(steps, s0 + chunk_steps)
                 st = np.repeat(np.arange(s0, s1, dtype=np.int64), k)

@@ -117,10 +117,25 @@ def file_metadata(meta: dict, bad: int = 0, empty: bool = False) -> dict:
             STATE_KEY: json.dumps({"bad": bad, "empty": empty}).encode()}
 
 
+# integers that grow record by record (records are in ts_ns order): delta-encoded, a tenth
+# of their plain size or less before compression, and faster to decode than a dictionary
+DELTA = ("ts_ns", "step", "seq")
+
+
+def write_options(names) -> dict:
+    """The trace files' Parquet writer options (the converter's and the benchmark's): zstd
+    (level 3: about a tenth smaller than pyarrow's default 1 at the same decoding speed),
+    DELTA columns delta-encoded, every other column dictionary-encoded where it pays."""
+    return {"compression": "zstd", "compression_level": 3,
+            "use_dictionary": [n for n in names if n not in DELTA],
+            "column_encoding": {n: "DELTA_BINARY_PACKED" for n in DELTA if n in names}}
+
+
 def write_table(table, path: Path) -> None:
     import pyarrow.parquet as pq
     tmp = path.with_name(path.name + ".part")
-    pq.write_table(table, tmp, compression="zstd", row_group_size=ROW_GROUP_ROWS)
+    pq.write_table(table, tmp, row_group_size=ROW_GROUP_ROWS,
+                   **write_options(table.schema.names))
     os.replace(tmp, path)
 
 

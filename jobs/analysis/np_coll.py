@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from jobs import commbytes
 
 from . import collectives as C
-from . import vec_steps as VS
+from . import np_steps
 from . import vec_tables as V
 from .load import Traces
 
@@ -286,7 +286,7 @@ def instance_batches(tr: Traces, out_dir, passes=None) -> Iterator[pa.Table]:
         passes = itertools.chain(
             [(-2, comm_table(np_read.setup(files)))],
             ((hi, comm_table(tabs)) for _lo, hi, tabs in
-             np_read.passes(files, VS.CHUNK_RECORDS)))
+             np_read.passes(files, np_steps.CHUNK_RECORDS)))
     ctx = _Ctx(tr)
     carry = None
     for (carry_step, tab), last in _last_marked(passes):

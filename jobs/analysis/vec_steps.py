@@ -12,7 +12,6 @@ from pathlib import Path
 from . import np_steps as NS
 from . import steps as S
 from .load import Traces
-from .np_steps import CHUNK_RECORDS
 from .vec_tables import in_args
 
 NS_PER_S = 1e9  # ns per second
@@ -28,18 +27,6 @@ def applies(con) -> bool:
                    ).fetchall()[0][0]:
         return False
     return not (in_args(con, "span", FIELDS) or in_args(con, "comm", FIELDS))
-
-
-def chunks(con):
-    """Step ranges of about CHUNK_RECORDS records each (the files' row groups follow time,
-    so a range reads only its own)."""
-    n, s0, s1 = con.execute("SELECT count(*), min(step), max(step) FROM t "
-                            "WHERE type IN ('span', 'comm') AND step >= 0").fetchall()[0]
-    if not n:
-        return []
-    k = max(1, -(-n // CHUNK_RECORDS))
-    width = -(-(s1 - s0 + 1) // k)
-    return [(a, min(s1, a + width - 1)) for a in range(s0, s1 + 1, width)]
 
 
 def build(out_dir: Path):

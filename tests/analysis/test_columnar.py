@@ -92,7 +92,7 @@ def test_same_records_and_analysis_through_both_storages(tmp_path):
 
 
 def test_vectorised_tables_equal_the_python_ones(tmp_path, monkeypatch):
-    monkeypatch.setattr(VS, "CHUNK_RECORDS", 40)  # several step ranges, as a long run has
+    monkeypatch.setattr(NS, "CHUNK_RECORDS", 40)  # several step ranges, as a long run has
     monkeypatch.setattr(NS, "CHUNK_RECORDS", 40)
     run = dp_tp_run(tmp_path / "run", steps=6, drop=(2, 4), unfinished=(1, 5))
     tr = load_run_dir(run)

@@ -15,11 +15,11 @@ from jobs.analysis import columnar, load_run_dir
 from jobs.analysis import links as LK
 from jobs.analysis import np_axis as NA
 from jobs.analysis import np_coll as N
+from jobs.analysis import np_steps as NS
 from jobs.analysis import predicted as P
 from jobs.analysis import scale_comm as SC
 from jobs.analysis import steps as S
 from jobs.analysis import stragglers as SG
-from jobs.analysis import vec_steps as VS
 from jobs.analysis import vec_tables as V
 from tests.analysis import synth as s
 from tests.analysis.test_columnar import dp_tp_run
@@ -83,7 +83,7 @@ def close(a, b) -> bool:
 @pytest.mark.parametrize("kind", [*VARIANTS, "ep"])
 @pytest.mark.parametrize("chunk", [10**9, 40, 7])
 def test_instances_equal_the_oracle(tmp_path, monkeypatch, kind, chunk):
-    monkeypatch.setattr(VS, "CHUNK_RECORDS", chunk)  # one pass, several, one per step
+    monkeypatch.setattr(NS, "CHUNK_RECORDS", chunk)  # one pass, several, one per step
     run, tr = _run(tmp_path, kind)
     want = C.collectives_table(tr)
     con, mt = V.connect(run), V.meta_traces(run)
@@ -102,7 +102,7 @@ def test_an_instance_across_a_pass_boundary_stays_whole(tmp_path, monkeypatch):
     """An op whose ranks disagree on the step (one says 2, one 3) and a setup op seen at
     step 0 on one rank (and without its `group` on two): carried into the next pass, not
     split."""
-    monkeypatch.setattr(VS, "CHUNK_RECORDS", 7)
+    monkeypatch.setattr(NS, "CHUNK_RECORDS", 7)
     run = dp_tp_run(tmp_path / "run", steps=5)
     for rank, shift in ((0, {2: 3}), (1, {-1: 0})):
         p = run / f"trace-rank{rank}.jsonl"
@@ -139,7 +139,7 @@ def test_point_to_point_is_not_for_numpy(tmp_path):
 
 @pytest.mark.parametrize("kind", [*VARIANTS, "ep"])
 def test_tables_over_the_instances_file_equal_the_oracle(tmp_path, monkeypatch, kind):
-    monkeypatch.setattr(VS, "CHUNK_RECORDS", 40)
+    monkeypatch.setattr(NS, "CHUNK_RECORDS", 40)
     run, tr = _run(tmp_path, kind)
     coll, step_rows = C.collectives_table(tr), S.step_rank_table(tr)
     con, mt = V.connect(run), V.meta_traces(run)

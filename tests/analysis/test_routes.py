@@ -129,13 +129,13 @@ def test_a_large_table_is_paged_from_its_parquet_file(client, settings, run_id,
     """The columnar scale path keeps large tables in `table-<name>.parquet` (analysis.json
     holds a sample): `?table=` pages the whole file and the CSV export writes every row."""
     from jobs.analysis import analyze_run_dir, columnar, rows_to_csv, scale
-    from jobs.analysis import vec_steps as VS
+    from jobs.analysis import np_steps as NS
     from tests.analysis.test_columnar import dp_tp_run
     run = dp_tp_run(settings.runs_dir / run_id, steps=6)
     columnar.convert_run_dir(run)
     want = analyze_run_dir(run)["tables"]["collectives"]
     monkeypatch.setattr(scale, "JSON_ROWS", 4)
-    monkeypatch.setattr(VS, "CHUNK_RECORDS", 60)  # several step ranges: several row groups
+    monkeypatch.setattr(NS, "CHUNK_RECORDS", 60)  # several step ranges: several row groups
     assert "analysis_error" not in write_analysis(run, scale_records=0)
     body = client.get(f"/api/runs/{run_id}/metrics").json()
     info = body["table_files"]["collectives"]

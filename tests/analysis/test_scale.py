@@ -14,7 +14,6 @@ import pytest
 
 from jobs.analysis import analyze_run_dir, columnar, scale, write_analysis
 from jobs.analysis import np_steps as NS
-from jobs.analysis import vec_steps as VS
 from jobs.analysis import vec_tables as V
 from tests.analysis.test_columnar import dp_tp_run
 
@@ -69,8 +68,7 @@ def test_scale_path_equals_the_python_path(tmp_path, kw):
 
 
 def test_several_step_ranges_give_the_same_analysis(tmp_path, monkeypatch):
-    monkeypatch.setattr(VS, "CHUNK_RECORDS", 30)  # one step range per step or two
-    monkeypatch.setattr(NS, "CHUNK_RECORDS", 30)
+    monkeypatch.setattr(NS, "CHUNK_RECORDS", 30)  # one step range per step or two
     run = dp_tp_run(tmp_path / "run", steps=7, drop=(0, 3))
     columnar.convert_run_dir(run)
     check(run)
@@ -133,7 +131,7 @@ def test_files_of_many_row_groups_give_the_same_analysis(tmp_path, monkeypatch):
     """A real-size run's files hold many row groups, each with its own string dictionaries
     and step statistics: rewritten here with 9 rows per group, the analysis is the same."""
     import pyarrow.parquet as pq
-    monkeypatch.setattr(VS, "CHUNK_RECORDS", 40)
+    monkeypatch.setattr(NS, "CHUNK_RECORDS", 40)
     monkeypatch.setattr(NS, "CHUNK_RECORDS", 40)
     run = dp_tp_run(tmp_path / "run", steps=6, drop=(2,))
     columnar.convert_run_dir(run)
