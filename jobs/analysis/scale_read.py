@@ -22,9 +22,10 @@ def one_read(tr: Traces, out_dir: Path, path: dict, sample=None):
     """(step_rank table or None, collective instances, axis) with the two tables written to
     path["step_rank"] and path["collectives"] (`sample`: called with each instance batch);
     `axis`: a callable giving np_axis.axis_sums' result or raising what computing it raised.
-    Warnings in the Python path's order (step_rank's, then the collectives'). Should the
-    instances fail, the step_rank table and the axis sums are computed from reads of their
-    own (what did not fail stays)."""
+    Warnings in the Python path's order (step_rank's, then the collectives'). A consumer that
+    raises stops and its table is left out with the reason; the others go on. Should the
+    instances fail, their partial file is removed and the step_rank table and the axis sums
+    are computed from reads of their own."""
     from . import np_axis as NA
     from . import np_coll as NC
     from . import np_read
@@ -35,37 +36,48 @@ def one_read(tr: Traces, out_dir: Path, path: dict, sample=None):
     files = np_read.open_files(out_dir, NS.COLS + NC.COLS + NA.COLS,
                                NS.DICT + NC.DICT + NA.DICT)
     parts: list = []
-    sums, failed = NA.Sums(), []
+    sums = NA.Sums()
+    failed: dict[str, Exception] = {}  # consumer -> what it raised: it stops, the rest goes on
 
-    def feed(rank, t, train):
-        if not failed:
+    def guard(name: str, fn) -> None:
+        if name not in failed:
             try:
-                sums.add(rank, t, train)
-            except Exception as exc:  # noqa: BLE001 - said by axis(), the rest goes on
-                failed.append(exc)
+                fn()
+            except Exception as exc:  # noqa: BLE001 - said as that table's, by A.safe below
+                failed[name] = exc
+
+    def feed(tabs: dict, train: bool) -> None:
+        for rank, t in sorted(tabs.items()):
+            guard("axis", lambda rank=rank, t=t: sums.add(rank, t, train))
 
     def passes():  # the setup records' pass, then each step range's
         tabs = np_read.setup(files)
-        for rank, t in sorted(tabs.items()):
-            feed(rank, t, False)
+        feed(tabs, False)
         yield -2, NC.comm_table(tabs)
         for lo, hi, tabs in np_read.passes(files, NS.CHUNK_RECORDS):
-            parts.extend(NS.rows_of(tabs, lo))
-            for rank, t in sorted(tabs.items()):
-                feed(rank, t, True)
+            guard("step_rank", lambda tabs=tabs, lo=lo: parts.extend(NS.rows_of(tabs, lo)))
+            feed(tabs, True)
             yield hi, NC.comm_table(tabs)
 
     at = len(w)
     n_coll = A.safe(w, "collectives", lambda: SC.write_instances(
         tr, out_dir, path["collectives"], sample, passes()), None)
     whole = n_coll is not None
+    if not whole:  # a part of the instances: no table may read them
+        Path(path["collectives"]).unlink(missing_ok=True)
     coll_warnings, w[at:] = w[at:], []
-    sr = A.safe(w, "step_rank", lambda: SS.write_step_rank(
-        tr, path["step_rank"], parts if whole else None), None)
+    sr = A.safe(w, "step_rank", lambda: _unless(failed.get("step_rank"), lambda: (
+        SS.write_step_rank(tr, path["step_rank"], parts if whole else None))), None)
     w.extend(coll_warnings)
 
     def axis() -> dict:
-        if failed:
-            raise failed[0]
-        return sums.result() if whole else NA.axis_sums(out_dir)
+        return _unless(failed.get("axis"),
+                       lambda: sums.result() if whole else NA.axis_sums(out_dir))
     return sr, n_coll or 0, axis
+
+
+def _unless(exc: Exception | None, fn):
+    """fn(), unless a consumer of the read raised `exc` (raised again, for A.safe to say)."""
+    if exc is not None:
+        raise exc
+    return fn()

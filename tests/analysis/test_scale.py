@@ -188,3 +188,48 @@ def test_a_run_without_moe_records_skips_their_scan(tmp_path, monkeypatch):
                         or real(con, tr, where))
     check(run)
     assert None in seen and scale.RARE not in seen
+
+
+def test_a_failing_consumer_of_the_one_read_leaves_only_its_table_out(tmp_path, monkeypatch):
+    """scale_read.one_read feeds the step sweep, the instances and the axis sums from one
+    read: the sweep raising leaves step_rank out (said why), the others equal the oracle's."""
+    from jobs.analysis import np_steps
+    run = dp_tp_run(tmp_path / "run")
+    columnar.convert_run_dir(run)
+    want = analyze_run_dir(run)
+
+    def boom(tabs, lo):
+        raise RuntimeError("sweep broke")
+        yield
+    monkeypatch.setattr(np_steps, "rows_of", boom)
+    got = scale.analyze_columnar(run)
+    assert "step_rank: not computed (RuntimeError: sweep broke)" in got["warnings"]
+    assert got["tables"]["step_rank"] == [] and want["tables"]["step_rank"]
+    for name in ("collectives", "axis_bytes", "bandwidth"):
+        same(got["tables"][name], want["tables"][name], name)
+
+
+def test_failed_instances_leave_no_partial_file_and_the_rest_reads_again(tmp_path,
+                                                                         monkeypatch):
+    """The instances raising after a first batch: their partial file is removed (no table
+    reads a part of them), step_rank and the axis sums come from reads of their own."""
+    from jobs.analysis import np_coll
+    monkeypatch.setattr(NS, "CHUNK_RECORDS", 30)  # several passes: a batch is written first
+    run = dp_tp_run(tmp_path / "run", steps=6)
+    columnar.convert_run_dir(run)
+    want = analyze_run_dir(run)
+    real, calls = np_coll._compute, []
+
+    def flaky(tab, ctx, carry_step):
+        calls.append(carry_step)
+        if len(calls) == 3:
+            raise RuntimeError("instances broke")
+        return real(tab, ctx, carry_step)
+    monkeypatch.setattr(np_coll, "_compute", flaky)
+    got = scale.analyze_columnar(run)
+    assert len(calls) == 3
+    assert "collectives: not computed (RuntimeError: instances broke)" in got["warnings"]
+    assert not (run / "table-collectives.parquet").exists()
+    assert got["tables"]["collectives"] == [] and got["tables"]["bandwidth"] == []
+    for name in ("step_rank", "axis_bytes"):
+        same(got["tables"][name], want["tables"][name], name)
