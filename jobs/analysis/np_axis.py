@@ -2,7 +2,7 @@
 collectives.axis_bytes_table's columnar twin (vec_tables.axis_bytes_table) and of the links
 table at scale (scale_comm.links_table), summed over np_read's rows (`COLS`, strings as
 dictionaries): each rank's setup records, then its rows step range by step range (the scale
-path feeds the same read the step sweep and the collectives take, scale._one_read).
+path feeds the same read the step sweep and the collectives take, scale_read.one_read).
 
 Per (rank, axis), as axis_bytes_table forms them: bytes sent and received by the comm records
 of training steps (step >= 0), bytes sent by the setup ones (step < 0 or none), the number of
@@ -134,9 +134,7 @@ def axis_sums(out_dir: Path) -> dict:
     from .np_steps import CHUNK_RECORDS
     files = np_read.open_files(out_dir, COLS, DICT)
     s = Sums()
-    for rank, t in np_read.setup(files).items():
-        s.add(rank, t, train=False)
-    for _lo, _hi, tabs in np_read.passes(files, CHUNK_RECORDS):
+    for lo, _hi, tabs in np_read.scan(files, CHUNK_RECORDS):
         for rank, t in sorted(tabs.items()):
-            s.add(rank, t, train=True)
+            s.add(rank, t, train=lo is not None)
     return s.result()

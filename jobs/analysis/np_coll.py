@@ -22,7 +22,6 @@ is not collapsed as the oracle's per-rank dicts do.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 
 import numpy as np
@@ -241,17 +240,15 @@ def comm_table(tabs: dict) -> pa.Table:
     """One pass's comm records (_TYPES' columns; rank, then file row) from its rows per rank
     (np_read.passes or np_read.setup, COLS): ts_ns + dur_ns as `e`, a null step as -1, a
     null bytes_sent as 0. A column a file lacks reads as nulls."""
-    from .np_steps import codes
     parts = []
     for rank, t in sorted(tabs.items()):
-        m = codes(t.column("type"), ("comm",))
+        m = np_steps.codes(t.column("type"), ("comm",))
         if not m.any():
             continue
         keep = [k for k in (*_TYPES, "dur_ns") if k in t.column_names]
         # the columns it needs only; a filter, chunk by chunk (a take over a table of many
         # chunks costs several times more)
         c = t.select(keep).filter(pa.array(m))
-
         cols = {k: _column(c, k, _TYPES[k]) for k in _TYPES if k not in ("e", "rank")}
         cols["rank"] = pa.array(np.full(c.num_rows, rank, np.int32))  # the file's rank
         cols["e"] = pc.add(cols["ts_ns"], pc.fill_null(_column(c, "dur_ns", pa.int64()), 0))
@@ -264,7 +261,7 @@ def comm_table(tabs: dict) -> pa.Table:
 
 
 def _column(t: pa.Table, name: str, typ):
-    """A column as `typ` (dictionaries decoded); nulls where the file lacks it."""
+    """A column as `typ`; nulls where the file lacks it."""
     if name not in t.column_names:
         return pa.nulls(t.num_rows, typ)
     x = t.column(name)
@@ -283,10 +280,8 @@ def instance_batches(tr: Traces, out_dir, passes=None) -> Iterator[pa.Table]:
     if passes is None:
         from . import np_read
         files = np_read.open_files(out_dir, COLS, DICT)
-        passes = itertools.chain(
-            [(-2, comm_table(np_read.setup(files)))],
-            ((hi, comm_table(tabs)) for _lo, hi, tabs in
-             np_read.passes(files, np_steps.CHUNK_RECORDS)))
+        passes = ((-2 if hi is None else hi, comm_table(tabs))
+                  for _lo, hi, tabs in np_read.scan(files, np_steps.CHUNK_RECORDS))
     ctx = _Ctx(tr)
     carry = None
     for (carry_step, tab), last in _last_marked(passes):

@@ -1,5 +1,6 @@
-"""One read of each rank file per step range (issue 19): the rows the step sweep (np_steps)
-and the collectives (np_coll) take from a run's Parquet files, decoded once for both.
+"""One read of each rank file per step range (issue 19): the rows the step sweep (np_steps),
+the collectives (np_coll) and the axis sums (np_axis) take from a run's Parquet files,
+decoded once for all three (scale_read.py).
 
 Each file's row groups carry step statistics. A step range [lo, hi] reads the row groups
 whose [min, max] meets it, keeps the range's rows (a numpy mask on `step`) and numbers them
@@ -159,6 +160,12 @@ def setup(files: list[RankFile]) -> dict:
         if t is not None:
             out[f.rank] = t
     return out
+
+
+def scan(files: list[RankFile], budget: int) -> Iterator[tuple[int | None, int | None, dict]]:
+    """Every row once: (None, None, setup(files)) first, then `passes`."""
+    yield None, None, setup(files)
+    yield from passes(files, budget)
 
 
 def passes(files: list[RankFile], budget: int) -> Iterator[tuple[int, int, dict]]:

@@ -28,6 +28,7 @@ from . import columnar
 from . import links as LK
 from . import memory as M
 from . import moe as MOE
+from . import np_axis as NA
 from . import pipeline as PL
 from . import predicted as P
 from . import vec_steps as VS
@@ -43,8 +44,16 @@ PERFETTO_MAX_RECORDS = 2_000_000  # above: no whole-run Perfetto file, windows o
 PYTHON_MAX_RECORDS = 4_000_000
 MEMORY_LIMIT = "1GB"  # DuckDB spills beyond it (peak RSS stays bounded)
 FILE = "table-{}.parquet"
-# the records of the MoE tables (expert_load, all_to_all): np_axis.RARE_TYPES / RARE_OPS
-RARE = "type = 'moe' OR (type = 'comm' AND op = 'all_to_all')"
+
+
+def _quoted(xs) -> str:
+    return ", ".join(f"'{x}'" for x in xs)
+
+
+# the records only the MoE tables (expert_load, all_to_all) read, as SQL: np_axis's RARE_TYPES
+# and RARE_OPS, the one definition its read checks for
+RARE = (f"type IN ({_quoted(NA.RARE_TYPES)}) OR "
+        f"(type = 'comm' AND op IN ({_quoted(NA.RARE_OPS)}))")
 BIG = ("step_rank", "collectives", "throughput", "stragglers")  # rows per step or instance
 
 

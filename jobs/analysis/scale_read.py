@@ -50,14 +50,12 @@ def one_read(tr: Traces, out_dir: Path, path: dict, sample=None):
         for rank, t in sorted(tabs.items()):
             guard("axis", lambda rank=rank, t=t: sums.add(rank, t, train))
 
-    def passes():  # the setup records' pass, then each step range's
-        tabs = np_read.setup(files)
-        feed(tabs, False)
-        yield -2, NC.comm_table(tabs)
-        for lo, hi, tabs in np_read.passes(files, NS.CHUNK_RECORDS):
-            guard("step_rank", lambda tabs=tabs, lo=lo: parts.extend(NS.rows_of(tabs, lo)))
-            feed(tabs, True)
-            yield hi, NC.comm_table(tabs)
+    def passes():  # the setup records' pass (carry step -2), then each step range's
+        for lo, hi, tabs in np_read.scan(files, NS.CHUNK_RECORDS):
+            if lo is not None:
+                guard("step_rank", lambda tabs=tabs, lo=lo: parts.extend(NS.rows_of(tabs, lo)))
+            feed(tabs, lo is not None)
+            yield -2 if hi is None else hi, NC.comm_table(tabs)
 
     at = len(w)
     n_coll = A.safe(w, "collectives", lambda: SC.write_instances(
