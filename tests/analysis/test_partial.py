@@ -50,3 +50,23 @@ def test_garbage_records_do_not_raise(tmp_path):
     assert "analysis_error" not in h
     a = json.loads((tmp_path / "analysis.json").read_text())
     assert a["warnings"]
+
+
+def test_line_rules_of_the_json_reader():
+    """Each line is one JSON object or one bad line; these are the edges a faster decoder
+    (raw_decode, not loads) must keep: trailing data, two objects on a line, non-objects,
+    untimed or negative-duration timed records, bool / str stamps, a list-valued type."""
+    from jobs.analysis.jsonl import _parse
+    good = ['{"type":"span","ts_ns":5,"dur_ns":2}', '  {"type":"weird"}  ',
+            '{"type":"mem","ts_ns":1,"optim":7}', '{"type":["span"]}',
+            '{"type":"comm","ts_ns":2.5}']
+    bad = ['{"a":1} x', '{"a":1}{"b":2}', "[1]", '"s"', "null", "3",
+           '{"type":"span","dur_ns":1}', '{"type":"span","ts_ns":1,"dur_ns":-1}',
+           '{"type":"end","ts_ns":"9"}', '{"type":"instant","ts_ns":1,"dur_ns":"2"}', "{",
+           '\ufeff{"a":1}']
+    lines = [good[0], '{"type":"meta","rank":0}', *bad, "", *good[1:], '{"type":"meta","rank":1}']
+    recs, meta, nbad, empty = _parse(x + "\n" for x in lines)
+    assert (nbad, empty, meta) == (len(bad), False, {"type": "meta", "rank": 1})  # last meta wins
+    assert [r.get("ts_ns", 0) for r in recs] == [0, 0, 1, 2.5, 5]  # sorted by ts, stable
+    assert {"type": "mem", "ts_ns": 1, "optimizer": 7} in recs  # the pre-issue-12 name
+    assert _parse(["", "  \n"]) == ([], {}, 0, True)

@@ -132,10 +132,11 @@ def test_cancel_stops_every_process(redis_service):
     assert children_of(shim) == [torchrun]
     ranks = children_of(torchrun)
     assert len(ranks) >= 2 and set(ranks) <= set(pids), (ranks, pids)  # every child carries it
-    t0 = time.monotonic()
     assert svc.http.post(f"/api/runs/{run['id']}/cancel").status_code == 200
+    # the bound is wait_status's deadline (a status not reached in 10 s raises), not a clock
+    # read here: a slow POST on a loaded machine must not fail a cancel that worked
     done = svc.wait_status(run["id"], ("cancelled", "failed", "succeeded"), 10)
-    assert done["status"] == "cancelled" and time.monotonic() - t0 < 10
+    assert done["status"] == "cancelled"
     assert_no_process_left(run["id"])
 
 
