@@ -188,11 +188,17 @@ def best(fn, repeat: int) -> tuple[float, float]:
 
 def child(mode: str, d: str) -> None:
     """One measured stage in a fresh process: its CPU seconds (every thread) and peak RSS."""
-    from jobs.analysis import columnar
+    from jobs.analysis import convert
     out = Path(d)
     t0, c0 = time.perf_counter(), time.process_time()
     if mode == "convert":
-        columnar.convert_run_dir(out)
+        convert.convert_run_dir(out)
+    elif mode == "convert-in-memory":  # the conversion before it streamed: a file's dicts
+        from jobs.analysis import columnar
+        from jobs.analysis.jsonl import parse_file
+        for r in range(len(list(out.glob("trace-rank*.jsonl")))):
+            js = out / f"trace-rank{r}.jsonl"
+            columnar.write_rank(columnar.parquet_path(js), r, *parse_file(js, r))
     elif mode == "scale":  # the whole post-run step on the columnar scale path
         head = write_analysis(out, scale_records=0)
         assert "analysis_error" not in head, head
@@ -232,22 +238,31 @@ def scale(a) -> int:
         with tempfile.TemporaryDirectory(dir=a.tmp) as d:
             out = Path(d)
             rows = []
-            if target <= a.json_max:
+            if target <= a.convert_max:
                 n = make_run(out, a.ranks, steps)
                 js = sum(p.stat().st_size for p in out.glob("trace-rank*.jsonl"))
-                rows.append(("JSON lines, Python (write_analysis)", measure("json", out), js))
+                if target <= a.json_max:
+                    rows.append(("JSON lines, Python (write_analysis)", measure("json", out),
+                                 js))
+                whole = None
+                if target <= a.in_memory_max:
+                    whole = measure("convert-in-memory", out)
+                    rows.append(("export JSON lines -> Parquet, a file's records in memory "
+                                 "(before)", whole, js))
                 conv = measure("convert", out)
                 pqs = sum(p.stat().st_size for p in out.glob("trace-rank*.parquet"))
-                rows.append(("export JSON lines -> Parquet", conv, pqs))
-                rows.append(("Parquet, write_analysis (vectorised + Python)",
-                             measure("columnar", out), pqs))
+                rows.append(("export JSON lines -> Parquet, streamed (convert.py, the "
+                             "worker's)", conv, pqs))
+                if target <= a.json_max:
+                    rows.append(("Parquet, write_analysis (vectorised + Python)",
+                                 measure("columnar", out), pqs))
             else:
                 n = make_parquet(out, a.ranks, steps)
                 pqs = sum(p.stat().st_size for p in out.glob("trace-rank*.parquet"))
             sc = measure("scale", out)
             rows.append(("Parquet, write_analysis, columnar scale path (analysis of the "
                          "Parquet files)", sc, pqs))
-            if target <= a.json_max:  # what the worker runs after a traced run: both stages
+            if target <= a.convert_max:  # what the worker runs after a traced run: both
                 rows.append(("JSON lines -> Parquet -> scale path (the worker's whole "
                              "post-run step)", {k: conv[k] + sc[k] for k in ("cpu", "wall")}
                              | {"rss": max(conv["rss"], sc["rss"])}, pqs))
@@ -259,7 +274,10 @@ def scale(a) -> int:
             if json_rate:  # side by side: the JSON path's rate measured in this run
                 print(f"| {n:,} | ratio, scale path / JSON Python path (records per CPU s) | "
                       f"{n / sc['cpu'] / json_rate:,.1f}x | | | | |")
-            if target <= a.json_max:
+            if whole:
+                print(f"| {n:,} | ratio, conversion peak RSS, in memory / streamed | "
+                      f"{whole['rss'] / conv['rss']:,.1f}x | | | | |")
+            if json_rate and target <= a.convert_max:
                 print(f"| {n:,} | ratio, worker's post-run step (conversion included) / JSON "
                       f"Python path | {n / rows[-1][1]['cpu'] / json_rate:,.1f}x | | | | |")
     return 0
@@ -274,6 +292,11 @@ def main(argv=None) -> int:
                     "columnar comparison instead of the per-stage table")
     ap.add_argument("--json-max", type=parse_count, default=parse_count("1M"),
                     help="largest size also written and analysed as JSON lines")
+    ap.add_argument("--convert-max", type=parse_count, default=parse_count("1M"),
+                    help="largest size also written as JSON lines and converted")
+    ap.add_argument("--in-memory-max", type=parse_count, default=parse_count("5M"),
+                    help="largest size also converted the old way (a file's records in "
+                    "memory: ~2.4 GiB per million records of a file)")
     ap.add_argument("--tmp", default=None, help="folder for the generated runs")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)

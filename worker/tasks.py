@@ -345,7 +345,7 @@ class JobSupervisor:
         """The run's JSON-lines traces into Parquet (jobs/analysis/columnar.py), whatever the
         outcome, now that no rank appends to them: what analysis and the Gantt read after."""
         try:
-            from jobs.analysis.columnar import convert_run_dir
+            from jobs.analysis.convert import convert_run_dir
             convert_run_dir(self.out)
         except Exception as exc:  # noqa: BLE001 - analysis falls back to the JSON lines
             log.exception("columnar conversion of run %s failed", self.run_id)

@@ -21,7 +21,7 @@ import json
 import os
 from pathlib import Path
 
-from .jsonl import _RANK_RE, parse_file
+from .jsonl import sort_key
 
 COLUMNAR_SCHEMA = 1  # bump when COLUMNS or their meaning change
 SUFFIX = ".parquet"
@@ -91,9 +91,8 @@ def to_columns(recs: list[dict]) -> tuple[dict[str, list], list]:
     return cols, args
 
 
-def write_rank(path: Path, rank: int, recs: list[dict], meta: dict, bad: int = 0,
-               empty: bool = False) -> None:
-    """One rank's parsed records into `path` (atomically: written aside, then renamed)."""
+def rank_table(rank: int, recs: list[dict]):
+    """The Arrow table (the schema, no file metadata) of records of one rank's file."""
     import pyarrow as pa
     schema = arrow_schema()
     cols, args = to_columns(recs)
@@ -107,9 +106,14 @@ def write_rank(path: Path, rank: int, recs: list[dict], meta: dict, bad: int = 0
     arrays = [pa.array([rank] * len(recs), pa.int32())]
     arrays += [pa.array(cols[k], schema.field(k).type) for k in COLUMNS]
     arrays.append(pa.array(args, pa.string()))
-    table = pa.Table.from_arrays(arrays, schema=schema.with_metadata(
-        file_metadata(meta, bad, empty)))
-    write_table(table, path)
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def write_rank(path: Path, rank: int, recs: list[dict], meta: dict, bad: int = 0,
+               empty: bool = False) -> None:
+    """One rank's parsed records into `path` (atomically: written aside, then renamed)."""
+    table = rank_table(rank, recs)
+    write_table(table.replace_schema_metadata(file_metadata(meta, bad, empty)), path)
 
 
 def file_metadata(meta: dict, bad: int = 0, empty: bool = False) -> dict:
@@ -139,26 +143,6 @@ def write_table(table, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def convert_run_dir(out_dir: Path) -> list[Path]:
-    """Write `trace-rank{R}.parquet` beside every `trace-rank{R}.jsonl` of a run folder (torn
-    and untimed lines skipped as load.parse_lines does; the count kept in the metadata).
-    Returns the files written. Raises only on an unwritable folder."""
-    out = []
-    for path in sorted(Path(out_dir).glob("trace-rank*.jsonl")):
-        m = _RANK_RE.search(path.name)
-        if not m:
-            continue
-        rank = int(m.group(1))
-        parsed = parse_file(path, rank)
-        if parsed is None:
-            continue  # unreadable: the loader reports it from the JSON lines
-        recs, meta, bad, empty = parsed
-        dest = parquet_path(path)
-        write_rank(dest, rank, recs, meta, bad, empty)
-        out.append(dest)
-    return out
-
-
 def read_rank(path: Path) -> tuple[list[dict], dict, int, bool]:
     """(records in file order, meta record, lines skipped, file was empty) of one rank."""
     import pyarrow.parquet as pq
@@ -171,7 +155,7 @@ def read_rank(path: Path) -> tuple[list[dict], dict, int, bool]:
     state = json.loads(md.get(STATE_KEY, b"{}"))
     meta = json.loads(md.get(META_KEY, b"{}"))
     recs = records_of(table)
-    recs.sort(key=lambda r: r.get("ts_ns", 0))  # stable: a no-op on a converted file
+    recs.sort(key=sort_key)  # stable: a no-op on a converted file
     return recs, meta, int(state.get("bad", 0)), bool(state.get("empty"))
 
 

@@ -18,17 +18,17 @@ _TIMED = ("span", "comm", "mem", "instant", "end")  # a tuple: `in` by ==, as a 
 _decode = json.JSONDecoder().raw_decode
 
 
-def _parse(lines) -> tuple[list[dict], dict, int, bool]:
-    """(records sorted by ts_ns, meta, lines skipped, no line at all) of JSON lines."""
-    recs, meta, bad = [], {}, 0
-    lines = list(lines)
-    if not any(x.strip() for x in lines):
-        return [], {}, 0, True
+def scan(lines, recs: list) -> tuple[dict | None, int, bool]:
+    """Append the records of JSON lines to `recs`, in line order: (the last meta record or
+    None, lines skipped, any non-blank line). The one line rule, for whole files (_parse) and
+    for the converter's chunks of lines (convert.py)."""
+    meta, bad, seen = None, 0, False
     append = recs.append
     for line in lines:
         line = line.strip()
         if not line:
             continue
+        seen = True
         try:
             r, end = _decode(line)
         except json.JSONDecodeError:
@@ -49,8 +49,22 @@ def _parse(lines) -> tuple[list[dict], dict, int, bool]:
             if t == "mem" and "optim" in r:  # traces written before issue 12 named it `optim`
                 r.setdefault("optimizer", r.pop("optim"))
         append(r)
-    recs.sort(key=lambda r: r.get("ts_ns", 0))
-    return recs, meta, bad, False
+    return meta, bad, seen
+
+
+def sort_key(r: dict):
+    """Records are ordered by ts_ns (stable: equal stamps keep their line order)."""
+    return r.get("ts_ns", 0)
+
+
+def _parse(lines) -> tuple[list[dict], dict, int, bool]:
+    """(records sorted by ts_ns, meta, lines skipped, no line at all) of JSON lines."""
+    recs: list[dict] = []
+    meta, bad, seen = scan(lines, recs)
+    if not seen:
+        return [], {}, 0, True
+    recs.sort(key=sort_key)
+    return recs, meta if meta is not None else {}, bad, False
 
 
 def parse_file(path: Path, rank: int) -> tuple[list[dict], dict, int, bool] | None:

@@ -33,6 +33,7 @@ from . import pipeline as PL
 from . import predicted as P
 from . import vec_steps as VS
 from . import vec_tables as V
+from .jsonl import sort_key
 from .load import Traces, finish, rank_warnings
 
 SCALE_RECORDS = 1_000_000  # a converted run with at least this many records takes this path
@@ -113,7 +114,7 @@ def sparse(con, base: Traces, where: str | None) -> Traces:
     for rec in columnar.records_of(table):
         tr.ranks.setdefault(rec["rank"], []).append(rec)
     for recs in tr.ranks.values():
-        recs.sort(key=lambda r: r.get("ts_ns", 0))
+        recs.sort(key=sort_key)
     return tr
 
 

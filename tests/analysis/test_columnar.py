@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from jobs.analysis import analyze_run_dir, columnar, load_run_dir
+from jobs.analysis import analyze_run_dir, columnar, convert, load_run_dir
 from jobs.analysis import collectives as C
 from jobs.analysis import memory as M
 from jobs.analysis import np_steps as NS
@@ -77,7 +77,7 @@ def test_same_records_and_analysis_through_both_storages(tmp_path):
     tr_json = load_run_dir(run)
     want = analyze_run_dir(run)
     assert not columnar.has_columnar(run)
-    written = columnar.convert_run_dir(run)
+    written = convert.convert_run_dir(run)
     assert [p.name for p in written] == [f"trace-rank{r}.parquet" for r in range(4)]
     assert columnar.has_columnar(run)
     tr_pq = load_run_dir(run)
@@ -96,7 +96,7 @@ def test_vectorised_tables_equal_the_python_ones(tmp_path, monkeypatch):
     monkeypatch.setattr(NS, "CHUNK_RECORDS", 40)
     run = dp_tp_run(tmp_path / "run", steps=6, drop=(2, 4), unfinished=(1, 5))
     tr = load_run_dir(run)
-    columnar.convert_run_dir(run)
+    convert.convert_run_dir(run)
     con, mt = V.connect(run), V.meta_traces(run)
     sr = VS.step_rank_table(con, mt, run)
     assert sr == S.step_rank_table(tr)
@@ -130,7 +130,7 @@ def test_point_to_point_runs_keep_the_python_matching(tmp_path):
         per[rank] = recs
     run = s.write(tmp_path / "pp", per)
     want = analyze_run_dir(run)
-    columnar.convert_run_dir(run)
+    convert.convert_run_dir(run)
     from jobs.analysis import np_coll as N
     assert not N.applies(V.connect(run))
     assert VS.step_rank_table(V.connect(run), V.meta_traces(run), run) is None  # pipeline
@@ -143,7 +143,7 @@ def test_a_run_too_large_for_the_python_path_gets_an_error_not_a_killed_worker(
     whole: the analysis error names the record count, the limit and what to do."""
     from jobs.analysis import scale, write_analysis
     run = dp_tp_run(tmp_path / "run", steps=3)
-    columnar.convert_run_dir(run)
+    convert.convert_run_dir(run)
     monkeypatch.setattr(scale, "applies", lambda con: False)  # as for a pipeline run
     assert "analysis_error" not in write_analysis(run, scale_records=0)  # fits: Python path
     n = scale.record_count(run)
@@ -158,7 +158,7 @@ def test_old_json_only_run_and_a_stale_conversion_read_the_json_lines(tmp_path):
     want = analyze_run_dir(run)  # a run from before issue 19: JSON lines only
     assert not list(run.glob("*.parquet"))
     assert want["tables"]["step_rank"] and want["headline"]["step_time_s"]
-    columnar.convert_run_dir(run)
+    convert.convert_run_dir(run)
     js = run / "trace-rank0.jsonl"
     st = (run / "trace-rank0.parquet").stat()
     os.utime(js, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # appended after conversion
@@ -169,7 +169,7 @@ def test_old_json_only_run_and_a_stale_conversion_read_the_json_lines(tmp_path):
 def test_parquet_metadata_carries_the_schema_version(tmp_path):
     import pyarrow.parquet as pq
     run = dp_tp_run(tmp_path / "run", steps=1)
-    path = columnar.convert_run_dir(run)[0]
+    path = convert.convert_run_dir(run)[0]
     md = pq.read_schema(path).metadata
     assert md[columnar.SCHEMA_KEY] == str(columnar.COLUMNAR_SCHEMA).encode()
     cols = pq.read_schema(path).names
@@ -186,7 +186,7 @@ def test_parquet_metadata_carries_the_schema_version(tmp_path):
 def test_a_damaged_parquet_file_degrades_to_the_python_path(tmp_path):
     run = dp_tp_run(tmp_path / "run")
     want = analyze_run_dir(run)
-    columnar.convert_run_dir(run)
+    convert.convert_run_dir(run)
     bad = run / "trace-rank0.parquet"
     st = bad.stat()
     bad.write_bytes(b"PAR1 not a parquet file")
@@ -219,7 +219,7 @@ def test_axis_sums_merge_a_missing_axis_with_one_named_question_mark(tmp_path, m
         out.append(json.dumps(r))
     p.write_text("\n".join(out) + "\n")
     tr = load_run_dir(run)
-    columnar.convert_run_dir(run)
+    convert.convert_run_dir(run)
     con, mt = V.connect(run), V.meta_traces(run)
     want = C.axis_bytes_table(tr)
     assert any(r["axis"] == "?" and r["rank"] == 0 for r in want)

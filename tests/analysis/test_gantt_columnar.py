@@ -5,7 +5,7 @@ records from the Parquet files give the same segments as the whole loaded trace'
 from __future__ import annotations
 
 from backend import gantt, gantt_columnar
-from jobs.analysis import columnar, load_run_dir, scale
+from jobs.analysis import convert, load_run_dir, scale
 from tests.analysis.test_columnar import dp_tp_run
 
 
@@ -19,7 +19,7 @@ def segments(out: dict) -> list[tuple]:
 
 def test_a_step_window_equals_the_whole_traces_gantt(tmp_path, monkeypatch):
     run = dp_tp_run(tmp_path / "run", steps=5, drop=(1, 2))
-    columnar.convert_run_dir(run)
+    convert.convert_run_dir(run)
     monkeypatch.setattr(scale, "SCALE_RECORDS", 0)
     assert gantt_columnar.is_large(run)
     full = gantt.columns(load_run_dir(run))
@@ -37,7 +37,7 @@ def test_a_step_window_equals_the_whole_traces_gantt(tmp_path, monkeypatch):
 
 def test_a_time_window_is_capped_in_records(tmp_path, monkeypatch):
     run = dp_tp_run(tmp_path / "run", steps=6)
-    columnar.convert_run_dir(run)
+    convert.convert_run_dir(run)
     monkeypatch.setattr(scale, "SCALE_RECORDS", 0)
     full = gantt.columns(load_run_dir(run))
     lo, hi = full.steps[1]["t0_ms"], full.steps[3]["t1_ms"]
@@ -59,7 +59,7 @@ def test_a_perfetto_window_from_parquet_equals_the_loaded_traces(tmp_path, monke
 
     from jobs.analysis.export import iter_perfetto_json
     run = dp_tp_run(tmp_path / "run", steps=5)
-    columnar.convert_run_dir(run)
+    convert.convert_run_dir(run)
     monkeypatch.setattr(scale, "SCALE_RECORDS", 0)
     full = load_run_dir(run)
     steps = gantt.columns(full).steps
@@ -89,7 +89,7 @@ def test_a_large_runs_json_lines_are_never_loaded_and_its_page_warms_the_step_li
     step list (gantt_columnar.run_info) in the background instead."""
     from backend import run_traces
     run = dp_tp_run(tmp_path / "run", steps=3)
-    columnar.convert_run_dir(run)
+    convert.convert_run_dir(run)
     assert run_traces.get(run) is not None  # below SCALE_RECORDS: the loaded traces
     monkeypatch.setattr(scale, "SCALE_RECORDS", 0)
     assert list(run.glob("trace-rank*.jsonl")) and run_traces.get(run) is None

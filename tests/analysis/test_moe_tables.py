@@ -185,11 +185,11 @@ def test_scale_path_reads_the_moe_records_it_finds(runs, tmp_path):
     gives the Python path's expert_load and all_to_all tables."""
     import shutil
 
-    from jobs.analysis import columnar, np_axis, scale
+    from jobs.analysis import convert, np_axis, scale
     run = tmp_path / "ep2"
     shutil.copytree(runs["ep2-cap"], run, ignore=shutil.ignore_patterns(
         "*.parquet", "table-*", "analysis.json"))
-    columnar.convert_run_dir(run)
+    convert.convert_run_dir(run)
     assert np_axis.axis_sums(run)["rare"]
     want, got = analyze_run_dir(run)["tables"], scale.analyze_columnar(run)["tables"]
     assert want["expert_load"] and want["all_to_all"]

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from jobs.analysis import collectives as C
-from jobs.analysis import columnar, load_run_dir
+from jobs.analysis import convert, load_run_dir
 from jobs.analysis import links as LK
 from jobs.analysis import np_axis as NA
 from jobs.analysis import np_coll as N
@@ -65,7 +65,7 @@ def _run(tmp_path, kind):
     run = ep_run(tmp_path / "ep") if kind == "ep" else \
         dp_tp_run(tmp_path / "run", **VARIANTS[kind])
     tr = load_run_dir(run)
-    columnar.convert_run_dir(run)
+    convert.convert_run_dir(run)
     return run, tr
 
 
@@ -122,7 +122,7 @@ def test_an_instance_across_a_pass_boundary_stays_whole(tmp_path, monkeypatch):
             out.append(json.dumps(r) + "\n")
         p.write_text("".join(out))
     tr = load_run_dir(run)
-    columnar.convert_run_dir(run)
+    convert.convert_run_dir(run)
     mt = V.meta_traces(run)
     assert N.rows_of(list(N.instance_batches(mt, run)), mt) == C.collectives_table(tr)
     assert not mt.warnings
@@ -133,7 +133,7 @@ def test_point_to_point_is_not_for_numpy(tmp_path):
                                      payload=KB, group="pp", axis="pp", peer=1 - r)]
            for r in range(2)}
     run = s.write(tmp_path / "pp", per)
-    columnar.convert_run_dir(run)
+    convert.convert_run_dir(run)
     assert not N.applies(V.connect(run))
 
 

@@ -12,7 +12,7 @@ import shutil
 import numpy as np
 import pytest
 
-from jobs.analysis import analyze_run_dir, columnar, scale, write_analysis
+from jobs.analysis import analyze_run_dir, convert, scale, write_analysis
 from jobs.analysis import np_steps as NS
 from jobs.analysis import vec_tables as V
 from tests.analysis.test_columnar import dp_tp_run
@@ -60,7 +60,7 @@ def check(run):
                                 {"drop": (2, 4), "unfinished": (1, 5), "steps": 6}])
 def test_scale_path_equals_the_python_path(tmp_path, kw):
     run = dp_tp_run(tmp_path / "run", **kw)
-    columnar.convert_run_dir(run)
+    convert.convert_run_dir(run)
     want, files = check(run)
     assert files == {}  # small tables: whole in analysis.json, no table file left
     assert not list(run.glob("table-*.parquet"))
@@ -70,7 +70,7 @@ def test_scale_path_equals_the_python_path(tmp_path, kw):
 def test_several_step_ranges_give_the_same_analysis(tmp_path, monkeypatch):
     monkeypatch.setattr(NS, "CHUNK_RECORDS", 30)  # one step range per step or two
     run = dp_tp_run(tmp_path / "run", steps=7, drop=(0, 3))
-    columnar.convert_run_dir(run)
+    convert.convert_run_dir(run)
     check(run)
 
 
@@ -78,7 +78,7 @@ def test_real_zero3_run_equals_the_python_path(zero3_run, tmp_path):
     run = tmp_path / "zero3"
     shutil.copytree(zero3_run, run, ignore=shutil.ignore_patterns("*.parquet", "table-*",
                                                                   "analysis.json"))
-    columnar.convert_run_dir(run)
+    convert.convert_run_dir(run)
     want, _ = check(run)
     assert want["tables"]["memory"] and want["tables"]["axis_bytes"]
 
@@ -86,7 +86,7 @@ def test_real_zero3_run_equals_the_python_path(zero3_run, tmp_path):
 def test_large_tables_stay_in_parquet_and_analysis_json_keeps_a_sample(tmp_path,
                                                                        monkeypatch):
     run = dp_tp_run(tmp_path / "run", steps=6)
-    columnar.convert_run_dir(run)
+    convert.convert_run_dir(run)
     want = analyze_run_dir(run)["tables"]
     monkeypatch.setattr(scale, "JSON_ROWS", 5)
     head = write_analysis(run, scale_records=0)
@@ -109,7 +109,7 @@ def test_large_tables_stay_in_parquet_and_analysis_json_keeps_a_sample(tmp_path,
 
 def test_a_small_run_keeps_the_python_path_by_default(tmp_path):
     run = dp_tp_run(tmp_path / "run")
-    columnar.convert_run_dir(run)
+    convert.convert_run_dir(run)
     assert not scale.use(run)  # below SCALE_RECORDS
     write_analysis(run)
     got = json.loads((run / "analysis.json").read_text())
@@ -120,7 +120,7 @@ def test_meta_traces_carry_the_loaders_warnings(tmp_path):
     from jobs.analysis import load_run_dir
     run = dp_tp_run(tmp_path / "run", unfinished=(1, 2))
     (run / "trace-rank2.jsonl").write_text("")  # killed before its first flush
-    columnar.convert_run_dir(run)
+    convert.convert_run_dir(run)
     tr = scale.meta_traces(run, V.connect(run))
     assert tr.warnings == load_run_dir(run).warnings
     assert any("empty trace file" in w for w in tr.warnings)
@@ -134,7 +134,7 @@ def test_files_of_many_row_groups_give_the_same_analysis(tmp_path, monkeypatch):
     monkeypatch.setattr(NS, "CHUNK_RECORDS", 40)
     monkeypatch.setattr(NS, "CHUNK_RECORDS", 40)
     run = dp_tp_run(tmp_path / "run", steps=6, drop=(2,))
-    columnar.convert_run_dir(run)
+    convert.convert_run_dir(run)
     for p in run.glob("trace-rank*.parquet"):
         t = pq.read_table(p)
         pq.write_table(t, p, row_group_size=9)
@@ -148,7 +148,7 @@ def test_the_sweeps_exact_fallbacks_give_the_same_step_rank(tmp_path, monkeypatc
     same rows."""
     from jobs.analysis import np_steps
     run = dp_tp_run(tmp_path / "run", steps=5, drop=(1, 3))
-    columnar.convert_run_dir(run)
+    convert.convert_run_dir(run)
     packed = [{k: v.tolist() for k, v in c.items()} for c in np_steps.build(run)]
     monkeypatch.setattr(np_steps, "PACK_LIMIT", 0)
     assert not np_steps._Pack(np.zeros(1, np.int64), np.ones(1, np.int64)).ok
@@ -181,7 +181,7 @@ def test_a_run_without_moe_records_skips_their_scan(tmp_path, monkeypatch):
     none (sparse(None)), with the same analysis."""
     from jobs.analysis import np_axis
     run = dp_tp_run(tmp_path / "run")
-    columnar.convert_run_dir(run)
+    convert.convert_run_dir(run)
     assert np_axis.axis_sums(run)["rare"] is False
     seen, real = [], scale.sparse
     monkeypatch.setattr(scale, "sparse", lambda con, tr, where: seen.append(where)
@@ -195,7 +195,7 @@ def test_a_failing_consumer_of_the_one_read_leaves_only_its_table_out(tmp_path, 
     read: the sweep raising leaves step_rank out (said why), the others equal the oracle's."""
     from jobs.analysis import np_steps
     run = dp_tp_run(tmp_path / "run")
-    columnar.convert_run_dir(run)
+    convert.convert_run_dir(run)
     want = analyze_run_dir(run)
 
     def boom(tabs, lo):
@@ -216,7 +216,7 @@ def test_failed_instances_leave_no_partial_file_and_the_rest_reads_again(tmp_pat
     from jobs.analysis import np_coll
     monkeypatch.setattr(NS, "CHUNK_RECORDS", 30)  # several passes: a batch is written first
     run = dp_tp_run(tmp_path / "run", steps=6)
-    columnar.convert_run_dir(run)
+    convert.convert_run_dir(run)
     want = analyze_run_dir(run)
     real, calls = np_coll._compute, []
 

@@ -1,0 +1,164 @@
+"""The post-run conversion of a run's JSON-lines traces into Parquet (columnar.py), in bounded
+memory: a real-size rank file (millions of records) never becomes one list of dicts.
+
+One rank file, in two passes:
+1. Chunks of CHUNK_LINES lines are parsed (jsonl.scan: the loader's line rules), turned into
+   Arrow rows (columnar.rank_table) and appended to an uncompressed Arrow IPC file beside the
+   output, in line order; only the records' sort keys (`ts_ns`, int64) stay in memory.
+2. A stable argsort of the keys is the loader's order (records by ts_ns, ties in line order);
+   the output's row groups are taken from the chunks their rows come from. The tracer appends
+   a span when it ends, so a file is sorted but for spans displaced by their own length (a
+   step span by one step): a row group meets the chunks its rows were written in and one or
+   two beside, and a chunk is dropped after its last row group. Memory is then a constant
+   (measured: ≈ 0.3 GiB peak for a 1.25 M-record file, 0.1 GiB of it before the second pass)
+   plus 4 bytes a record. A file out of order beyond MAX_LIVE chunks is taken from all its
+   chunks at once (memory: its Arrow rows, a few times smaller than its dicts).
+A file whose keys are not all int64 (a float stamp, a foreign `ts_ns`) takes the in-memory
+path (parse, sort the dicts, write): the loader's ordering of mixed types, exactly.
+The output equals the in-memory path's file, row for row and metadata for metadata
+(tests/analysis/test_convert.py)."""
+
+from __future__ import annotations
+
+import os
+from itertools import islice
+from pathlib import Path
+
+from . import columnar as C
+from .jsonl import _RANK_RE, parse_file, scan, sort_key
+
+# lines parsed at a time: 8 Ki lines (≈ 10 MB of dicts) measured both smaller and faster than
+# 64 Ki (0.30 vs 0.44 GiB peak, 18.2 vs 21.2 CPU s for two 1.25 M-record files)
+CHUNK_LINES = 1 << 13
+MAX_LIVE = 128  # chunks held at once (1 Mi lines) before a file counts as out of order
+# a file this small converts in memory, without the side file: its dicts take about ten times
+# its size (~ 0.2 GB), and it is within a few chunks of lines
+IN_MEMORY_BYTES = 16 << 20
+
+
+class _NotInt64(Exception):
+    """A sort key numpy cannot hold exactly: the in-memory path orders this file."""
+
+
+def convert_run_dir(out_dir: Path) -> list[Path]:
+    """Write `trace-rank{R}.parquet` beside every `trace-rank{R}.jsonl` of a run folder (torn
+    and untimed lines skipped as the loader does; the count kept in the metadata). Returns
+    the files written. Raises only on an unwritable folder."""
+    out = []
+    for path in sorted(Path(out_dir).glob("trace-rank*.jsonl")):
+        m = _RANK_RE.search(path.name)
+        if not m:
+            continue
+        dest = C.parquet_path(path)
+        if convert_rank(path, int(m.group(1)), dest):
+            out.append(dest)
+    return out
+
+
+def convert_rank(path: Path, rank: int, dest: Path) -> bool:
+    """One rank file into `dest` (atomically); False when it cannot be read (the loader
+    reports it from the JSON lines)."""
+    rows = dest.with_name(dest.name + ".rows")
+    try:
+        try:
+            if path.stat().st_size > IN_MEMORY_BYTES:
+                _streamed(path, rank, dest, rows)
+                return True
+        except (_NotInt64, OSError):
+            pass  # OSError: the in-memory path's parse says whether the file can be read
+        parsed = parse_file(path, rank)
+        if parsed is None:
+            return False
+        C.write_rank(dest, rank, *parsed)
+        return True
+    finally:  # a failed conversion leaves no half-written file behind
+        rows.unlink(missing_ok=True)
+        dest.with_name(dest.name + ".part").unlink(missing_ok=True)
+
+
+def _streamed(path: Path, rank: int, dest: Path, rows: Path) -> None:
+    """Pass 1 (chunks of lines into `rows` and their sort keys), then pass 2."""
+    import numpy as np
+    import pyarrow as pa
+    meta, bad, seen, keys, sizes = {}, 0, False, [], []
+    with open(path, errors="replace") as f, pa.OSFile(str(rows), "wb") as sink, \
+            pa.ipc.new_file(sink, C.arrow_schema()) as ipc:
+        while lines := list(islice(f, CHUNK_LINES)):
+            recs: list[dict] = []
+            m, b, s = scan(lines, recs)
+            meta, bad, seen = m if m is not None else meta, bad + b, seen or s
+            if recs:
+                keys.append(_keys(np, recs))
+                sizes.append(len(recs))
+                ipc.write_table(C.rank_table(rank, recs))
+    md = C.file_metadata(meta, bad, not seen)
+    if not keys:  # no record: metas, bad lines or nothing at all
+        C.write_rank(dest, rank, [], meta, bad, not seen)
+        return
+    _write_sorted(np, rows, np.concatenate(keys), np.array(sizes), md, dest)
+
+
+def _keys(np, recs: list[dict]):
+    ks = [sort_key(r) for r in recs]
+    if any(type(k) is not int and type(k) is not bool for k in ks):
+        raise _NotInt64
+    try:
+        return np.array(ks, dtype=np.int64)
+    except OverflowError:
+        raise _NotInt64 from None
+
+
+def _write_sorted(np, rows: Path, keys, sizes, md: dict, dest: Path) -> None:
+    """The rows of the IPC file `rows` (chunks of `sizes` rows) into `dest` in key order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    R = C.ROW_GROUP_ROWS
+    # int32 positions (a rank file holds < 2**31 records): the per-record arrays are what
+    # grows with the file here, 4 bytes a record each
+    order = np.argsort(keys, kind="stable").astype(np.int32)
+    del keys
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    pos = np.empty(len(order), np.int32)  # record -> its place in the output
+    pos[order] = np.arange(len(order), dtype=np.int32)
+    first = np.minimum.reduceat(pos, starts[:-1]) // R  # the groups that need a chunk
+    last = np.maximum.reduceat(pos, starts[:-1]) // R
+    del pos
+    ngroups = -(-len(order) // R)
+    live = np.zeros(ngroups + 1, np.int64)
+    np.add.at(live, first, 1)
+    np.add.at(live, last + 1, -1)
+    spread = int(np.cumsum(live).max())  # the most chunks held at once
+    part = dest.with_name(dest.name + ".part")
+    schema = C.arrow_schema().with_metadata(md)
+    # read, not memory-mapped: a dropped chunk's memory goes back (mapped pages would count
+    # in the worker's RSS up to the whole file)
+    with pa.OSFile(str(rows)) as src, \
+            pq.ParquetWriter(part, schema, **C.write_options(schema.names)) as w:
+        reader = pa.ipc.open_file(src)
+        held: dict[int, pa.Table] = {}
+        if spread > MAX_LIVE:  # out of order: every chunk at once, once
+            whole = _all_chunks(reader, len(sizes))
+        for g in range(ngroups):
+            idx = order[g * R:(g + 1) * R].astype(np.int64)
+            cs = np.searchsorted(starts, idx, side="right") - 1  # each row's chunk
+            if spread > MAX_LIVE:
+                w.write_table(whole.take(idx), row_group_size=R)
+                continue
+            touched = np.unique(cs)
+            for c in touched.tolist():
+                if c not in held:
+                    held[c] = pa.Table.from_batches([reader.get_batch(c)])
+            # the touched chunks side by side: a row's place is its chunk's base + its offset
+            base = np.zeros(len(sizes), np.int64)
+            base[touched] = np.concatenate([[0], np.cumsum(sizes[touched])[:-1]])
+            near = pa.concat_tables([held[c] for c in touched.tolist()]).combine_chunks()
+            w.write_table(near.take(base[cs] + idx - starts[cs]), row_group_size=R)
+            for c in touched[last[touched] == g].tolist():
+                del held[c]
+        assert not held, sorted(held)  # every chunk was dropped after its last group
+    os.replace(part, dest)
+
+
+def _all_chunks(reader, n: int):
+    import pyarrow as pa
+    return pa.Table.from_batches([reader.get_batch(c) for c in range(n)]).combine_chunks()
