@@ -110,6 +110,10 @@ def test_ddp_run_succeeds_with_logs_traces_and_provenance(redis_service):
     assert prov["paralab_commit"] and prov["device"]
     files = {f["path"] for f in svc.http.get(f"/api/runs/{run['id']}/files").json()}
     assert {"trace-rank0.jsonl", "trace-rank1.jsonl", "summary.json", "spec.json"} <= files
+    # the worker's columnar conversion ran (a failure there only logs and falls back) and
+    # left no side file of its own
+    assert {"trace-rank0.parquet", "trace-rank1.parquet"} <= files
+    assert not [f for f in files if f.endswith((".rows", ".part"))], files
     trace = svc.http.get(f"/api/runs/{run['id']}/files/trace-rank1.jsonl").text
     assert trace.strip() and all(line.startswith("{") for line in trace.strip().splitlines())
     log = svc.http.get(f"/api/runs/{run['id']}/logs").text

@@ -1,0 +1,23 @@
+"""bench/analysis_speed.py's side-by-side table at a tiny size: every row and ratio printed
+(the benchmark's figures live in docs/benchmarks.md; this only keeps the script working)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_scale_table_prints_every_row_and_ratio(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "analysis_speed.py"), "--ranks", "2",
+         "--records", "3k,6k", "--json-max", "3k", "--convert-max", "3k", "--tmp",
+         str(tmp_path)], capture_output=True, text=True, check=True, timeout=300).stdout
+    for row in ("JSON lines, Python", "a file's records in memory (before)", "streamed",
+                "columnar scale path", "the worker's whole post-run step",
+                "ratio, scale path / JSON", "ratio, conversion peak RSS",
+                "ratio, worker's post-run step"):
+        assert row in out, (row, out)
+    big = [line for line in out.splitlines() if line.startswith("| 6,")]
+    assert any("scale path" in x for x in big) and not any("streamed" in x for x in big), out
+    assert not list(tmp_path.iterdir())  # the generated runs removed
