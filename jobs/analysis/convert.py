@@ -11,8 +11,9 @@ One rank file, in two passes:
    step span by one step): a row group meets the chunks its rows were written in and one or
    two beside, and a chunk is dropped after its last row group. Memory is then a constant
    (measured: ≈ 0.3 GiB peak for a 1.25 M-record file, 0.1 GiB of it before the second pass)
-   plus 4 bytes a record. A file out of order beyond MAX_LIVE chunks is taken from all its
-   chunks at once (memory: its Arrow rows, a few times smaller than its dicts).
+   plus ≈ 24 bytes a record (the int64 sort keys, kept, and the int32 order). A file out of
+   order beyond MAX_LIVE chunks is taken from all its chunks at once (memory: its Arrow rows,
+   a few times smaller than its dicts).
 A file whose keys are not all int64 (a float stamp, a foreign `ts_ns`) takes the in-memory
 path (parse, sort the dicts, write): the loader's ordering of mixed types, exactly.
 The output equals the in-memory path's file, row for row and metadata for metadata
@@ -113,8 +114,8 @@ def _write_sorted(np, rows: Path, keys, sizes, md: dict, dest: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
     R = C.ROW_GROUP_ROWS
-    # int32 positions (a rank file holds < 2**31 records): the per-record arrays are what
-    # grows with the file here, 4 bytes a record each
+    # int32 positions (a rank file holds < 2**31 records): with the keys, the per-record
+    # arrays are what grows with the file here
     order = np.argsort(keys, kind="stable").astype(np.int32)
     del keys
     starts = np.concatenate([[0], np.cumsum(sizes)])
