@@ -194,11 +194,8 @@ def child(mode: str, d: str) -> None:
     if mode == "convert":
         convert.convert_run_dir(out)
     elif mode == "convert-in-memory":  # the conversion before it streamed: a file's dicts
-        from jobs.analysis import columnar
-        from jobs.analysis.jsonl import parse_file
-        for r in range(len(list(out.glob("trace-rank*.jsonl")))):
-            js = out / f"trace-rank{r}.jsonl"
-            columnar.write_rank(columnar.parquet_path(js), r, *parse_file(js, r))
+        convert.IN_MEMORY_BYTES = 1 << 62  # every file takes the converter's in-memory path
+        convert.convert_run_dir(out)
     elif mode == "scale":  # the whole post-run step on the columnar scale path
         head = write_analysis(out, scale_records=0)
         assert "analysis_error" not in head, head

@@ -342,7 +342,7 @@ class JobSupervisor:
         return {**(summary or {}), "headline": headline}
 
     def _columnar(self) -> None:
-        """The run's JSON-lines traces into Parquet (jobs/analysis/columnar.py), whatever the
+        """The run's JSON-lines traces into Parquet (jobs/analysis/convert.py), whatever the
         outcome, now that no rank appends to them: what analysis and the Gantt read after."""
         try:
             from jobs.analysis.convert import convert_run_dir

@@ -92,11 +92,11 @@ def _streamed(path: Path, rank: int, dest: Path, rows: Path) -> None:
                 keys.append(_keys(np, recs))
                 sizes.append(len(recs))
                 ipc.write_table(C.rank_table(rank, recs))
-    md = C.file_metadata(meta, bad, not seen)
     if not keys:  # no record: metas, bad lines or nothing at all
         C.write_rank(dest, rank, [], meta, bad, not seen)
         return
-    _write_sorted(np, rows, np.concatenate(keys), np.array(sizes), md, dest)
+    _write_sorted(np, rows, np.concatenate(keys), np.array(sizes),
+                  C.file_metadata(meta, bad, not seen), dest)
 
 
 def _keys(np, recs: list[dict]):
@@ -136,28 +136,36 @@ def _write_sorted(np, rows: Path, keys, sizes, md: dict, dest: Path) -> None:
     with pa.OSFile(str(rows)) as src, \
             pq.ParquetWriter(part, schema, **C.write_options(schema.names)) as w:
         reader = pa.ipc.open_file(src)
-        held: dict[int, pa.Table] = {}
+        groups = (order[g * R:(g + 1) * R].astype(np.int64) for g in range(ngroups))
         if spread > MAX_LIVE:  # out of order: every chunk at once, once
             whole = _all_chunks(reader, len(sizes))
-        for g in range(ngroups):
-            idx = order[g * R:(g + 1) * R].astype(np.int64)
-            cs = np.searchsorted(starts, idx, side="right") - 1  # each row's chunk
-            if spread > MAX_LIVE:
+            for idx in groups:
                 w.write_table(whole.take(idx), row_group_size=R)
-                continue
-            touched = np.unique(cs)
-            for c in touched.tolist():
-                if c not in held:
-                    held[c] = pa.Table.from_batches([reader.get_batch(c)])
-            # the touched chunks side by side: a row's place is its chunk's base + its offset
-            base = np.zeros(len(sizes), np.int64)
-            base[touched] = np.concatenate([[0], np.cumsum(sizes[touched])[:-1]])
-            near = pa.concat_tables([held[c] for c in touched.tolist()]).combine_chunks()
-            w.write_table(near.take(base[cs] + idx - starts[cs]), row_group_size=R)
-            for c in touched[last[touched] == g].tolist():
-                del held[c]
-        assert not held, sorted(held)  # every chunk was dropped after its last group
+        else:
+            for table in _near(np, reader, groups, starts, sizes, last):
+                w.write_table(table, row_group_size=R)
     os.replace(part, dest)
+
+
+def _near(np, reader, groups, starts, sizes, last):
+    """Each group's rows, taken from the chunks they are in; a chunk is read once, when a group
+    first needs it, and dropped after `last[chunk]`, the last group that does."""
+    import pyarrow as pa
+    held: dict[int, pa.Table] = {}
+    for g, idx in enumerate(groups):
+        cs = np.searchsorted(starts, idx, side="right") - 1  # each row's chunk
+        touched = np.unique(cs)
+        for c in touched.tolist():
+            if c not in held:
+                held[c] = pa.Table.from_batches([reader.get_batch(c)])
+        # the touched chunks side by side: a row's place is its chunk's base + its offset
+        base = np.zeros(len(sizes), np.int64)
+        base[touched] = np.concatenate([[0], np.cumsum(sizes[touched])[:-1]])
+        near = pa.concat_tables([held[c] for c in touched.tolist()]).combine_chunks()
+        yield near.take(base[cs] + idx - starts[cs])
+        for c in touched[last[touched] == g].tolist():
+            del held[c]
+    assert not held, sorted(held)  # every chunk was dropped after its last group
 
 
 def _all_chunks(reader, n: int):
