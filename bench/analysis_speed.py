@@ -106,15 +106,29 @@ def rank_records(rank: int, ranks: int, steps: int, rng: random.Random,
     return out
 
 
-def make_run(out: Path, ranks: int, steps: int) -> int:
+def make_run(out: Path, ranks: int, steps: int, blocks: bool = True) -> int:
+    """JSON lines per rank and, as the tracer's flusher writes them beside the lines, their
+    blocks (jobs/trace_blocks.py: one per BLOCK_RECORDS records)."""
+    from jobs import trace_blocks as TB
     rng = random.Random(0)
     spec = spec_dict(ranks, steps)
+    enc = json.JSONEncoder().encode
     n = 0
     for r in range(ranks):
         recs = rank_records(r, ranks, steps, rng, spec)
         n += len(recs)
-        with open(out / f"trace-rank{r}.jsonl", "w") as f:
-            f.writelines(json.dumps(x) + "\n" for x in recs)
+        path = out / f"trace-rank{r}.jsonl"
+        at = 0
+        with open(path, "w") as f, open(TB.blocks_path(path), "wb") as b:
+            for i in range(0, len(recs), TB.BLOCK_RECORDS):
+                part = recs[i:i + TB.BLOCK_RECORDS]
+                text = "".join([enc(x) + "\n" for x in part])
+                f.write(text)
+                if blocks:
+                    b.write(TB.encode(part, at, at + len(text), enc))
+                at += len(text)
+        if not blocks:
+            TB.blocks_path(path).unlink()
     (out / "summary.json").write_text(json.dumps({"loss": [1.0] * steps}))
     return n
 
@@ -191,9 +205,13 @@ def child(mode: str, d: str) -> None:
     from jobs.analysis import convert
     out = Path(d)
     t0, c0 = time.perf_counter(), time.process_time()
-    if mode == "convert":
+    if mode == "convert":  # the worker's: from the flusher's blocks
+        convert.convert_run_dir(out)
+    elif mode == "convert-lines":  # the conversion before the blocks: JSON lines, streamed
+        convert.USE_BLOCKS = False
         convert.convert_run_dir(out)
     elif mode == "convert-in-memory":  # the conversion before it streamed: a file's dicts
+        convert.USE_BLOCKS = False
         convert.IN_MEMORY_BYTES = 1 << 62  # every file takes the converter's in-memory path
         convert.convert_run_dir(out)
     elif mode == "scale":  # the whole post-run step on the columnar scale path
@@ -258,10 +276,17 @@ def scale(a) -> int:
                     whole = measure("convert-in-memory", out)
                     rows.append(("export JSON lines -> Parquet, a file's records in memory "
                                  "(before)", whole, js))
+                lines = None
+                if target <= a.lines_max:
+                    lines = measure("convert-lines", out)
+                    rows.append(("export JSON lines -> Parquet, streamed (before the "
+                                 "blocks)", lines, js))
+                bs = sum(p.stat().st_size for p in out.glob("trace-rank*.blocks"))
                 conv = measure("convert", out)
+                assert not any(out.glob("trace-rank*.blocks")), "blocks not read"
                 pqs = sum(p.stat().st_size for p in out.glob("trace-rank*.parquet"))
-                rows.append(("export JSON lines -> Parquet, streamed (convert.py, the "
-                             "worker's)", conv, pqs))
+                rows.append(("export the flusher's blocks -> Parquet (convert.py, the "
+                             "worker's)", conv, bs))
                 if target <= a.json_max:
                     rows.append(("Parquet, write_analysis (vectorised + Python)",
                                  measure("columnar", out), pqs))
@@ -272,7 +297,7 @@ def scale(a) -> int:
             rows.append(("Parquet, write_analysis, columnar scale path (analysis of the "
                          "Parquet files)", sc, pqs))
             if target <= a.convert_max:  # what the worker runs after a traced run: both
-                rows.append(("JSON lines -> Parquet -> scale path (the worker's whole "
+                rows.append(("blocks -> Parquet -> scale path (the worker's whole "
                              "post-run step)", {k: conv[k] + sc[k] for k in ("cpu", "wall")}
                              | {"rss": max(conv["rss"], sc["rss"])}, pqs))
             for name, m, size in rows:
@@ -283,9 +308,12 @@ def scale(a) -> int:
             if json_rate:  # side by side: the JSON path's rate measured in this run
                 print(f"| {n:,} | ratio, scale path / JSON Python path (records per CPU s) | "
                       f"{n / sc['cpu'] / json_rate:,.1f}x | | | | |")
-            if whole:
+            if whole and lines:
                 print(f"| {n:,} | ratio, conversion peak RSS, in memory / streamed | "
-                      f"{whole['rss'] / conv['rss']:,.1f}x | | | | |")
+                      f"{whole['rss'] / lines['rss']:,.1f}x | | | | |")
+            if lines:
+                print(f"| {n:,} | ratio, conversion CPU s, JSON lines / blocks | "
+                      f"{lines['cpu'] / conv['cpu']:,.1f}x | | | | |")
             if json_rate and target <= a.convert_max:
                 print(f"| {n:,} | ratio, worker's post-run step (conversion included) / JSON "
                       f"Python path | {n / rows[-1][1]['cpu'] / json_rate:,.1f}x | | | | |")
@@ -299,6 +327,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--records", help="comma-separated sizes, e.g. 0.5M,5M,50M: the "
                     "columnar comparison instead of the per-stage table")
+    ap.add_argument("--lines-max", type=parse_count, default=parse_count("5M"),
+                    help="largest --records size also converted from its JSON lines (the "
+                    "conversion before the flusher's blocks), side by side")
     ap.add_argument("--json-max", type=parse_count, default=parse_count("1M"),
                     help="largest size also written and analysed as JSON lines")
     ap.add_argument("--convert-max", type=parse_count, default=parse_count("1M"),

@@ -4,7 +4,10 @@ One `Tracer` per rank writes `trace-rank{R}.jsonl` (schema: docs/trace-schema.md
 buffered in memory and written by a daemon thread every `flush_interval_s`, on `flush()`,
 `close()`, SIGTERM/SIGINT and at interpreter exit, so a run that is cancelled, times out or hangs
 inside a collective (where Python signal handlers cannot run) keeps its trace up to the last
-fraction of a second: each rank's last completed collective per group is on disk.
+fraction of a second: each rank's last completed collective per group is on disk. Beside the
+lines the flusher writes the same records column by column, `trace-rank{R}.blocks`
+(jobs/trace_blocks.py, a block per few thousand records and one at close), what the worker's
+Parquet conversion reads instead of parsing the lines while the two are twins.
 
 Times are integers in ns on an aligned clock: this rank's monotonic clock shifted onto rank 0's
 wall clock. The shift is measured with ping-pongs against rank 0 (Cristian's algorithm, best of
@@ -44,7 +47,7 @@ import time
 import weakref
 from pathlib import Path
 
-from jobs import commbytes
+from jobs import commbytes, trace_blocks
 from jobs.flight import FlightRecorder
 from jobs.trace_schedule import DETAIL_TYPES, is_scheduled, keeps_span
 
@@ -160,6 +163,11 @@ class Tracer:
         self.path = Path(out_dir) / f"trace-rank{rank}.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = open(self.path, "w")  # noqa: SIM115 - closed in close()
+        # the lines' columnar twin (jobs/trace_blocks.py): what the worker converts from
+        self._blocks = open(trace_blocks.blocks_path(self.path), "wb")  # noqa: SIM115
+        self._jsize = 0  # bytes of JSON lines written (ASCII: the encoder escapes the rest)
+        self._block: list[dict] = []  # flushed records not yet in a block
+        self._block_j0 = 0
         self._buf: list[dict] = []
         self._lock = threading.Lock()
         self._done: dict[str, int] = {}
@@ -426,12 +434,36 @@ class Tracer:
             if out:
                 enc = _ENCODER.encode
                 yield_gil = threading.current_thread() is self._thread
+                j0 = self._jsize
                 for i in range(0, len(out), 32):
-                    self._f.write("".join([enc(r) + "\n" for r in out[i:i + 32]]))
+                    text = "".join([enc(r) + "\n" for r in out[i:i + 32]])
+                    self._f.write(text)
+                    self._jsize += len(text)
                     if yield_gil:  # let the training thread run between small chunks
                         time.sleep(0)
                 self._f.flush()
                 self.stats["records"] += len(out)
+                self._block_records(out, j0)
+
+    def _block_records(self, out: list[dict], j0: int) -> None:
+        """Flushed records into the blocks file (jobs/trace_blocks.py), after their lines, a
+        block per BLOCK_RECORDS records and one at close: the lines are what a kill must not
+        lose; the blocks only spare the converter parsing them (records lost before a block
+        was written break the chain, and the converter reads the lines)."""
+        if self._blocks is None:
+            return
+        if not self._block:
+            self._block_j0 = j0
+        self._block.extend(out)
+        if len(self._block) < trace_blocks.BLOCK_RECORDS and not self._closed:
+            return
+        recs, self._block = self._block, []
+        try:
+            self._blocks.write(trace_blocks.encode(recs, self._block_j0, self._jsize,
+                                                   _ENCODER.encode))
+            self._blocks.flush()
+        except Exception:  # noqa: BLE001 - a broken chain (the converter reads the lines),
+            self._blocks = None  # never a run taken down
 
     def _flusher(self, interval: float) -> None:
         while not self._stop.wait(interval):
@@ -461,6 +493,8 @@ class Tracer:
         finally:
             with self._lock:
                 self._f.close()
+                if self._blocks is not None:
+                    self._blocks.close()
         _LIVE.discard(self)
 
     def __enter__(self):

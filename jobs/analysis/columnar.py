@@ -28,6 +28,7 @@ SUFFIX = ".parquet"
 META_KEY = b"paralab.meta"  # the rank's `meta` record, JSON
 SCHEMA_KEY = b"paralab.columnar_schema"
 STATE_KEY = b"paralab.parse"  # {"bad": lines skipped, "empty": file had no line}
+ORIGIN_KEY = b"paralab.origin"  # b"lines" or b"blocks": what the file was converted from
 
 _INT, _FLOAT, _STR, _BOOL = "int64", "float64", "string", "bool"
 # name -> type. Order is the files' column order; `rank` and `args` come first and last.
@@ -51,6 +52,21 @@ _EXACT = 1 << 53  # ints a float holds exactly
 # groups waste little at a range's ends and one per rank file stays decoded between ranges
 ROW_GROUP_ROWS = 1 << 16
 NULL_IS_NONE = ("microbatch",)  # every record has it: a null reads back as None
+
+
+class NotInt64(Exception):
+    """A sort key numpy cannot hold exactly: the in-memory conversion orders the file."""
+
+
+def sort_keys(np, recs: list[dict]):
+    """The records' sort keys (jsonl.sort_key) as int64, or NotInt64."""
+    ks = [sort_key(r) for r in recs]
+    if any(type(k) is not int and type(k) is not bool for k in ks):
+        raise NotInt64
+    try:
+        return np.array(ks, dtype=np.int64)
+    except OverflowError:
+        raise NotInt64 from None
 
 
 def parquet_path(jsonl: Path) -> Path:
@@ -110,15 +126,19 @@ def rank_table(rank: int, recs: list[dict]):
 
 
 def write_rank(path: Path, rank: int, recs: list[dict], meta: dict, bad: int = 0,
-               empty: bool = False) -> None:
+               empty: bool = False, origin: str = "lines") -> None:
     """One rank's parsed records into `path` (atomically: written aside, then renamed)."""
     table = rank_table(rank, recs)
-    write_table(table.replace_schema_metadata(file_metadata(meta, bad, empty)), path)
+    write_table(table.replace_schema_metadata(file_metadata(meta, bad, empty, origin)), path)
 
 
-def file_metadata(meta: dict, bad: int = 0, empty: bool = False) -> dict:
+def file_metadata(meta: dict, bad: int = 0, empty: bool = False,
+                  origin: str = "lines") -> dict:
+    """`origin`: what the file was converted from, the JSON `lines` or the flusher's
+    `blocks` (jobs/trace_blocks.py): the same rows either way."""
     return {SCHEMA_KEY: str(COLUMNAR_SCHEMA).encode(), META_KEY: json.dumps(meta).encode(),
-            STATE_KEY: json.dumps({"bad": bad, "empty": empty}).encode()}
+            STATE_KEY: json.dumps({"bad": bad, "empty": empty}).encode(),
+            ORIGIN_KEY: origin.encode()}
 
 
 # integers that grow record by record (records are in ts_ns order): delta-encoded, a tenth

@@ -1,7 +1,10 @@
 """The post-run conversion of a run's JSON-lines traces into Parquet (columnar.py), in bounded
 memory: a real-size rank file (millions of records) never becomes one list of dicts.
 
-One rank file, in two passes:
+From the flusher's blocks (blocks.py, jobs/trace_blocks.py) where they are the lines' twin:
+pass 1 decodes the blocks' sort keys, pass 2 decodes each block when a row group first needs
+it (the blocks are the chunks below; no side file, no JSON parsed). Otherwise from the lines,
+one rank file in two passes:
 1. Chunks of CHUNK_LINES lines are parsed (jsonl.scan: the loader's line rules), turned into
    Arrow rows (columnar.rank_table) and appended to an uncompressed Arrow IPC file beside the
    output, in line order; only the records' sort keys (`ts_ns`, int64) stay in memory.
@@ -21,12 +24,18 @@ The output equals the in-memory path's file, row for row and metadata for metada
 
 from __future__ import annotations
 
+import logging
 import os
 from itertools import islice
 from pathlib import Path
 
+from jobs import trace_blocks as TB
+
+from . import blocks as B
 from . import columnar as C
-from .jsonl import _RANK_RE, parse_file, scan, sort_key
+from .jsonl import _RANK_RE, parse_file, scan
+
+log = logging.getLogger(__name__)
 
 # lines parsed at a time: 8 Ki lines (≈ 10 MB of dicts) measured both smaller and faster than
 # 64 Ki (0.30 vs 0.44 GiB peak, 18.2 vs 21.2 CPU s for two 1.25 M-record files)
@@ -35,10 +44,9 @@ MAX_LIVE = 128  # chunks held at once (1 Mi lines) before a file counts as out o
 # a file this small converts in memory, without the side file: its dicts take about ten times
 # its size (~ 0.2 GB), and it is within a few chunks of lines
 IN_MEMORY_BYTES = 16 << 20
-
-
-class _NotInt64(Exception):
-    """A sort key numpy cannot hold exactly: the in-memory path orders this file."""
+# read the flusher's blocks where they are the lines' twin (False: the lines only, as before
+# the blocks; the benchmark's side-by-side figure)
+USE_BLOCKS = True
 
 
 def convert_run_dir(out_dir: Path) -> list[Path]:
@@ -58,14 +66,26 @@ def convert_run_dir(out_dir: Path) -> list[Path]:
 
 def convert_rank(path: Path, rank: int, dest: Path) -> bool:
     """One rank file into `dest` (atomically); False when it cannot be read (the loader
-    reports it from the JSON lines)."""
+    reports it from the JSON lines). From the flusher's blocks when they are the lines' twin
+    (blocks.py), else from the lines; the blocks file is removed once `dest` is written (the
+    Parquet file holds what it did)."""
     rows = dest.with_name(dest.name + ".rows")
     try:
         try:
+            src = B.usable(path) if USE_BLOCKS else None
+            if src is not None:
+                try:
+                    _from_blocks(src, rank, dest)
+                    return True
+                except (C.NotInt64, OSError):
+                    raise
+                except Exception:  # noqa: BLE001 - a block that does not decode: the lines
+                    log.warning("%s: blocks not decoded, converting the lines", src,
+                                exc_info=True)
             if path.stat().st_size > IN_MEMORY_BYTES:
                 _streamed(path, rank, dest, rows)
                 return True
-        except (_NotInt64, OSError):
+        except (C.NotInt64, OSError):
             pass  # OSError: the in-memory path's parse says whether the file can be read
         parsed = parse_file(path, rank)
         if parsed is None:
@@ -75,45 +95,76 @@ def convert_rank(path: Path, rank: int, dest: Path) -> bool:
     finally:  # a failed conversion leaves no half-written file behind
         rows.unlink(missing_ok=True)
         dest.with_name(dest.name + ".part").unlink(missing_ok=True)
+        if USE_BLOCKS and dest.exists():  # read or found stale: the Parquet file stands
+            TB.blocks_path(path).unlink(missing_ok=True)
 
 
 def _streamed(path: Path, rank: int, dest: Path, rows: Path) -> None:
-    """Pass 1 (chunks of lines into `rows` and their sort keys), then pass 2."""
+    """Pass 1 (chunks of lines into `rows`, their sort keys kept), then pass 2."""
     import numpy as np
     import pyarrow as pa
-    meta, bad, seen, keys, sizes = {}, 0, False, [], []
+    state = {"meta": {}, "bad": 0, "seen": False}
+    keys, sizes = [], []
     with open(path, errors="replace") as f, pa.OSFile(str(rows), "wb") as sink, \
             pa.ipc.new_file(sink, C.arrow_schema()) as ipc:
         while lines := list(islice(f, CHUNK_LINES)):
             recs: list[dict] = []
             m, b, s = scan(lines, recs)
-            meta, bad, seen = m if m is not None else meta, bad + b, seen or s
+            if m is not None:
+                state["meta"] = m
+            state["bad"] += b
+            state["seen"] = state["seen"] or s
             if recs:
-                keys.append(_keys(np, recs))
+                keys.append(C.sort_keys(np, recs))
                 sizes.append(len(recs))
                 ipc.write_table(C.rank_table(rank, recs))
-    if not keys:  # no record: metas, bad lines or nothing at all
-        C.write_rank(dest, rank, [], meta, bad, not seen)
+    if _empty(rank, dest, state, keys, "lines"):
         return
-    _write_sorted(np, rows, np.concatenate(keys), np.array(sizes),
-                  C.file_metadata(meta, bad, not seen), dest)
+    # read, not memory-mapped: a dropped chunk's memory goes back (mapped pages would count
+    # in the worker's RSS up to the whole file)
+    with pa.OSFile(str(rows)) as src:
+        reader = pa.ipc.open_file(src)
+        _write_sorted(np, lambda c: pa.Table.from_batches([reader.get_batch(c)]), keys,
+                      sizes, C.file_metadata(state["meta"], state["bad"], not state["seen"],
+                                             "lines"), dest)
 
 
-def _keys(np, recs: list[dict]):
-    ks = [sort_key(r) for r in recs]
-    if any(type(k) is not int and type(k) is not bool for k in ks):
-        raise _NotInt64
-    try:
-        return np.array(ks, dtype=np.int64)
-    except OverflowError:
-        raise _NotInt64 from None
+def _from_blocks(src: Path, rank: int, dest: Path) -> None:
+    """Pass 1 decodes the blocks' sort keys only (blocks.key_pass); pass 2 decodes each block
+    when a row group first needs it: no side file, the blocks are the chunks."""
+    import numpy as np
+    state = {"meta": {}, "bad": 0, "seen": False}
+    offsets, keys, sizes = [], [], []
+    for off, k in B.key_pass(src, rank, state):
+        offsets.append(off)
+        keys.append(k)
+        sizes.append(len(k))
+    if _empty(rank, dest, state, keys, "blocks"):
+        return
+
+    with open(src, "rb") as f:
+        def chunk(c: int):
+            t = B.table_at(f, offsets[c], rank)
+            assert t.num_rows == sizes[c], (c, t.num_rows, sizes[c])  # the keys' rows
+            return t
+        _write_sorted(np, chunk, keys, sizes, C.file_metadata(
+            state["meta"], state["bad"], not state["seen"], "blocks"), dest)
 
 
-def _write_sorted(np, rows: Path, keys, sizes, md: dict, dest: Path) -> None:
-    """The rows of the IPC file `rows` (chunks of `sizes` rows) into `dest` in key order."""
-    import pyarrow as pa
+def _empty(rank: int, dest: Path, state: dict, keys: list, origin: str) -> bool:
+    """No record kept (metas, bad lines or nothing at all): the file without rows."""
+    if keys:
+        return False
+    C.write_rank(dest, rank, [], state["meta"], state["bad"], not state["seen"], origin)
+    return True
+
+
+def _write_sorted(np, chunk, keys: list, sizes: list, md: dict, dest: Path) -> None:
+    """The rows of chunks `chunk(c)` (of `sizes` rows, sort keys `keys`) into `dest` in key
+    order."""
     import pyarrow.parquet as pq
     R = C.ROW_GROUP_ROWS
+    keys, sizes = np.concatenate(keys), np.array(sizes)
     # int32 positions (a rank file holds < 2**31 records): with the keys, the per-record
     # arrays are what grows with the file here
     order = np.argsort(keys, kind="stable").astype(np.int32)
@@ -131,23 +182,19 @@ def _write_sorted(np, rows: Path, keys, sizes, md: dict, dest: Path) -> None:
     spread = int(np.cumsum(live).max())  # the most chunks held at once
     part = dest.with_name(dest.name + ".part")
     schema = C.arrow_schema().with_metadata(md)
-    # read, not memory-mapped: a dropped chunk's memory goes back (mapped pages would count
-    # in the worker's RSS up to the whole file)
-    with pa.OSFile(str(rows)) as src, \
-            pq.ParquetWriter(part, schema, **C.write_options(schema.names)) as w:
-        reader = pa.ipc.open_file(src)
+    with pq.ParquetWriter(part, schema, **C.write_options(schema.names)) as w:
         groups = (order[g * R:(g + 1) * R].astype(np.int64) for g in range(ngroups))
         if spread > MAX_LIVE:  # out of order: every chunk at once, once
-            whole = _all_chunks(reader, len(sizes))
+            whole = _all_chunks(chunk, len(sizes))
             for idx in groups:
                 w.write_table(whole.take(idx), row_group_size=R)
         else:
-            for table in _near(np, reader, groups, starts, sizes, last):
+            for table in _near(np, chunk, groups, starts, sizes, last):
                 w.write_table(table, row_group_size=R)
     os.replace(part, dest)
 
 
-def _near(np, reader, groups, starts, sizes, last):
+def _near(np, chunk, groups, starts, sizes, last):
     """Each group's rows, taken from the chunks they are in; a chunk is read once, when a group
     first needs it, and dropped after `last[chunk]`, the last group that does."""
     import pyarrow as pa
@@ -157,7 +204,7 @@ def _near(np, reader, groups, starts, sizes, last):
         touched = np.unique(cs)
         for c in touched.tolist():
             if c not in held:
-                held[c] = pa.Table.from_batches([reader.get_batch(c)])
+                held[c] = chunk(c)
         # the touched chunks side by side: a row's place is its chunk's base + its offset
         base = np.zeros(len(sizes), np.int64)
         base[touched] = np.concatenate([[0], np.cumsum(sizes[touched])[:-1]])
@@ -168,6 +215,6 @@ def _near(np, reader, groups, starts, sizes, last):
     assert not held, sorted(held)  # every chunk was dropped after its last group
 
 
-def _all_chunks(reader, n: int):
+def _all_chunks(chunk, n: int):
     import pyarrow as pa
-    return pa.Table.from_batches([reader.get_batch(c) for c in range(n)]).combine_chunks()
+    return pa.concat_tables([chunk(c) for c in range(n)]).combine_chunks()

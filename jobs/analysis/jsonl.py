@@ -37,19 +37,34 @@ def scan(lines, recs: list) -> tuple[dict | None, int, bool]:
         if end != len(line) or not isinstance(r, dict):
             bad += 1
             continue
-        t = r.get("type")
-        if t == "meta":
+        a = admit(r)
+        if a is KEEP:
+            append(r)
+        elif a is META:
             meta = r
-            continue
-        if t in _TIMED:  # an untimed span / comm / ... is a torn or foreign line
-            ts, dur = r.get("ts_ns"), r.get("dur_ns", 0)
-            if not (isinstance(ts, int | float) and isinstance(dur, int | float) and dur >= 0):
-                bad += 1
-                continue
-            if t == "mem" and "optim" in r:  # traces written before issue 12 named it `optim`
-                r.setdefault("optimizer", r.pop("optim"))
-        append(r)
+        else:
+            bad += 1
     return meta, bad, seen
+
+
+KEEP, META, BAD = "keep", "meta", "bad"
+
+
+def admit(r: dict) -> str:
+    """What the loader does with a parsed record: KEEP it, take it as the META record, or
+    count it BAD (an untimed span / comm / ...: a torn or foreign line). Renames a pre-issue-12
+    `optim` in place. The one record rule, for lines (scan) and the flusher's blocks
+    (blocks.py) alike."""
+    t = r.get("type")
+    if t == "meta":
+        return META
+    if t in _TIMED:
+        ts, dur = r.get("ts_ns"), r.get("dur_ns", 0)
+        if not (isinstance(ts, int | float) and isinstance(dur, int | float) and dur >= 0):
+            return BAD
+        if t == "mem" and "optim" in r:  # traces written before issue 12 named it `optim`
+            r.setdefault("optimizer", r.pop("optim"))
+    return KEEP
 
 
 def sort_key(r: dict):

@@ -13,11 +13,22 @@ def test_the_scale_table_prints_every_row_and_ratio(tmp_path):
         [sys.executable, str(ROOT / "bench" / "analysis_speed.py"), "--ranks", "2",
          "--records", "3k,6k", "--json-max", "3k", "--convert-max", "3k", "--tmp",
          str(tmp_path)], capture_output=True, text=True, check=True, timeout=300).stdout
-    for row in ("JSON lines, Python", "a file's records in memory (before)", "streamed",
+    for row in ("JSON lines, Python", "a file's records in memory (before)",
+                "streamed (before the blocks)", "the flusher's blocks -> Parquet",
                 "columnar scale path", "the worker's whole post-run step",
                 "ratio, scale path / JSON", "ratio, conversion peak RSS",
+                "ratio, conversion CPU s, JSON lines / blocks",
                 "ratio, worker's post-run step"):
         assert row in out, (row, out)
     big = [line for line in out.splitlines() if line.startswith("| 6,")]
     assert any("scale path" in x for x in big) and not any("streamed" in x for x in big), out
     assert not list(tmp_path.iterdir())  # the generated runs removed
+
+
+def test_the_flusher_encode_table_prints_both_encoders():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "flusher_encode.py"), "--records", "3000",
+         "--repeat", "1"], capture_output=True, text=True, check=True, timeout=300).stdout
+    for row in ("JSON lines (the live format)", "blocks (jobs/trace_blocks.py)",
+                "ratio, blocks / JSON lines"):
+        assert row in out, (row, out)

@@ -110,10 +110,17 @@ def test_ddp_run_succeeds_with_logs_traces_and_provenance(redis_service):
     assert prov["paralab_commit"] and prov["device"]
     files = {f["path"] for f in svc.http.get(f"/api/runs/{run['id']}/files").json()}
     assert {"trace-rank0.jsonl", "trace-rank1.jsonl", "summary.json", "spec.json"} <= files
-    # the worker's columnar conversion ran (a failure there only logs and falls back) and
-    # left no side file of its own
+    # the worker's columnar conversion ran (a failure there only logs and falls back), from
+    # the flusher's blocks (jobs/trace_blocks.py: the twin of the lines of a rank that
+    # closed its tracer), and left no side file of its own, nor the blocks
     assert {"trace-rank0.parquet", "trace-rank1.parquet"} <= files
-    assert not [f for f in files if f.endswith((".rows", ".part"))], files
+    assert not [f for f in files if f.endswith((".rows", ".part", ".blocks"))], files
+    import io
+
+    import pyarrow.parquet as pq
+    for r in (0, 1):
+        pf = svc.http.get(f"/api/runs/{run['id']}/files/trace-rank{r}.parquet").content
+        assert pq.read_schema(io.BytesIO(pf)).metadata[b"paralab.origin"] == b"blocks"
     trace = svc.http.get(f"/api/runs/{run['id']}/files/trace-rank1.jsonl").text
     assert trace.strip() and all(line.startswith("{") for line in trace.strip().splitlines())
     log = svc.http.get(f"/api/runs/{run['id']}/logs").text
