@@ -168,6 +168,7 @@ class Tracer:
         self._jsize = 0  # bytes of JSON lines written (ASCII: the encoder escapes the rest)
         self._block: list[dict] = []  # flushed records not yet in a block
         self._block_j0 = 0
+        self._block_t = 0.0  # monotonic time of the last records added to self._block
         self._buf: list[dict] = []
         self._lock = threading.Lock()
         self._done: dict[str, int] = {}
@@ -423,6 +424,8 @@ class Tracer:
                 return
             n = len(self._buf)
             if not n:
+                if self._block and time.monotonic() - self._block_t > trace_blocks.IDLE_S:
+                    self._block_records([], self._jsize, idle=True)
                 return
             # records with unresolved CUDA events wait for a main-thread flush
             pend = {id(r) for r, _, _ in self._pending_cuda}
@@ -445,17 +448,21 @@ class Tracer:
                 self.stats["records"] += len(out)
                 self._block_records(out, j0)
 
-    def _block_records(self, out: list[dict], j0: int) -> None:
-        """Flushed records into the blocks file (jobs/trace_blocks.py), after their lines, a
-        block per BLOCK_RECORDS records and one at close: the lines are what a kill must not
-        lose; the blocks only spare the converter parsing them (records lost before a block
-        was written break the chain, and the converter reads the lines)."""
+    def _block_records(self, out: list[dict], j0: int, idle: bool = False) -> None:
+        """Flushed records into the blocks file (jobs/trace_blocks.py), after their lines: a
+        block per BLOCK_RECORDS records, one at close, and one when no record came for IDLE_S
+        (a hung rank, killed later without its close, keeps its blocks whole). The lines are
+        what a kill must not lose; the blocks only spare the converter parsing them (records
+        lost before a block was written break the chain, and the converter reads the lines)."""
         if self._blocks is None:
             return
-        if not self._block:
-            self._block_j0 = j0
-        self._block.extend(out)
-        if len(self._block) < trace_blocks.BLOCK_RECORDS and not self._closed:
+        if out:
+            if not self._block:
+                self._block_j0 = j0
+            self._block.extend(out)
+            self._block_t = time.monotonic()
+        if not self._block or (len(self._block) < trace_blocks.BLOCK_RECORDS
+                               and not self._closed and not idle):
             return
         recs, self._block = self._block, []
         try:

@@ -1,7 +1,7 @@
 """The flusher's columnar twin of the JSON lines (issue 19): `trace-rank{R}.blocks`, blocks
 holding the same records as the lines, column by column, written after the lines (a block
-per BLOCK_RECORDS flushed records, and one at close), so the
-worker's conversion to Parquet decodes arrays instead of parsing JSON
+per BLOCK_RECORDS flushed records, one at close, and one after IDLE_S without a record), so
+the worker's conversion to Parquet decodes arrays instead of parsing JSON
 (jobs/analysis/blocks.py reads them; docs/trace-schema.md, "The flusher's blocks").
 
 Standard library only (this module runs inside the job). A block:
@@ -44,6 +44,10 @@ MAX_SHAPES = 1 << 16  # shape ids are uint16
 # records per block: the flusher gathers its flushes' records until this many (and at
 # close), so a block's fixed decoding cost (dozens of arrays) is spread over thousands
 BLOCK_RECORDS = 1 << 13
+# seconds without a new record after which the flusher writes its pending block: a hung rank
+# (killed later, its close never run) keeps whole blocks; a step longer than this writes a
+# block per step, still thousands of records for a model worth tracing that slowly
+IDLE_S = 5.0
 
 
 def blocks_path(jsonl: Path) -> Path:

@@ -250,6 +250,39 @@ def test_a_killed_rank_keeps_its_lines_and_converts_from_them(tmp_path):
     assert not TB.blocks_path(path).exists()  # found stale: the Parquet file stands
 
 
+def test_a_hung_rank_writes_its_pending_block_and_converts_from_it(tmp_path):
+    """No record for IDLE_S (a rank hung in a collective): the flusher writes the pending
+    block, so the rank killed later (no close, no `end` line) still has the lines' twin."""
+    code = textwrap.dedent(f"""
+        import os, sys, time
+        sys.path.insert(0, {str(ROOT)!r})
+        from jobs import trace_blocks
+        from jobs.trace import Tracer
+        trace_blocks.IDLE_S = 0.2
+        tr = Tracer({str(tmp_path)!r}, 0, 1, sync_clock=False, flush_interval_s=0.05)
+        for step in range(3):
+            tr.begin_step(step)
+            with tr.span("step", cat="step"):
+                pass
+        path = tr.path.with_suffix(".blocks")
+        deadline = time.monotonic() + 30  # "hung": the flusher goes on alone
+        while not path.stat().st_size and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os._exit(9)
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 9, p.stderr
+    path = tmp_path / "trace-rank0.jsonl"
+    assert '"type":"end"' not in path.read_text()  # killed: no close
+    assert blocks.usable(path) == TB.blocks_path(path)
+    want = tmp_path / "want.parquet"
+    reference(path, 0, want)
+    got = columnar.parquet_path(path)
+    assert convert.convert_rank(path, 0, got)
+    assert_same(got, want, b"blocks")
+
+
 def test_use_blocks_off_reads_lines_and_leaves_the_blocks(tmp_path, monkeypatch):
     monkeypatch.setattr(convert, "USE_BLOCKS", False)
     path = tmp_path / "trace-rank0.jsonl"
@@ -296,3 +329,29 @@ def test_a_block_that_does_not_decode_falls_back_to_the_lines(tmp_path):
     got = columnar.parquet_path(path)
     assert convert.convert_rank(path, 0, got)
     assert_same(got, want, b"lines")
+
+
+def assert_blocks_give_the_lines_file(path: Path, d: Path) -> None:
+    """A run's rank file and the blocks its flusher wrote, copied into `d`: the file from the
+    blocks is the file from the lines."""
+    import shutil
+    rank = int(path.stem.removeprefix("trace-rank"))
+    d.mkdir(exist_ok=True)
+    here = d / path.name
+    shutil.copy2(path, here)
+    shutil.copy2(TB.blocks_path(path), TB.blocks_path(here))
+    want = d / f"want{rank}.parquet"
+    reference(here, rank, want)
+    got = columnar.parquet_path(here)
+    assert convert.convert_rank(here, rank, got)
+    assert_same(got, want, b"blocks")
+
+
+@pytest.mark.parametrize("which", ["zero3_run", "pp_run"])
+def test_real_runs_convert_from_their_blocks_as_from_their_lines(which, request, tmp_path):
+    """Real reference runs (ZeRO-3 on 4 ranks, 1F1B on 2): every rank's blocks (written by
+    the job's own flusher) give the file its lines give."""
+    paths = sorted(request.getfixturevalue(which).glob("trace-rank*.jsonl"))
+    assert paths
+    for path in paths:
+        assert_blocks_give_the_lines_file(path, tmp_path)

@@ -195,3 +195,14 @@ def test_scale_path_reads_the_moe_records_it_finds(runs, tmp_path):
     assert want["expert_load"] and want["all_to_all"]
     for name in ("expert_load", "all_to_all"):
         assert got[name] == want[name], name
+
+
+def test_moe_traces_convert_from_their_blocks_as_from_their_lines(runs, tmp_path):
+    """The MoE records' lists (`tokens_per_expert`, per-destination bytes) and the EP
+    all-to-alls, as the job's flusher wrote them: blocks give the lines' file."""
+    from tests.analysis.test_blocks import assert_blocks_give_the_lines_file
+    for name, run in runs.items():
+        paths = sorted(run.glob("trace-rank*.jsonl"))
+        assert paths
+        for path in paths:
+            assert_blocks_give_the_lines_file(path, tmp_path / name)
