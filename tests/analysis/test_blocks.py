@@ -102,24 +102,28 @@ def assert_same(got: Path, want: Path, origin: bytes) -> None:
     assert ta.to_pylist() == tb.to_pylist() or _same_nan(ta.to_pylist(), tb.to_pylist())
 
 
+def assert_converts_as_lines(path: Path, origin: bytes, rank: int = 0) -> None:
+    """convert_rank's file of `path` (from `origin`) is the file its lines give."""
+    want = path.with_name(f"want{rank}.parquet")
+    reference(path, rank, want)
+    got = columnar.parquet_path(path)
+    assert convert.convert_rank(path, rank, got)
+    assert_same(got, want, origin)
+
+
 def _same_nan(x, y) -> bool:
     """Row lists equal, NaN equal to NaN (a NaN float column value is not == itself)."""
     return json.dumps(x, sort_keys=True) == json.dumps(y, sort_keys=True)
 
 
 def convert_twin(tmp_path: Path, recs: list[dict], per_block: int, rank: int = 0,
-                 origin: bytes = b"blocks") -> Path:
+                 origin: bytes = b"blocks") -> None:
     path = tmp_path / f"trace-rank{rank}.jsonl"
     write_twin(path, recs, per_block)
-    want = tmp_path / "want.parquet"
-    reference(path, rank, want)
-    got = columnar.parquet_path(path)
-    assert convert.convert_rank(path, rank, got)
-    assert_same(got, want, origin)
+    assert_converts_as_lines(path, origin, rank)
     # the blocks are gone with the conversion; no side file left
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, got.name,
-                                                                 want.name])
-    return got
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [path.name, columnar.parquet_path(path).name, f"want{rank}.parquet"])
 
 
 @pytest.fixture
@@ -169,11 +173,7 @@ def test_the_tracers_own_run(tmp_path, small, monkeypatch):
     tr.close()
     path = tmp_path / "trace-rank0.jsonl"
     assert blocks.usable(path) == TB.blocks_path(path)
-    want = tmp_path / "want.parquet"
-    reference(path, 0, want)
-    got = columnar.parquet_path(path)
-    assert convert.convert_rank(path, 0, got)
-    assert_same(got, want, b"blocks")
+    assert_converts_as_lines(path, b"blocks")
     assert not TB.blocks_path(path).exists()
 
 
@@ -242,11 +242,7 @@ def test_a_killed_rank_keeps_its_lines_and_converts_from_them(tmp_path):
     assert path.read_text().count("\n") == 4  # meta + 3 step spans, all flushed
     assert TB.blocks_path(path).read_bytes() == b""  # fewer than BLOCK_RECORDS: not yet
     assert blocks.usable(path) is None
-    want = tmp_path / "want.parquet"
-    reference(path, 0, want)
-    got = columnar.parquet_path(path)
-    assert convert.convert_rank(path, 0, got)
-    assert_same(got, want, b"lines")
+    assert_converts_as_lines(path, b"lines")
     assert not TB.blocks_path(path).exists()  # found stale: the Parquet file stands
 
 
@@ -276,11 +272,7 @@ def test_a_hung_rank_writes_its_pending_block_and_converts_from_it(tmp_path):
     path = tmp_path / "trace-rank0.jsonl"
     assert '"type":"end"' not in path.read_text()  # killed: no close
     assert blocks.usable(path) == TB.blocks_path(path)
-    want = tmp_path / "want.parquet"
-    reference(path, 0, want)
-    got = columnar.parquet_path(path)
-    assert convert.convert_rank(path, 0, got)
-    assert_same(got, want, b"blocks")
+    assert_converts_as_lines(path, b"blocks")
 
 
 def test_use_blocks_off_reads_lines_and_leaves_the_blocks(tmp_path, monkeypatch):
@@ -324,11 +316,7 @@ def test_a_block_that_does_not_decode_falls_back_to_the_lines(tmp_path):
                 "shapes": [["type"]], "cols": [[["s", 0, 4 * len(recs)]]], "strs": []}).encode()
     TB.blocks_path(path).write_bytes(TB.HEAD.pack(TB.MAGIC, len(head), 2) + head + b"\0\0")
     assert blocks.usable(path) is not None  # the chain holds: only decoding finds it out
-    want = tmp_path / "want.parquet"
-    reference(path, 0, want)
-    got = columnar.parquet_path(path)
-    assert convert.convert_rank(path, 0, got)
-    assert_same(got, want, b"lines")
+    assert_converts_as_lines(path, b"lines")
 
 
 def assert_blocks_give_the_lines_file(path: Path, d: Path) -> None:
@@ -340,11 +328,7 @@ def assert_blocks_give_the_lines_file(path: Path, d: Path) -> None:
     here = d / path.name
     shutil.copy2(path, here)
     shutil.copy2(TB.blocks_path(path), TB.blocks_path(here))
-    want = d / f"want{rank}.parquet"
-    reference(here, rank, want)
-    got = columnar.parquet_path(here)
-    assert convert.convert_rank(here, rank, got)
-    assert_same(got, want, b"blocks")
+    assert_converts_as_lines(here, b"blocks", rank)
 
 
 @pytest.mark.parametrize("which", ["zero3_run", "pp_run"])
