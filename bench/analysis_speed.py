@@ -106,7 +106,7 @@ def rank_records(rank: int, ranks: int, steps: int, rng: random.Random,
     return out
 
 
-def make_run(out: Path, ranks: int, steps: int, blocks: bool = True) -> int:
+def make_run(out: Path, ranks: int, steps: int) -> int:
     """JSON lines per rank and, as the tracer's flusher writes them beside the lines, their
     blocks (jobs/trace_blocks.py: one per BLOCK_RECORDS records)."""
     from jobs import trace_blocks as TB
@@ -124,11 +124,8 @@ def make_run(out: Path, ranks: int, steps: int, blocks: bool = True) -> int:
                 part = recs[i:i + TB.BLOCK_RECORDS]
                 text = "".join([enc(x) + "\n" for x in part])
                 f.write(text)
-                if blocks:
-                    b.write(TB.encode(part, at, at + len(text), enc))
+                b.write(TB.encode(part, at, at + len(text), enc))
                 at += len(text)
-        if not blocks:
-            TB.blocks_path(path).unlink()
     (out / "summary.json").write_text(json.dumps({"loss": [1.0] * steps}))
     return n
 

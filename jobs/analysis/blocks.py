@@ -26,7 +26,7 @@ from pathlib import Path
 from jobs import trace_blocks as TB
 
 from . import columnar as C
-from .jsonl import _TIMED, BAD, KEEP, META, admit
+from .jsonl import BAD, KEEP, META, TIMED, admit
 
 _EXACT = 1 << 53
 
@@ -115,8 +115,8 @@ _COLKIND = {C._INT: "i", C._FLOAT: "f", C._STR: "s", C._BOOL: "b"}
 
 
 def _plan(head: dict, keys, cols, vals, rank: int):
-    """For a fast shape: ({column: (values, present mask or None)}, the args keys); None for
-    a slow one."""
+    """For a fast shape: ({column: (values, present mask or None)}, [(args key, its kind)]);
+    None for a slow one."""
     import numpy as np
     if keys is None or "type" not in keys:
         return None
@@ -127,7 +127,7 @@ def _plan(head: dict, keys, cols, vals, rank: int):
     types = {strs[c] for c in np.unique(vals["type"]).tolist()}
     if "meta" in types:
         return None
-    if types & set(_TIMED):  # admit's timed rule, as arrays: int stamps, durations >= 0
+    if types & set(TIMED):  # admit's timed rule, as arrays: int stamps, durations >= 0
         if "ts_ns" not in kinds or kinds.get("dur_ns", "i") != "i":
             return None
         if "dur_ns" in kinds and len(vals["dur_ns"]) and vals["dur_ns"].min() < 0:
@@ -143,7 +143,7 @@ def _plan(head: dict, keys, cols, vals, rank: int):
             continue
         t = C.COLUMNS.get(k)
         if t is None:
-            extra.append(k)
+            extra.append((k, kind))
         elif kind == "j":
             return None  # mixed types: each value routed by its own
         elif kind.isupper():  # some None: a column's null only where to_columns skips it
@@ -160,7 +160,7 @@ def _plan(head: dict, keys, cols, vals, rank: int):
         elif kind == "n" and k in C.NULL_IS_NONE:
             continue
         else:
-            extra.append(k)  # a uniform other type: args, as to_columns
+            extra.append((k, kind))  # a uniform other type: args, as to_columns
     return put, extra
 
 
@@ -171,7 +171,7 @@ def _block(head: dict, body: bytes, rank: int, state: dict, keys_only: bool = Fa
     n = head["n"]
     bo = "<" if head["order"] == "little" else ">"
     ids = np.frombuffer(body, bo + "u2", n, 0)
-    fast, slow = [], []  # (positions, keys, cols, values, plan) / (positions, records)
+    fast, slow = [], []  # (positions, values, plan) / (positions, records)
     for s, (keys, cols) in enumerate(zip(head["shapes"], head["cols"], strict=True)):
         pos = np.flatnonzero(ids == s)
         m = len(pos)
@@ -186,7 +186,7 @@ def _block(head: dict, body: bytes, rank: int, state: dict, keys_only: bool = Fa
             vals.update({k: _values(np, head, body, c, m)
                          for k, c in zip(keys, cols, strict=True) if c[0] == "j"})
         if plan is not None:
-            fast.append((pos, keys, cols, vals, plan))
+            fast.append((pos, vals, plan))
         elif keys is None:
             slow.append((pos, _values(np, head, body, cols[0], m)))
         else:
@@ -199,7 +199,7 @@ def _block(head: dict, body: bytes, rank: int, state: dict, keys_only: bool = Fa
         slot = np.empty(int(pos[-1]) + 1, np.int64)
         slot[pos] = np.arange(len(pos))
         keys = np.zeros(len(pos), np.int64)  # a record without ts_ns sorts at 0 (sort_key)
-        for p, _, _, _, (put, _) in fast:
+        for p, _, (put, _) in fast:
             if "ts_ns" in put:
                 keys[slot[p]] = put["ts_ns"][0]
         parts.append(None if keys_only else _fast_table(np, head, rank, slot, len(pos), fast))
@@ -230,17 +230,17 @@ def _fast_table(np, head, rank, slot, F, fast):
     strs = pa.array(head["strs"], pa.string())
     data: dict[str, list] = {}
     args: list | None = None
-    for p, keys_, cols, vals, (put, extra) in fast:
+    for p, vals, (put, extra) in fast:
         at = slot[p]
         for k, (v, valid) in put.items():
             data.setdefault(k, []).append((at, v) if valid is None else (at[valid], v[valid]))
         if extra:
             if args is None:
                 args = [None] * F
-            kinds = dict(zip(keys_, (c[0] for c in cols), strict=True))
-            lists = [_pylist(head, kinds[k], vals[k], len(p)) for k in extra]
+            names = [k for k, _ in extra]
+            lists = [_pylist(head, kind, vals[k], len(p)) for k, kind in extra]
             for i, row in zip(at.tolist(), zip(*lists, strict=True), strict=True):
-                args[i] = json.dumps(dict(zip(extra, row, strict=True)))
+                args[i] = json.dumps(dict(zip(names, row, strict=True)))
     arrays = [pa.array(np.full(F, rank, np.int32))]
     for k, t in C.COLUMNS.items():
         typ = schema.field(k).type
@@ -272,9 +272,7 @@ def _slow_records(slow, state) -> tuple[list[dict], list[int]]:
                    for p, r in zip(pos.tolist(), recs, strict=True))
     recs, places = [], []
     for p, r in pairs:
-        if not isinstance(r, dict):
-            state["bad"] += 1  # not a record (a `j` shape holds records only)
-            continue
+        assert isinstance(r, dict), type(r)  # a shape of whole records holds records only
         a = admit(r)
         if a is KEEP:
             recs.append(r)

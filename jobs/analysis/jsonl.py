@@ -11,11 +11,14 @@ from pathlib import Path
 _RANK_RE = re.compile(r"trace-rank(\d+)\.(?:jsonl|parquet)$")
 
 
-_TIMED = ("span", "comm", "mem", "instant", "end")  # a tuple: `in` by ==, as a "type" may be a list
+TIMED = ("span", "comm", "mem", "instant", "end")  # a tuple: `in` by ==, as a "type" may be a list
 # raw_decode, not json.loads: loads' wrapper (its whitespace scans, the str / bytes checks) is
 # a third of its time on a trace line, and a stripped line has no whitespace for it to skip;
 # a value that stops before the line's end is loads' "Extra data" error, a skipped line
 _decode = json.JSONDecoder().raw_decode
+
+
+KEEP, META, BAD = "keep", "meta", "bad"  # admit's verdicts
 
 
 def scan(lines, recs: list) -> tuple[dict | None, int, bool]:
@@ -47,9 +50,6 @@ def scan(lines, recs: list) -> tuple[dict | None, int, bool]:
     return meta, bad, seen
 
 
-KEEP, META, BAD = "keep", "meta", "bad"
-
-
 def admit(r: dict) -> str:
     """What the loader does with a parsed record: KEEP it, take it as the META record, or
     count it BAD (an untimed span / comm / ...: a torn or foreign line). Renames a pre-issue-12
@@ -58,7 +58,7 @@ def admit(r: dict) -> str:
     t = r.get("type")
     if t == "meta":
         return META
-    if t in _TIMED:
+    if t in TIMED:
         ts, dur = r.get("ts_ns"), r.get("dur_ns", 0)
         if not (isinstance(ts, int | float) and isinstance(dur, int | float) and dur >= 0):
             return BAD

@@ -28,7 +28,6 @@ def run_with(svc, fault: dict, *, preset: str = "dp-allreduce", steps: int = 5, 
             "runtime": {"hang_timeout_s": HANG_S, "timeout_s": 300}, "faults": [fault],
             **extra}
     run = svc.submit(body)
-    t0 = time.monotonic()
     done = svc.wait_status(run["id"], ("succeeded", "failed", "hung", "timed_out",
                                        "cancelled"), 240)
     # the summary (with the diagnosis) follows the first report of a stopped run
@@ -41,7 +40,6 @@ def run_with(svc, fault: dict, *, preset: str = "dp-allreduce", steps: int = 5, 
     while (left := pids_with_run_id(run["id"])) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert left == [], f"processes of run {run['id']} still alive: {left}"
-    done["_elapsed_s"] = time.monotonic() - t0
     return done
 
 
