@@ -208,11 +208,27 @@ def _near(np, chunk, groups, starts, sizes, last):
         # the touched chunks side by side: a row's place is its chunk's base + its offset
         base = np.zeros(len(sizes), np.int64)
         base[touched] = np.concatenate([[0], np.cumsum(sizes[touched])[:-1]])
-        near = pa.concat_tables([held[c] for c in touched.tolist()]).combine_chunks()
-        yield near.take(base[cs] + idx - starts[cs])
+        yield _take([held[c] for c in touched.tolist()], pa.array(base[cs] + idx - starts[cs]))
         for c in touched[last[touched] == g].tolist():
             del held[c]
     assert not held, sorted(held)  # every chunk was dropped after its last group
+
+
+def _take(tables: list, idx):
+    """The rows `idx` of the tables side by side. A column null in every table is not taken
+    but made (pa.nulls): most of the layout's columns are null in a given run's records, and
+    taking them was most of the take (measured: 22 against 9 ms a 64 Ki-row group)."""
+    import pyarrow as pa
+    schema = tables[0].schema
+    cols = []
+    for j, field in enumerate(schema):
+        parts = [t.column(j) for t in tables]
+        if all(p.null_count == len(p) for p in parts):
+            cols.append(pa.nulls(len(idx), field.type))
+        else:
+            cols.append(pa.chunked_array([c for p in parts for c in p.chunks],
+                                         field.type).take(idx))
+    return pa.Table.from_arrays(cols, schema=schema)
 
 
 def _all_chunks(chunk, n: int):
