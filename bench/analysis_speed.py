@@ -262,7 +262,7 @@ def scale(a) -> int:
         steps = max(2, round(target / (a.ranks * PER_STEP)))
         with tempfile.TemporaryDirectory(dir=a.tmp) as d:
             out = Path(d)
-            rows, whole = [], None
+            rows, whole, lines = [], None, None  # measured below only for some sizes
             if target <= a.convert_max:
                 n = make_run(out, a.ranks, steps)
                 js = sum(p.stat().st_size for p in out.glob("trace-rank*.jsonl"))
@@ -273,7 +273,6 @@ def scale(a) -> int:
                     whole = measure("convert-in-memory", out)
                     rows.append(("export JSON lines -> Parquet, a file's records in memory "
                                  "(before)", whole, js))
-                lines = None
                 if target <= a.lines_max:
                     lines = measure("convert-lines", out)
                     rows.append(("export JSON lines -> Parquet, streamed (before the "

@@ -53,6 +53,7 @@ def convert_run_dir(out_dir: Path) -> list[Path]:
     """Write `trace-rank{R}.parquet` beside every `trace-rank{R}.jsonl` of a run folder (torn
     and untimed lines skipped as the loader does; the count kept in the metadata). Returns
     the files written. Raises only on an unwritable folder."""
+    C.use_system_pool()
     out = []
     for path in sorted(Path(out_dir).glob("trace-rank*.jsonl")):
         m = _RANK_RE.search(path.name)

@@ -132,6 +132,7 @@ def write_analysis(out_dir: Path, spec=None, scale_records: int | None = None) -
     go to `table-<name>.parquet`, and it writes no whole-run Perfetto file (the export
     streams it, or a window of it, from the Parquet files on request)."""
     out_dir = Path(out_dir)
+    columnar.use_system_pool()
     try:
         result = _scale_result(out_dir, spec, scale_records)
         if result is None:

@@ -22,6 +22,8 @@ def test_the_scale_table_prints_every_row_and_ratio(tmp_path):
         assert row in out, (row, out)
     big = [line for line in out.splitlines() if line.startswith("| 6,")]
     assert any("scale path" in x for x in big) and not any("streamed" in x for x in big), out
+    # a size past --convert-max is not converted: no conversion ratio (none left from 3k)
+    assert not any("ratio, conversion" in x for x in big), out
     assert not list(tmp_path.iterdir())  # the generated runs removed
 
 

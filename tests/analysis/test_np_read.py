@@ -1,0 +1,78 @@
+"""The scale path's one read of the rank files (jobs/analysis/np_read.py): each row group
+decoded for the step ranges its own steps meet, not for those its footer's statistics do."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pyarrow.parquet as pq
+
+from jobs.analysis import convert, np_read
+from jobs.analysis import np_coll as NC
+from jobs.analysis import np_steps as NS
+from tests.analysis.test_columnar import dp_tp_run
+
+
+def _run(tmp_path, rows_per_group=9):
+    run = dp_tp_run(tmp_path / "run", steps=8)
+    convert.convert_run_dir(run)
+    for p in run.glob("trace-rank*.parquet"):  # many groups, as a real-size file has
+        pq.write_table(pq.read_table(p), p, row_group_size=rows_per_group)
+    return run
+
+
+def _counted(monkeypatch) -> Counter:
+    seen: Counter = Counter()
+    orig = np_read.RankFile._group
+
+    def group(self, i):
+        if self._cache is None or self._cache[0] != i:
+            seen[(self.rank, i)] += 1
+        return orig(self, i)
+    monkeypatch.setattr(np_read.RankFile, "_group", group)
+    return seen
+
+
+def test_the_end_records_group_is_not_decoded_for_every_range(tmp_path, monkeypatch):
+    """The last group holds the `end` record (step -1) after the last steps: its footer says
+    [-1, last step], which meets every range. Decoded once by `setup`, its own bounds stand,
+    and the ranges before its steps leave it alone."""
+    run = _run(tmp_path)
+    seen = _counted(monkeypatch)
+    files = np_read.open_files(run, NC.COLS, NC.DICT)
+    last = {f.rank: len(f.groups) - 1 for f in files}
+    footer = {f.rank: f.groups[-1] for f in files}
+    assert all(g[1] == -1 and g[3] for g in footer.values())  # what the footer says
+    rows = Counter()
+    passes = 0
+    for lo, _hi, tabs in np_read.scan(files, 40):
+        passes += lo is not None
+        for rank, t in tabs.items():
+            rows[rank] += t.num_rows
+    assert passes >= 4
+    assert {r: f.rows for f in files for r in [f.rank]} == dict(rows)  # every row once
+    for f in files:
+        _, lo, hi, setup = f.groups[-1]
+        steps = pq.read_table(run / f"trace-rank{f.rank}.parquet").column("step")
+        tail = steps.to_pylist()[-9 * (len(f.groups) - 1) - 1:][-(f.rows % 9 or 9):]
+        assert (lo, hi, setup) == (min(s for s in tail if s >= 0),
+                                   max(s for s in tail if s >= 0), True)
+        # setup, then the ranges its steps meet (one, two where a boundary falls in it)
+        assert seen[(f.rank, last[f.rank])] <= 3, seen
+
+
+def test_refined_bounds_give_the_same_rows_as_the_footers(tmp_path, monkeypatch):
+    """Each range's rows are the same with the groups' bounds left as the footers say (the
+    refinement undone): refining only skips groups holding none of a range's rows."""
+    run = _run(tmp_path, rows_per_group=7)
+
+    def read(refine: bool):
+        if not refine:
+            monkeypatch.setattr(np_read.RankFile, "_refine", lambda self, i, s, null: None)
+        files = np_read.open_files(run, NS.COLS, NS.DICT)
+        out = [(lo, hi, {r: t.to_pydict() for r, t in sorted(tabs.items())})
+               for lo, hi, tabs in np_read.scan(files, 30)]
+        monkeypatch.undo()
+        return out
+    want, got = read(False), read(True)
+    assert len(want) > 3 and got == want
