@@ -224,3 +224,23 @@ def test_axis_sums_merge_a_missing_axis_with_one_named_question_mark(tmp_path, m
     want = C.axis_bytes_table(tr)
     assert any(r["axis"] == "?" and r["rank"] == 0 for r in want)
     assert V.axis_bytes_table(con, mt, run) == want
+
+
+@pytest.mark.parametrize("preset,want", [(None, "system"), ("system", "system"),
+                                         ("mimalloc", "mimalloc")])
+def test_the_analysis_takes_the_system_allocator_unless_one_was_chosen(preset, want):
+    """columnar.use_system_pool before pyarrow loads: its C++ default is the C library's
+    allocator (mimalloc's huge pages cost system time, docs/benchmarks.md); a pool the user
+    chose in ARROW_DEFAULT_MEMORY_POOL stays."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != columnar.POOL_ENV}
+    if preset:
+        env[columnar.POOL_ENV] = preset
+    code = ("import sys; from jobs.analysis import columnar; assert 'pyarrow' not in "
+            "sys.modules; columnar.use_system_pool(); import pyarrow as pa; "
+            "print(pa.default_memory_pool().backend_name)")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True,
+                         text=True, check=True, timeout=120).stdout.split()
+    assert out == [want]
