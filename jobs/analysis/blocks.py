@@ -124,6 +124,8 @@ def _plan(head: dict, keys, cols, vals, rank: int):
     if kinds["type"] != "s" or kinds.get("ts_ns", "i") != "i":
         return None  # another sort key than an int64 (or none): the lines' ordering rules
     strs = head["strs"]
+    if not all(map(C.utf8, strs)):
+        return None  # a string Arrow cannot hold: to_columns puts it in args
     types = {strs[c] for c in np.unique(vals["type"]).tolist()}
     if "meta" in types:
         return None

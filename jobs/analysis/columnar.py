@@ -102,8 +102,22 @@ def arrow_schema():
                      + [("args", pa.string())])
 
 
+def utf8(s: str) -> bool:
+    """Whether an Arrow string can hold `s`: not one with a lone surrogate (JSON's "\\ud800"
+    decodes to one; UTF-8 has no encoding for it). Such a value goes to `args`, JSON-escaped,
+    and reads back equal."""
+    if s.isascii():
+        return True
+    try:
+        s.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def to_columns(recs: list[dict]) -> tuple[dict[str, list], list]:
-    """Column lists (None where a record lacks the field or has another type) and args."""
+    """Column lists (None where a record lacks the field or has another type, or is a string
+    UTF-8 cannot hold) and args."""
     n = len(recs)
     cols = {k: [None] * n for k in COLUMNS}
     types = {k: _PYTYPE[t] for k, t in COLUMNS.items()}
@@ -112,7 +126,8 @@ def to_columns(recs: list[dict]) -> tuple[dict[str, list], list]:
         extra = None
         for k, v in r.items():
             t = types.get(k)
-            if t is not None and type(v) is t and (t is not int or -_INT64 <= v < _INT64):
+            if t is not None and type(v) is t and (t is not int or -_INT64 <= v < _INT64) \
+                    and (t is not str or utf8(v)):
                 cols[k][i] = v
             elif t is float and type(v) is int and -_EXACT <= v <= _EXACT:
                 cols[k][i] = float(v)  # a byte count written as an int: equal as a float

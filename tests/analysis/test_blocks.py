@@ -66,6 +66,8 @@ def odd_records() -> list[dict]:
         {"ts_ns": 19, "name": "no type"},
         {"type": "instant", "ts_ns": 20, "name": None, "cat": "c", "async": True},
         {"type": "instant", "ts_ns": 21, "name": "n", "cat": None, "async": None},
+        # lone surrogates (JSON "\\ud800" decodes to one): no UTF-8, so args, escaped
+        {"type": "instant", "ts_ns": 22, "name": "\ud800 lone", "cat": "x\udfff", "k": "\ud83d"},
         {"type": "end", "rank": 0, "ts_ns": 500, "reason": "ok", "issued": {"dp": 12},
          "last_completed_seq": {"dp": 11}},
     ]
@@ -339,3 +341,22 @@ def test_real_runs_convert_from_their_blocks_as_from_their_lines(which, request,
     assert paths
     for path in paths:
         assert_blocks_give_the_lines_file(path, tmp_path)
+
+
+def test_lone_surrogates_read_back_as_the_loader_parses_them(tmp_path, small):
+    """A string with a lone surrogate has no UTF-8: it is kept in `args`, JSON-escaped, so the
+    converted file's records are the loader's (it broke the whole run's conversion before)."""
+    recs = [{"type": "instant", "rank": 0, "ts_ns": 10 + i, "name": n, "cat": "c"}
+            for i, n in enumerate(["plain", "\ud800", "\u00fc\udfff", "\u2603"])]
+    path = tmp_path / "trace-rank0.jsonl"
+    write_twin(path, recs, 2)
+    dest = columnar.parquet_path(path)
+    assert convert.convert_rank(path, 0, dest)
+    got, _, bad, _ = columnar.read_rank(dest)
+    # (every record reads back with a `microbatch`, None here: columnar.NULL_IS_NONE)
+    assert [{k: v for k, v in r.items() if k != "microbatch"} for r in got] == \
+        parse_file(path, 0)[0] and bad == 0
+    assert [r["name"] for r in got] == ["plain", "\ud800", "\u00fc\udfff", "\u2603"]
+    import pyarrow.parquet as pq
+    t = pq.read_table(dest)
+    assert t.column("name").to_pylist() == ["plain", None, None, "\u2603"]  # args hold them
