@@ -14,8 +14,11 @@ and exact by construction. tests/analysis/test_blocks.py checks files from block
 files from lines.
 
 `usable`: the blocks of a JSON file are read only when they are its twin: not older, and
-their JSON offsets chain from 0 to the file's size (a rank killed between a flush's lines and
-its block, or lines appended by something else, break the chain: the lines are parsed).
+their JSON offsets chain from 0 to the file's size. `prefix`: where they chain from 0 to a
+point before the file's end (a rank killed between a flush's lines and its block: SIGKILL, a
+hang's kill, the pending block never written), the blocks hold the lines up to that point
+and the converter parses only the lines after it, when the last block's lines are its
+records (the same count, the last one equal).
 """
 
 from __future__ import annotations
@@ -47,6 +50,58 @@ def usable(jsonl: Path) -> Path | None:
         return bp if at == js.st_size else None
     except (OSError, ValueError, TypeError, AttributeError):
         return None
+
+
+def prefix(jsonl: Path) -> tuple[Path, int] | None:
+    """(blocks file, bytes of the lines they hold) when the blocks chain from 0 to a line end
+    before the JSON file's end and their last block's lines are its records; else None."""
+    bp = TB.blocks_path(jsonl)
+    try:
+        size = jsonl.stat().st_size
+        at, last = 0, None
+        with open(bp, "rb") as f:
+            for head in TB.read_heads(f):
+                if head.get("j0") != at:
+                    return None
+                at, last = head.get("j1"), head
+            if last is None or not isinstance(at, int) or not 0 < at < size:
+                return None
+            f.seek(0)
+            body = None
+            for head, b in TB.read_blocks(f):  # the last whole block's body
+                body = b if head["j1"] == at else None
+        if body is None:
+            return None
+        with open(jsonl, "rb") as f:
+            f.seek(last["j0"])
+            text = f.read(at - last["j0"])
+        lines = [x for x in text.split(b"\n") if x.strip()]
+        if not text.endswith(b"\n") or len(lines) != last["n"] or not lines:
+            return None
+        if _canon(json.loads(lines[-1])) != _canon(_last_record(last, body)):
+            return None
+        return bp, at
+    except (OSError, ValueError, TypeError, AttributeError, KeyError, IndexError):
+        return None
+
+
+def _canon(r) -> str:
+    return json.dumps(r, sort_keys=True)
+
+
+def _last_record(head: dict, body: bytes):
+    """The block's last record, as json.loads of its line gives it."""
+    import numpy as np
+    n = head["n"]
+    bo = "<" if head["order"] == "little" else ">"
+    ids = np.frombuffer(body, bo + "u2", n, 0)
+    sid = int(ids[-1])
+    keys, cols = head["shapes"][sid], head["cols"][sid]
+    m = int((ids == sid).sum())
+    if keys is None:
+        return _values(np, head, body, cols[0], m)[-1]
+    return {k: _pylist(head, c[0], _values(np, head, body, c, m), m)[-1]
+            for k, c in zip(keys, cols, strict=True)}
 
 
 def key_pass(bp: Path, rank: int, state: dict):

@@ -28,7 +28,7 @@ SUFFIX = ".parquet"
 META_KEY = b"paralab.meta"  # the rank's `meta` record, JSON
 SCHEMA_KEY = b"paralab.columnar_schema"
 STATE_KEY = b"paralab.parse"  # {"bad": lines skipped, "empty": file had no line}
-ORIGIN_KEY = b"paralab.origin"  # b"lines" or b"blocks": what the file was converted from
+ORIGIN_KEY = b"paralab.origin"  # b"lines", b"blocks" or b"blocks+lines": what it came from
 
 _INT, _FLOAT, _STR, _BOOL = "int64", "float64", "string", "bool"
 # name -> type. Order is the files' column order; `rank` and `args` come first and last.
@@ -171,8 +171,9 @@ def write_rank(path: Path, rank: int, recs: list[dict], meta: dict, bad: int = 0
 
 def file_metadata(meta: dict, bad: int = 0, empty: bool = False,
                   origin: str = "lines") -> dict:
-    """`origin`: what the file was converted from, the JSON `lines` or the flusher's
-    `blocks` (jobs/trace_blocks.py): the same rows either way."""
+    """`origin`: what the file was converted from, the JSON `lines`, the flusher's `blocks`
+    (jobs/trace_blocks.py), or `blocks+lines` (a killed rank's blocks and the lines after
+    them): the same rows either way."""
     return {SCHEMA_KEY: str(COLUMNAR_SCHEMA).encode(), META_KEY: json.dumps(meta).encode(),
             STATE_KEY: json.dumps({"bad": bad, "empty": empty}).encode(),
             ORIGIN_KEY: origin.encode()}

@@ -47,6 +47,9 @@ IN_MEMORY_BYTES = 16 << 20
 # read the flusher's blocks where they are the lines' twin (False: the lines only, as before
 # the blocks; the benchmark's side-by-side figure)
 USE_BLOCKS = True
+# the most lines after the blocks' last one that are parsed beside them (blocks.prefix: a
+# rank killed before its pending block, at most a block's records, ~ 2 MB); more: the lines
+TAIL_BYTES = IN_MEMORY_BYTES
 
 
 def convert_run_dir(out_dir: Path) -> list[Path]:
@@ -74,9 +77,13 @@ def convert_rank(path: Path, rank: int, dest: Path) -> bool:
     try:
         try:
             src = B.usable(path) if USE_BLOCKS else None
+            tail = None
+            if src is None and USE_BLOCKS and (pre := B.prefix(path)) is not None \
+                    and path.stat().st_size - pre[1] <= TAIL_BYTES:
+                src, tail = pre[0], pre[1]  # a killed rank's: its last lines after the blocks
             if src is not None:
                 try:
-                    _from_blocks(src, rank, dest)
+                    _from_blocks(src, rank, dest, path if tail is not None else None, tail)
                     return True
                 except (C.NotInt64, OSError):
                     raise
@@ -130,9 +137,12 @@ def _streamed(path: Path, rank: int, dest: Path, rows: Path) -> None:
                                              "lines"), dest)
 
 
-def _from_blocks(src: Path, rank: int, dest: Path) -> None:
+def _from_blocks(src: Path, rank: int, dest: Path, lines: Path | None = None,
+                 at: int | None = None) -> None:
     """Pass 1 decodes the blocks' sort keys only (blocks.key_pass); pass 2 decodes each block
-    when a row group first needs it: no side file, the blocks are the chunks."""
+    when a row group first needs it: no side file, the blocks are the chunks. `lines`, `at`:
+    the JSON file whose lines from byte `at` on follow the blocks (blocks.prefix), parsed by
+    the loader's rule into chunks after theirs (origin `blocks+lines`)."""
     import numpy as np
     state = {"meta": {}, "bad": 0, "seen": False}
     offsets, keys, sizes = [], [], []
@@ -140,16 +150,43 @@ def _from_blocks(src: Path, rank: int, dest: Path) -> None:
         offsets.append(off)
         keys.append(k)
         sizes.append(len(k))
-    if _empty(rank, dest, state, keys, "blocks"):
+    nb = len(offsets)
+    tails = _tail(np, lines, at, rank, state, keys, sizes) if lines is not None else []
+    origin = "blocks" if lines is None else "blocks+lines"
+    if _empty(rank, dest, state, keys, origin):
         return
 
     with open(src, "rb") as f:
         def chunk(c: int):
-            t = B.table_at(f, offsets[c], rank)
+            t = B.table_at(f, offsets[c], rank) if c < nb else tails[c - nb]
             assert t.num_rows == sizes[c], (c, t.num_rows, sizes[c])  # the keys' rows
             return t
         _write_sorted(np, chunk, keys, sizes, C.file_metadata(
-            state["meta"], state["bad"], not state["seen"], "blocks"), dest)
+            state["meta"], state["bad"], not state["seen"], origin), dest)
+
+
+def _tail(np, path: Path, at: int, rank: int, state: dict, keys: list, sizes: list) -> list:
+    """The Arrow rows of the lines of `path` from byte `at` on, in chunks of CHUNK_LINES
+    (their keys and sizes appended to `keys`, `sizes`; metas and bad lines to `state`)."""
+    import io
+    out = []
+    with open(path, "rb") as f:
+        f.seek(at)
+        data = f.read()
+    # read as the lines' reader opens a file (text mode, universal newlines, errors replaced)
+    it = io.TextIOWrapper(io.BytesIO(data), errors="replace")
+    while lines := list(islice(it, CHUNK_LINES)):
+        recs: list[dict] = []
+        m, b, s = scan(lines, recs)
+        if m is not None:
+            state["meta"] = m
+        state["bad"] += b
+        state["seen"] = state["seen"] or s
+        if recs:
+            keys.append(C.sort_keys(np, recs))
+            sizes.append(len(recs))
+            out.append(C.rank_table(rank, recs))
+    return out
 
 
 def _empty(rank: int, dest: Path, state: dict, keys: list, origin: str) -> bool:

@@ -360,3 +360,80 @@ def test_lone_surrogates_read_back_as_the_loader_parses_them(tmp_path, small):
     import pyarrow.parquet as pq
     t = pq.read_table(dest)
     assert t.column("name").to_pylist() == ["plain", None, None, "\u2603"]  # args hold them
+
+
+def write_killed(path: Path, recs: list[dict], per_block: int, cut: int,
+                 torn: str = "") -> None:
+    """A rank killed before its pending block: blocks and lines for recs[:cut], then the
+    lines of recs[cut:] without a block (and `torn`, a last line cut mid-write)."""
+    write_twin(path, recs[:cut], per_block)
+    with open(path, "a") as f:
+        f.write("".join(ENC(r) + "\n" for r in recs[cut:]) + torn)
+
+
+@pytest.mark.parametrize("cut", [5, 20, 33, 40])
+@pytest.mark.parametrize("torn", ["", '{"type": "span", "ts_'])
+def test_a_killed_ranks_blocks_and_its_last_lines(tmp_path, small, cut, torn):
+    """The blocks hold the lines up to the last block, the lines after it are parsed (metas,
+    bad lines, a torn last line among them): the file the lines give, origin blocks+lines."""
+    recs = odd_records()
+    path = tmp_path / "trace-rank0.jsonl"
+    write_killed(path, recs, 5, cut, torn)
+    assert blocks.usable(path) is None
+    bp, at = blocks.prefix(path)
+    assert bp == TB.blocks_path(path) and 0 < at < path.stat().st_size
+    assert_converts_as_lines(path, b"blocks+lines")
+    assert not bp.exists()
+
+
+def test_blocks_whose_last_lines_differ_are_not_a_prefix(tmp_path, small, monkeypatch):
+    """The prefix is used only when the last block's lines are its records; a tail past
+    TAIL_BYTES is left to the lines' path."""
+    recs = odd_records()
+    path = tmp_path / "trace-rank0.jsonl"
+    write_killed(path, recs, 5, 20)
+    _, at = blocks.prefix(path)
+    text = path.read_bytes()
+    # the last line the blocks hold, another record of the same length
+    start = text.rindex(b"\n", 0, at - 1) + 1
+    line = text[start:at - 1]
+    other = line.replace(b'"ts_ns":', b'"ts_nx":', 1)
+    assert other != line and len(other) == len(line)
+    path.write_bytes(text[:start] + other + text[at - 1:])
+    assert blocks.prefix(path) is None
+    assert_converts_as_lines(path, b"lines")
+    write_killed(path, recs, 5, 20)
+    path.write_bytes(path.read_bytes().replace(b"\n", b"\n\n", 3))  # lines moved: no chain
+    assert blocks.prefix(path) is None
+    write_killed(path, recs, 5, 20)
+    monkeypatch.setattr(convert, "TAIL_BYTES", 10)
+    assert blocks.prefix(path) is not None
+    assert_converts_as_lines(path, b"lines")
+
+
+def test_a_killed_tracer_converts_from_its_blocks_and_its_last_lines(tmp_path):
+    """SIGKILL-like with blocks written: a block per 4 records, then the pending records'
+    lines flushed and the process killed before their block (before blocks.prefix, the
+    whole file was parsed from its lines)."""
+    code = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from jobs import trace_blocks
+        from jobs.trace import Tracer
+        trace_blocks.BLOCK_RECORDS = 4
+        tr = Tracer({str(tmp_path)!r}, 0, 1, sync_clock=False, flush_interval_s=60)
+        for step in range(6):
+            tr.begin_step(step)
+            with tr.span("step", cat="step"):
+                pass
+            tr.flush()
+        os._exit(9)
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 9, p.stderr
+    path = tmp_path / "trace-rank0.jsonl"
+    assert path.read_text().count("\n") == 7  # meta + 6 step spans, all flushed
+    assert TB.blocks_path(path).stat().st_size  # a block of 4 records, 3 pending
+    assert blocks.usable(path) is None and blocks.prefix(path) is not None
+    assert_converts_as_lines(path, b"blocks+lines")
