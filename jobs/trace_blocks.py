@@ -152,9 +152,10 @@ def read_blocks(f):
         yield head, body
 
 
-def read_heads(f):
-    """The header of each whole block of the binary file `f`, seeking over the bodies (the
-    converter's check that the blocks chain, without reading them)."""
+def read_heads(f, at_too: bool = False):
+    """The header of each whole block of the binary file `f` (with `at_too`: (its offset,
+    header)), seeking over the bodies (the converter's check that the blocks chain, without
+    reading them)."""
     size = os.fstat(f.fileno()).st_size
     at = 0
     while at + HEAD.size <= size:
@@ -164,7 +165,8 @@ def read_heads(f):
         if magic != MAGIC or end > size:
             return
         try:
-            yield json.loads(f.read(hlen))
+            head = json.loads(f.read(hlen))
         except ValueError:
             return
+        yield (at, head) if at_too else head
         at = end

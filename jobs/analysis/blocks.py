@@ -58,20 +58,16 @@ def prefix(jsonl: Path) -> tuple[Path, int] | None:
     bp = TB.blocks_path(jsonl)
     try:
         size = jsonl.stat().st_size
-        at, last = 0, None
+        at, last, where = 0, None, 0
         with open(bp, "rb") as f:
-            for head in TB.read_heads(f):
+            for off, head in TB.read_heads(f, at_too=True):
                 if head.get("j0") != at:
                     return None
-                at, last = head.get("j1"), head
+                at, last, where = head.get("j1"), head, off
             if last is None or not isinstance(at, int) or not 0 < at < size:
                 return None
-            f.seek(0)
-            body = None
-            for head, b in TB.read_blocks(f):  # the last whole block's body
-                body = b if head["j1"] == at else None
-        if body is None:
-            return None
+            f.seek(where)  # the last whole block's body only
+            head, body = next(TB.read_blocks(f))
         with open(jsonl, "rb") as f:
             f.seek(last["j0"])
             text = f.read(at - last["j0"])
@@ -81,7 +77,8 @@ def prefix(jsonl: Path) -> tuple[Path, int] | None:
         if _canon(json.loads(lines[-1])) != _canon(_last_record(last, body)):
             return None
         return bp, at
-    except (OSError, ValueError, TypeError, AttributeError, KeyError, IndexError):
+    except (OSError, ValueError, TypeError, AttributeError, KeyError, IndexError,
+            StopIteration):
         return None
 
 
