@@ -115,17 +115,10 @@ def _streamed(path: Path, rank: int, dest: Path, rows: Path) -> None:
     keys, sizes = [], []
     with open(path, errors="replace") as f, pa.OSFile(str(rows), "wb") as sink, \
             pa.ipc.new_file(sink, C.arrow_schema()) as ipc:
-        while lines := list(islice(f, CHUNK_LINES)):
-            recs: list[dict] = []
-            m, b, s = scan(lines, recs)
-            if m is not None:
-                state["meta"] = m
-            state["bad"] += b
-            state["seen"] = state["seen"] or s
-            if recs:
-                keys.append(C.sort_keys(np, recs))
-                sizes.append(len(recs))
-                ipc.write_table(C.rank_table(rank, recs))
+        for k, table in _line_chunks(np, f, rank, state):
+            keys.append(k)
+            sizes.append(len(k))
+            ipc.write_table(table)
     if _empty(rank, dest, state, keys, "lines"):
         return
     # read, not memory-mapped: a dropped chunk's memory goes back (mapped pages would count
@@ -166,16 +159,27 @@ def _from_blocks(src: Path, rank: int, dest: Path, lines: Path | None = None,
 
 
 def _tail(np, path: Path, at: int, rank: int, state: dict, keys: list, sizes: list) -> list:
-    """The Arrow rows of the lines of `path` from byte `at` on, in chunks of CHUNK_LINES
-    (their keys and sizes appended to `keys`, `sizes`; metas and bad lines to `state`)."""
+    """The Arrow rows of the lines of `path` from byte `at` on, chunk by chunk (their keys and
+    sizes appended to `keys`, `sizes`)."""
     import io
-    out = []
     with open(path, "rb") as f:
         f.seek(at)
         data = f.read()
+    out = []
     # read as the lines' reader opens a file (text mode, universal newlines, errors replaced)
-    it = io.TextIOWrapper(io.BytesIO(data), errors="replace")
-    while lines := list(islice(it, CHUNK_LINES)):
+    for k, table in _line_chunks(np, io.TextIOWrapper(io.BytesIO(data), errors="replace"),
+                                 rank, state):
+        keys.append(k)
+        sizes.append(len(k))
+        out.append(table)
+    return out
+
+
+def _line_chunks(np, f, rank: int, state: dict):
+    """(int64 sort keys, Arrow rows) of each chunk of CHUNK_LINES lines of the open text file
+    `f` that keeps a record (jsonl.scan: the loader's line rules); metas, bad and non-blank
+    lines counted into `state`."""
+    while lines := list(islice(f, CHUNK_LINES)):
         recs: list[dict] = []
         m, b, s = scan(lines, recs)
         if m is not None:
@@ -183,10 +187,7 @@ def _tail(np, path: Path, at: int, rank: int, state: dict, keys: list, sizes: li
         state["bad"] += b
         state["seen"] = state["seen"] or s
         if recs:
-            keys.append(C.sort_keys(np, recs))
-            sizes.append(len(recs))
-            out.append(C.rank_table(rank, recs))
-    return out
+            yield C.sort_keys(np, recs), C.rank_table(rank, recs)
 
 
 def _empty(rank: int, dest: Path, state: dict, keys: list, origin: str) -> bool:
