@@ -9,7 +9,6 @@ import json
 import random
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -223,27 +222,31 @@ def test_blocks_that_are_not_the_twin_are_not_read(tmp_path, small):
     convert_twin(tmp_path, recs, 5)  # written as twins again: read
 
 
+def killed_tracer(tmp_path: Path, steps: int, setup: str = "", flush_interval_s: float = 60,
+                  each_step: str = "tr.flush()", before_kill: tuple[str, ...] = ()) -> Path:
+    """A real Tracer in a child process: `steps` step spans (`each_step` after each), then
+    `before_kill` and os._exit(9), no close (SIGKILL-like); its JSON lines' path."""
+    code = "\n".join([
+        "import os, sys, time", f"sys.path.insert(0, {str(ROOT)!r})",
+        "from jobs import trace_blocks", "from jobs.trace import Tracer", setup,
+        f"tr = Tracer({str(tmp_path)!r}, 0, 1, sync_clock=False, "
+        f"flush_interval_s={flush_interval_s})",
+        f"for step in range({steps}):", "    tr.begin_step(step)",
+        "    with tr.span('step', cat='step'):", "        pass", f"    {each_step}",
+        *before_kill, "os._exit(9)"])
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 9, p.stderr
+    return tmp_path / "trace-rank0.jsonl"
+
+
 def test_a_killed_rank_keeps_its_lines_and_converts_from_them(tmp_path):
     """SIGKILL-like: lines flushed, the pending block never written. The chain is short, so
     the lines are read, and the file is what they give."""
-    code = textwrap.dedent(f"""
-        import os, sys
-        sys.path.insert(0, {str(ROOT)!r})
-        from jobs.trace import Tracer
-        tr = Tracer({str(tmp_path)!r}, 0, 1, sync_clock=False, flush_interval_s=60)
-        for step in range(3):
-            tr.begin_step(step)
-            with tr.span("step", cat="step"):
-                pass
-            tr.flush()
-        os._exit(9)
-    """)
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert p.returncode == 9, p.stderr
-    path = tmp_path / "trace-rank0.jsonl"
+    path = killed_tracer(tmp_path, 3)
     assert path.read_text().count("\n") == 4  # meta + 3 step spans, all flushed
     assert TB.blocks_path(path).read_bytes() == b""  # fewer than BLOCK_RECORDS: not yet
-    assert blocks.usable(path) is None
+    assert blocks.usable(path) is None and blocks.prefix(path) is None  # no block at all
     assert_converts_as_lines(path, b"lines")
     assert not TB.blocks_path(path).exists()  # found stale: the Parquet file stands
 
@@ -251,27 +254,12 @@ def test_a_killed_rank_keeps_its_lines_and_converts_from_them(tmp_path):
 def test_a_hung_rank_writes_its_pending_block_and_converts_from_it(tmp_path):
     """No record for IDLE_S (a rank hung in a collective): the flusher writes the pending
     block, so the rank killed later (no close, no `end` line) still has the lines' twin."""
-    code = textwrap.dedent(f"""
-        import os, sys, time
-        sys.path.insert(0, {str(ROOT)!r})
-        from jobs import trace_blocks
-        from jobs.trace import Tracer
-        trace_blocks.IDLE_S = 0.2
-        tr = Tracer({str(tmp_path)!r}, 0, 1, sync_clock=False, flush_interval_s=0.05)
-        for step in range(3):
-            tr.begin_step(step)
-            with tr.span("step", cat="step"):
-                pass
-        path = tr.path.with_suffix(".blocks")
-        deadline = time.monotonic() + 30  # "hung": the flusher goes on alone
-        while not path.stat().st_size and time.monotonic() < deadline:
-            time.sleep(0.05)
-        os._exit(9)
-    """)
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=120)
-    assert p.returncode == 9, p.stderr
-    path = tmp_path / "trace-rank0.jsonl"
+    path = killed_tracer(tmp_path, 3, setup="trace_blocks.IDLE_S = 0.2", flush_interval_s=0.05,
+                         each_step="pass", before_kill=(
+                             "path = tr.path.with_suffix('.blocks')",
+                             "deadline = time.monotonic() + 30  # hung: the flusher goes on",
+                             "while not path.stat().st_size and time.monotonic() < deadline:",
+                             "    time.sleep(0.05)"))
     assert '"type":"end"' not in path.read_text()  # killed: no close
     assert blocks.usable(path) == TB.blocks_path(path)
     assert_converts_as_lines(path, b"blocks")
@@ -415,24 +403,7 @@ def test_a_killed_tracer_converts_from_its_blocks_and_its_last_lines(tmp_path):
     """SIGKILL-like with blocks written: a block per 4 records, then the pending records'
     lines flushed and the process killed before their block (before blocks.prefix, the
     whole file was parsed from its lines)."""
-    code = textwrap.dedent(f"""
-        import os, sys
-        sys.path.insert(0, {str(ROOT)!r})
-        from jobs import trace_blocks
-        from jobs.trace import Tracer
-        trace_blocks.BLOCK_RECORDS = 4
-        tr = Tracer({str(tmp_path)!r}, 0, 1, sync_clock=False, flush_interval_s=60)
-        for step in range(6):
-            tr.begin_step(step)
-            with tr.span("step", cat="step"):
-                pass
-            tr.flush()
-        os._exit(9)
-    """)
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=120)
-    assert p.returncode == 9, p.stderr
-    path = tmp_path / "trace-rank0.jsonl"
+    path = killed_tracer(tmp_path, 6, setup="trace_blocks.BLOCK_RECORDS = 4")
     assert path.read_text().count("\n") == 7  # meta + 6 step spans, all flushed
     assert TB.blocks_path(path).stat().st_size  # a block of 4 records, 3 pending
     assert blocks.usable(path) is None and blocks.prefix(path) is not None
