@@ -67,7 +67,7 @@ def prefix(jsonl: Path) -> tuple[Path, int] | None:
             if last is None or not isinstance(at, int) or not 0 < at < size:
                 return None
             f.seek(where)  # the last whole block's body only
-            head, body = next(TB.read_blocks(f))
+            _, body = next(TB.read_blocks(f))
         with open(jsonl, "rb") as f:
             f.seek(last["j0"])
             text = f.read(at - last["j0"])
@@ -176,8 +176,6 @@ def _plan(head: dict, keys, cols, vals, rank: int):
     if kinds["type"] != "s" or kinds.get("ts_ns", "i") != "i":
         return None  # another sort key than an int64 (or none): the lines' ordering rules
     strs = head["strs"]
-    if not all(map(C.utf8, strs)):
-        return None  # a string Arrow cannot hold: to_columns puts it in args
     types = {strs[c] for c in np.unique(vals["type"]).tolist()}
     if "meta" in types:
         return None
@@ -226,6 +224,9 @@ def _block(head: dict, body: bytes, rank: int, state: dict, keys_only: bool = Fa
     bo = "<" if head["order"] == "little" else ">"
     ids = np.frombuffer(body, bo + "u2", n, 0)
     fast, slow = [], []  # (positions, values, plan) / (positions, records)
+    # a string Arrow cannot hold (a lone surrogate): every shape is rebuilt as dicts, and
+    # to_columns puts the string in args
+    arrow_strs = all(map(C.utf8, head["strs"]))
     for s, (keys, cols) in enumerate(zip(head["shapes"], head["cols"], strict=True)):
         pos = np.flatnonzero(ids == s)
         m = len(pos)
@@ -235,7 +236,7 @@ def _block(head: dict, body: bytes, rank: int, state: dict, keys_only: bool = Fa
         vals = {} if keys is None else {k: _values(np, head, body, c, m)
                                          for k, c in zip(keys, cols, strict=True)
                                          if c[0] != "j"}
-        plan = _plan(head, keys, cols, vals, rank)
+        plan = _plan(head, keys, cols, vals, rank) if arrow_strs else None
         if keys is not None and (plan is None or not keys_only):
             vals.update({k: _values(np, head, body, c, m)
                          for k, c in zip(keys, cols, strict=True) if c[0] == "j"})

@@ -83,7 +83,7 @@ def use_system_pool() -> None:
     default too (the Parquet reader's and writer's buffers); after, the Python-level default
     only (measured: a quarter of the gain lost)."""
     import sys
-    if os.environ.get(POOL_ENV) and os.environ[POOL_ENV] != "system":
+    if os.environ.get(POOL_ENV) not in (None, "", "system"):
         return  # the user's choice
     os.environ[POOL_ENV] = "system"
     if "pyarrow" in sys.modules:

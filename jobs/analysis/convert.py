@@ -80,10 +80,10 @@ def convert_rank(path: Path, rank: int, dest: Path) -> bool:
             tail = None
             if src is None and USE_BLOCKS and (pre := B.prefix(path)) is not None \
                     and path.stat().st_size - pre[1] <= TAIL_BYTES:
-                src, tail = pre[0], pre[1]  # a killed rank's: its last lines after the blocks
+                src, tail = pre[0], (path, pre[1])  # a killed rank's: its lines after them
             if src is not None:
                 try:
-                    _from_blocks(src, rank, dest, path if tail is not None else None, tail)
+                    _from_blocks(src, rank, dest, tail)
                     return True
                 except (C.NotInt64, OSError):
                     raise
@@ -130,12 +130,12 @@ def _streamed(path: Path, rank: int, dest: Path, rows: Path) -> None:
                                              "lines"), dest)
 
 
-def _from_blocks(src: Path, rank: int, dest: Path, lines: Path | None = None,
-                 at: int | None = None) -> None:
+def _from_blocks(src: Path, rank: int, dest: Path,
+                 tail: tuple[Path, int] | None = None) -> None:
     """Pass 1 decodes the blocks' sort keys only (blocks.key_pass); pass 2 decodes each block
-    when a row group first needs it: no side file, the blocks are the chunks. `lines`, `at`:
-    the JSON file whose lines from byte `at` on follow the blocks (blocks.prefix), parsed by
-    the loader's rule into chunks after theirs (origin `blocks+lines`)."""
+    when a row group first needs it: no side file, the blocks are the chunks. `tail`: (the
+    JSON file, a byte offset) whose lines from there on follow the blocks (blocks.prefix),
+    parsed by the loader's rule into chunks after theirs (origin `blocks+lines`)."""
     import numpy as np
     state = {"meta": {}, "bad": 0, "seen": False}
     offsets, keys, sizes = [], [], []
@@ -144,8 +144,8 @@ def _from_blocks(src: Path, rank: int, dest: Path, lines: Path | None = None,
         keys.append(k)
         sizes.append(len(k))
     nb = len(offsets)
-    tails = _tail(np, lines, at, rank, state, keys, sizes) if lines is not None else []
-    origin = "blocks" if lines is None else "blocks+lines"
+    tails = _tail(np, *tail, rank, state, keys, sizes) if tail is not None else []
+    origin = "blocks" if tail is None else "blocks+lines"
     if _empty(rank, dest, state, keys, origin):
         return
 

@@ -306,7 +306,6 @@ def analyze_columnar(out_dir: Path, spec=None, con=None) -> dict:
     from . import scale_read as SR
     from . import scale_steps as SS
     out_dir = Path(out_dir)
-    columnar.use_system_pool()
     con = con if con is not None else V.connect(out_dir, MEMORY_LIMIT)
     tr = meta_traces(out_dir, con)
     w = tr.warnings
