@@ -19,6 +19,7 @@ import argparse
 import json
 import random
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -204,6 +205,19 @@ def child(mode: str, d: str) -> None:
     t0, c0 = time.perf_counter(), time.process_time()
     if mode == "convert":  # the worker's: from the flusher's blocks
         convert.convert_run_dir(out)
+    elif mode == "live":  # the worker's live thread over every block, then the rest after
+        from jobs.analysis import convert_live
+        run = convert_live.LiveRun(out)
+        run.poll()  # what the thread converts while the job runs (its blocks all written)
+        during, during_wall = time.process_time() - c0, time.perf_counter() - t0
+        assert all(r.failed is None for r in run.ranks.values()), \
+            {k: (r.rows, r.failed) for k, r in run.ranks.items()}
+        t0, c0 = time.perf_counter(), time.process_time()
+        convert.convert_run_dir(out, live=run)  # what is left after the run
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        print(json.dumps({"wall": wall, "cpu": cpu, "rss": peak_rss(), "during": during,
+                          "during_wall": during_wall}))
+        return
     elif mode == "convert-lines":  # the conversion before the blocks: JSON lines, streamed
         convert.USE_BLOCKS = False
         convert.convert_run_dir(out)
@@ -221,6 +235,13 @@ def child(mode: str, d: str) -> None:
         assert "analysis_error" not in head, head
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     print(json.dumps({"wall": wall, "cpu": cpu, "rss": peak_rss()}))
+
+
+def pq_rows(path: Path) -> list[int]:
+    """A Parquet file's row-group sizes (the live and post-run files' shape, compared)."""
+    import pyarrow.parquet as pq
+    md = pq.read_metadata(path)
+    return [md.row_group(i).num_rows for i in range(md.num_row_groups)]
 
 
 def peak_rss() -> int:
@@ -278,11 +299,24 @@ def scale(a) -> int:
                     rows.append(("export JSON lines -> Parquet, streamed (before the "
                                  "blocks)", lines, js))
                 bs = sum(p.stat().st_size for p in out.glob("trace-rank*.blocks"))
+                twin = out.with_name(out.name + "-live")  # the same run, converted live
+                shutil.copytree(out, twin)
                 conv = measure("convert", out)
                 assert not any(out.glob("trace-rank*.blocks")), "blocks not read"
                 pqs = sum(p.stat().st_size for p in out.glob("trace-rank*.parquet"))
                 rows.append(("export the flusher's blocks -> Parquet (convert.py, the "
                              "worker's)", conv, bs))
+                live = measure("live", twin)
+                same = all(pq_rows(p) == pq_rows(twin / p.name)
+                           for p in out.glob("trace-rank*.parquet"))
+                shutil.rmtree(twin)
+                assert same, "the live conversion's files differ"
+                rows.append(("blocks -> Parquet while the run goes (convert_live.py, the "
+                             "worker's live thread; not post-run)",
+                             {"cpu": live["during"], "wall": live["during_wall"],
+                              "rss": live["rss"]}, bs))
+                rows.append(("blocks -> Parquet, what is left after the run (the live "
+                             "thread's last steps)", live, bs))
                 if target <= a.json_max:
                     rows.append(("Parquet, write_analysis (vectorised + Python)",
                                  measure("columnar", out), pqs))
@@ -294,8 +328,13 @@ def scale(a) -> int:
                          "Parquet files)", sc, pqs))
             if target <= a.convert_max:  # what the worker runs after a traced run: both
                 rows.append(("blocks -> Parquet -> scale path (the worker's whole "
-                             "post-run step)", {k: conv[k] + sc[k] for k in ("cpu", "wall")}
+                             "post-run step without the live conversion)",
+                             {k: conv[k] + sc[k] for k in ("cpu", "wall")}
                              | {"rss": max(conv["rss"], sc["rss"])}, pqs))
+                rows.append(("the rest of the conversion -> scale path (the worker's whole "
+                             "post-run step after the live conversion)",
+                             {k: live[k] + sc[k] for k in ("cpu", "wall")}
+                             | {"rss": max(live["rss"], sc["rss"])}, pqs))
             for name, m, size in rows:
                 print(f"| {n:,} | {name} | {m['cpu']:.2f} | {m['wall']:.2f} | "
                       f"{n / m['cpu']:,.0f} | {m['rss'] / 2**20:,.0f} | {size / 1e6:,.1f} |")
@@ -312,7 +351,13 @@ def scale(a) -> int:
                       f"{lines['cpu'] / conv['cpu']:,.1f}x | | | | |")
             if json_rate and target <= a.convert_max:
                 print(f"| {n:,} | ratio, worker's post-run step (conversion included) / JSON "
-                      f"Python path | {n / rows[-1][1]['cpu'] / json_rate:,.1f}x | | | | |")
+                      f"Python path | {n / rows[-2][1]['cpu'] / json_rate:,.1f}x | | | | |")
+                print(f"| {n:,} | ratio, worker's post-run step after the live conversion / "
+                      f"JSON Python path | {n / rows[-1][1]['cpu'] / json_rate:,.1f}x | | | | |")
+                print(f"| {n:,} | ratio, all CPU of the conversion (live + after) and the "
+                      f"scale path / JSON Python path | "
+                      f"{n / (live['during'] + rows[-1][1]['cpu']) / json_rate:,.1f}x "
+                      "| | | | |")
     return 0
 
 

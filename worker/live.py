@@ -11,7 +11,9 @@ file whole, which replaces the live copy."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import re
 import threading
 from collections.abc import Callable
@@ -134,6 +136,34 @@ class TraceShipper:
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
+
+
+class LiveConversion:
+    """Every `interval` s, the row groups of the job's traces that can no longer change go to
+    Parquet (jobs/analysis/convert_live.py), in a thread at a lower priority than the job's
+    ranks: the conversion fills the host's idle time and gives way to the job."""
+
+    def __init__(self, out_dir: Path, interval: float) -> None:
+        from jobs.analysis.convert_live import LiveRun
+        self.run, self._interval = LiveRun(out_dir), interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="live-convert")
+        self._thread.start()
+
+    def _loop(self) -> None:
+        with contextlib.suppress(OSError, AttributeError):  # Linux: a thread's own nice value
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        while not self._stop.wait(self._interval):
+            try:
+                self.run.poll()
+            except Exception:  # noqa: BLE001 - the post-run conversion converts it whole
+                log.exception("live conversion of %s failed", self.run.out)
+
+    def close(self):
+        """Stops polling (the job has ended); returns the LiveRun for convert_run_dir."""
+        self._stop.set()
+        self._thread.join()
+        return self.run
 
 
 # "/path/x.py:12: FutureWarning: ..." (optionally after torchrun's "[default0]:" rank prefix),

@@ -35,7 +35,7 @@ from worker.app import TASK_NAME
 from worker.client import BackendClient
 from worker.hang import HangWatch, LogTail, dump_stacks, post_mortem, rank_pids
 from worker.launch import build_argv, build_env, job_timeout_s, supervised
-from worker.live import LogShipper, OutputFilter, TraceShipper
+from worker.live import LiveConversion, LogShipper, OutputFilter, TraceShipper
 from worker.procs import kill_run_processes, pdeathsig_preexec, proc_key
 from worker.provenance import devices, provenance
 
@@ -111,6 +111,7 @@ class JobSupervisor:
         self.run_id, self.spec, self.client, self.settings = run_id, spec, client, settings
         self.dir = settings.work_dir / run_id
         self.out = self.dir / "out"
+        self.live = None  # the live conversion's LiveRun once the job has run
 
     # -- hooks of a multi-host node ------------------------------------------------------------
     def _beat(self) -> dict | None:
@@ -172,11 +173,15 @@ class JobSupervisor:
         reader = threading.Thread(target=self._read, args=(proc,), daemon=True)
         reader.start()
         traces = TraceShipper(self.client, self.run_id, self.out)
+        conversion = LiveConversion(self.out, self.settings.live_convert_s) \
+            if self.settings.live_convert_s > 0 else None
         try:
             outcome, reason = self._supervise(proc, timeout)
             rc = proc.wait()
         finally:
             traces.close()
+            if conversion is not None:
+                self.live = conversion.close()
         wrapped = threading.Event()
         threading.Thread(target=self._beat_until, args=(wrapped,), daemon=True,
                          name="wrap-up-heartbeat").start()
@@ -343,10 +348,17 @@ class JobSupervisor:
 
     def _columnar(self) -> None:
         """The run's JSON-lines traces into Parquet (jobs/analysis/convert.py), whatever the
-        outcome, now that no rank appends to them: what analysis and the Gantt read after."""
+        outcome, now that no rank appends to them: what analysis and the Gantt read after.
+        A rank the live thread converted while the job ran (LiveConversion) has only its last
+        steps left to write."""
         try:
             from jobs.analysis.convert import convert_run_dir
-            convert_run_dir(self.out)
+            t0 = time.monotonic()
+            convert_run_dir(self.out, live=self.live)
+            if self.live is not None and sum(self.live.finished.values()):
+                self.say(f"traces in Parquet: {sum(self.live.finished.values()):,} rows of "
+                         f"{len(self.live.finished)} rank(s) converted while the job ran, the "
+                         f"rest in {time.monotonic() - t0:.1f} s")
         except Exception as exc:  # noqa: BLE001 - analysis falls back to the JSON lines
             log.exception("columnar conversion of run %s failed", self.run_id)
             self.say(f"columnar trace conversion failed: {type(exc).__name__}: {exc}")

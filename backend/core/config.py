@@ -56,6 +56,10 @@ class Settings(BaseSettings):
     # at most this much delay) and pings its client
     stream_recheck_s: float = Field(10.0, gt=0)
     run_heartbeat_s: float = 1.0
+    # While a job runs, its traces' final row groups are written to Parquet this often
+    # (jobs/analysis/convert_live.py), so the post-run conversion is left the last steps
+    # only; 0: converted after the run only.
+    live_convert_s: float = Field(2.0, ge=0)
     # SIGTERM to torchrun, then SIGKILL to everything carrying the run's ID after this grace.
     kill_grace_s: float = 5.0
     # The reconciler (backend/services/reconcile.py): a queued run that no worker has claimed

@@ -20,7 +20,8 @@ one rank file in two passes:
 A file whose keys are not all int64 (a float stamp, a foreign `ts_ns`) takes the in-memory
 path (parse, sort the dicts, write): the loader's ordering of mixed types, exactly.
 The output equals the in-memory path's file, row for row and metadata for metadata
-(tests/analysis/test_convert.py)."""
+(tests/analysis/test_convert.py). While the run goes, the worker writes most of each rank's
+file from its blocks already (convert_live.py); what is left is finished here."""
 
 from __future__ import annotations
 
@@ -52,19 +53,25 @@ USE_BLOCKS = True
 TAIL_BYTES = IN_MEMORY_BYTES
 
 
-def convert_run_dir(out_dir: Path) -> list[Path]:
+def convert_run_dir(out_dir: Path, live=None) -> list[Path]:
     """Write `trace-rank{R}.parquet` beside every `trace-rank{R}.jsonl` of a run folder (torn
     and untimed lines skipped as the loader does; the count kept in the metadata). Returns
-    the files written. Raises only on an unwritable folder."""
+    the files written. Raises only on an unwritable folder. `live`: the run's
+    convert_live.LiveRun, polled while it ran: a rank it finishes is not converted again."""
     C.use_system_pool()
     out = []
-    for path in sorted(Path(out_dir).glob("trace-rank*.jsonl")):
-        m = _RANK_RE.search(path.name)
-        if not m:
-            continue
-        dest = C.parquet_path(path)
-        if convert_rank(path, int(m.group(1)), dest):
-            out.append(dest)
+    try:
+        for path in sorted(Path(out_dir).glob("trace-rank*.jsonl")):
+            m = _RANK_RE.search(path.name)
+            if not m:
+                continue
+            dest = C.parquet_path(path)
+            if (live is not None and live.finish(int(m.group(1)))) or \
+                    convert_rank(path, int(m.group(1)), dest):
+                out.append(dest)
+    finally:  # no live file is left behind, whatever happened
+        if live is not None:
+            live.close()
     return out
 
 
@@ -226,7 +233,7 @@ def _write_sorted(np, chunk, keys: list, sizes: list, md: dict, dest: Path) -> N
         if spread > MAX_LIVE:  # out of order: every chunk at once, once
             whole = [_all_chunks(chunk, len(sizes))]
             for idx in groups:
-                w.write_table(_take(whole, idx), row_group_size=R)
+                w.write_table(take_rows(whole, idx), row_group_size=R)
         else:
             for table in _near(np, chunk, groups, starts, sizes, last):
                 w.write_table(table, row_group_size=R)
@@ -247,13 +254,13 @@ def _near(np, chunk, groups, starts, sizes, last):
         # the touched chunks side by side: a row's place is its chunk's base + its offset
         base = np.zeros(len(sizes), np.int64)
         base[touched] = np.concatenate([[0], np.cumsum(sizes[touched])[:-1]])
-        yield _take([held[c] for c in touched.tolist()], base[cs] + idx - starts[cs])
+        yield take_rows([held[c] for c in touched.tolist()], base[cs] + idx - starts[cs])
         for c in touched[last[touched] == g].tolist():
             del held[c]
     assert not held, sorted(held)  # every chunk was dropped after its last group
 
 
-def _take(tables: list, idx):
+def take_rows(tables: list, idx):
     """The rows `idx` of the tables side by side. A column null in every table is not taken
     but made (pa.nulls): most of the layout's columns are null in a given run's records, and
     taking them was most of the take (measured: 22 against 9 ms a 64 Ki-row group)."""

@@ -18,7 +18,9 @@ def test_the_scale_table_prints_every_row_and_ratio(tmp_path):
                 "columnar scale path", "the worker's whole post-run step",
                 "ratio, scale path / JSON", "ratio, conversion peak RSS",
                 "ratio, conversion CPU s, JSON lines / blocks",
-                "ratio, worker's post-run step"):
+                "ratio, worker's post-run step", "while the run goes",
+                "what is left after the run", "post-run step after the live conversion",
+                "ratio, all CPU of the conversion (live + after)"):
         assert row in out, (row, out)
     big = [line for line in out.splitlines() if line.startswith("| 6,")]
     assert any("scale path" in x for x in big) and not any("streamed" in x for x in big), out

@@ -114,7 +114,7 @@ def test_ddp_run_succeeds_with_logs_traces_and_provenance(redis_service):
     # the flusher's blocks (jobs/trace_blocks.py: the twin of the lines of a rank that
     # closed its tracer), and left no side file of its own, nor the blocks
     assert {"trace-rank0.parquet", "trace-rank1.parquet"} <= files
-    assert not [f for f in files if f.endswith((".rows", ".part", ".blocks"))], files
+    assert not [f for f in files if f.endswith((".rows", ".part", ".blocks", ".live"))], files
     import io
 
     import pyarrow.parquet as pq
@@ -149,6 +149,36 @@ def test_cancel_stops_every_process(redis_service):
     done = svc.wait_status(run["id"], ("cancelled", "failed", "succeeded"), 10)
     assert done["status"] == "cancelled"
     assert_no_process_left(run["id"])
+
+
+def test_a_long_run_is_converted_while_it_runs(redis_service):
+    """The worker's live thread (jobs/analysis/convert_live.py) writes row groups to
+    `trace-rank{R}.parquet.live` while the job runs; after the cancel the rest is appended,
+    and the run has its Parquet traces and analysis, no live file uploaded."""
+    import io
+
+    import pyarrow.parquet as pq
+    svc = redis_service
+    run = svc.submit(LONG)
+    svc.wait_status(run["id"], "running", 60)
+    # a row group holds 64 Ki rows: a few hundred steps of the DDP preset
+    wait_for(lambda: list(svc.tmp.glob(f"var/**/{run['id']}/**/trace-rank0.parquet.live")),
+             240, "a live row group of rank 0")
+    assert svc.http.post(f"/api/runs/{run['id']}/cancel").status_code == 200
+    done = svc.wait_status(run["id"], ("cancelled", "failed", "succeeded"), 60)
+    assert done["status"] == "cancelled"
+    log = wait_for(lambda: "converted while the job ran" in (
+        t := svc.http.get(f"/api/runs/{run['id']}/logs").text) and t, 120, "the live note")
+    assert "traces in Parquet" in log, log[-3000:]
+    # a cancel is reported before the analysis and the upload (tasks._report): wait for them
+    files = wait_for(lambda: {"trace-rank0.parquet", "trace-rank1.parquet", "analysis.json"}
+                     <= (fs := {f["path"] for f in svc.http.get(
+                         f"/api/runs/{run['id']}/files").json()}) and fs, 120, "the upload")
+    assert not [f for f in files if f.endswith((".live", ".blocks", ".part"))], files
+    pf = pq.ParquetFile(io.BytesIO(svc.http.get(
+        f"/api/runs/{run['id']}/files/trace-rank0.parquet").content))
+    assert pf.metadata.num_row_groups >= 2 and pf.metadata.row_group(0).num_rows == 1 << 16
+    assert pf.schema_arrow.metadata[b"paralab.origin"] == b"blocks"
 
 
 def test_timeout_is_enforced(redis_service):
