@@ -125,7 +125,10 @@ def make_run(out: Path, ranks: int, steps: int) -> int:
                 part = recs[i:i + TB.BLOCK_RECORDS]
                 text = "".join([enc(x) + "\n" for x in part])
                 f.write(text)
+                f.flush()  # the lines before their block, as the flusher: else the lines' file,
+                # closed last, can be newer than the blocks and they are not read (blocks.usable)
                 b.write(TB.encode(part, at, at + len(text), enc))
+                b.flush()
                 at += len(text)
     (out / "summary.json").write_text(json.dumps({"loss": [1.0] * steps}))
     return n

@@ -155,12 +155,13 @@ class LiveConversion:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         while not self._stop.wait(self._interval):
             try:
-                self.run.poll()
+                self.run.poll(self._stop)  # a stop someone waits on is not held up by it
             except Exception:  # noqa: BLE001 - the post-run conversion converts it whole
                 log.exception("live conversion of %s failed", self.run.out)
 
     def close(self):
-        """Stops polling (the job has ended); returns the LiveRun for convert_run_dir."""
+        """Stops polling (the job has ended) within a block; returns the LiveRun for
+        convert_run_dir, which reads the rest."""
         self._stop.set()
         self._thread.join()
         return self.run

@@ -69,19 +69,20 @@ class LiveRank:
         self.rows = 0  # rows written
         self.failed: str | None = None
 
-    def poll(self) -> int:
+    def poll(self, stop=None) -> int:
         """Read the blocks written since the last poll and write what became final; returns
-        the rows written. Never raises: a failure gives the rank up (see the module doc)."""
+        the rows written. Never raises: a failure gives the rank up (see the module doc).
+        `stop`: a threading.Event checked between blocks (the rest is read next time)."""
         if self.failed is not None:
             return 0
         before = self.rows
         try:
-            self._read()
+            self._read(stop)
         except Exception as exc:  # noqa: BLE001 - the post-run conversion still answers
             self._give_up(f"{type(exc).__name__}: {exc}")
         return self.rows - before
 
-    def _read(self) -> None:
+    def _read(self, stop=None) -> None:
         if not self.bp.exists():
             return
         with open(self.bp, "rb") as f:
@@ -92,6 +93,8 @@ class LiveRank:
                     raise ValueError("the blocks file was rewritten (a restarted attempt)")
             f.seek(self.off)
             for head, body in TB.read_blocks(f):
+                if stop is not None and stop.is_set():
+                    return  # this block is read again next time (self.off not moved)
                 self.off = f.tell()
                 if head.get("j0") != self.j:
                     raise ValueError(f"a block starts at {head.get('j0')}, not {self.j}")
@@ -225,12 +228,13 @@ class LiveRun:
         self.finished: dict[int, int] = {}  # rank -> rows written while the run went
         self.given_up: dict[int, str] = {}  # rank -> why the post-run conversion took it
 
-    def poll(self) -> int:
+    def poll(self, stop=None) -> int:
+        """Every rank's poll; `stop` (a threading.Event) ends it early, between blocks."""
         for path in sorted(self.out.glob("trace-rank*.jsonl")):
             m = _RANK_RE.search(path.name)
             if m and int(m.group(1)) not in self.ranks:
                 self.ranks[int(m.group(1))] = LiveRank(path, int(m.group(1)))
-        return sum(r.poll() for r in self.ranks.values())
+        return sum(r.poll(stop) for r in self.ranks.values())
 
     def finish(self, rank: int) -> bool:
         live = self.ranks.pop(rank, None)

@@ -81,7 +81,10 @@ def write_twin(path: Path, recs: list[dict], per_block: int) -> None:
             part = recs[i:i + per_block]
             text = "".join(ENC(r) + "\n" for r in part)
             f.write(text)
+            f.flush()  # the lines before their block, as the flusher: else the lines' file,
+            # closed last, can be newer than the blocks and they are not read (blocks.usable)
             b.write(TB.encode(part, at, at + len(text), ENC))
+            b.flush()
             at += len(text)
 
 
@@ -151,13 +154,11 @@ def test_mixed_shapes_shuffled_and_displaced(tmp_path, small, monkeypatch, live)
     convert_twin(tmp_path, recs, 50)
 
 
-def test_the_tracers_own_run(tmp_path, small, monkeypatch):
-    """A Tracer's file (several flushes, blocks of 7 records): blocks == lines."""
-    from jobs.trace import Tracer
-    monkeypatch.setattr(TB, "BLOCK_RECORDS", 7)
-    tr = Tracer(tmp_path, 0, 1, sync_clock=False, meta={"backend": "gloo"},
-                flush_interval_s=60)
-    for step in range(6):
+def traced_steps(tr, steps: int, after) -> None:
+    """`steps` training-loop steps on the Tracer `tr` (a step span holding 2 micro-batches of
+    a forward span and an all-reduce, a memory sample; a scalars record), `after(step)` after
+    each."""
+    for step in range(steps):
         tr.begin_step(step)
         with tr.span("step", cat="step"):
             for mb in range(2):
@@ -169,8 +170,16 @@ def test_the_tracers_own_run(tmp_path, small, monkeypatch):
             tr.microbatch = None
             tr.memory(phase="after_step", params=10)
         tr.scalars(loss=1.0 / (step + 1), step_s=0.1)
-        if step % 2:
-            tr.flush()
+        after(step)
+
+
+def test_the_tracers_own_run(tmp_path, small, monkeypatch):
+    """A Tracer's file (several flushes, blocks of 7 records): blocks == lines."""
+    from jobs.trace import Tracer
+    monkeypatch.setattr(TB, "BLOCK_RECORDS", 7)
+    tr = Tracer(tmp_path, 0, 1, sync_clock=False, meta={"backend": "gloo"},
+                flush_interval_s=60)
+    traced_steps(tr, 6, lambda step: step % 2 and tr.flush())
     tr.close()
     path = tmp_path / "trace-rank0.jsonl"
     assert blocks.usable(path) == TB.blocks_path(path)

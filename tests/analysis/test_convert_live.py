@@ -12,7 +12,7 @@ import pytest
 
 from jobs import trace_blocks as TB
 from jobs.analysis import columnar, convert, convert_live
-from tests.analysis.test_blocks import ENC
+from tests.analysis.test_blocks import ENC, traced_steps
 from tests.analysis.test_convert import assert_same_file
 
 
@@ -107,20 +107,7 @@ def test_the_tracers_own_run_converts_live(tmp_path, small, monkeypatch):
     tr = Tracer(tmp_path, 0, 1, sync_clock=False, meta={"backend": "gloo"},
                 flush_interval_s=60)
     live = convert_live.LiveRun(tmp_path)
-    for step in range(10):
-        tr.begin_step(step)
-        with tr.span("step", cat="step"):
-            for mb in range(2):
-                tr.microbatch = mb
-                with tr.span("forward", layer=1):
-                    pass
-                with tr.comm("all_reduce", payload_bytes=64, group_size=2, dtype="float32"):
-                    pass
-            tr.microbatch = None
-            tr.memory(phase="after_step", params=10)
-        tr.scalars(loss=1.0 / (step + 1), step_s=0.1)
-        tr.flush()
-        live.poll()
+    traced_steps(tr, 10, lambda step: (tr.flush(), live.poll()))
     assert live.ranks[0].rows > 0 and live.ranks[0].failed is None
     tr.close()
     path = tmp_path / "trace-rank0.jsonl"
@@ -243,4 +230,23 @@ def test_the_workers_thread_converts_while_the_job_writes(tmp_path, small):
     assert live.ranks[0].rows > 0
     want = post_run(path, tmp_path / "ref")
     convert.convert_run_dir(tmp_path, live=live)
+    assert_same_file(columnar.parquet_path(path), want)
+
+
+def test_a_stop_ends_a_poll_between_blocks(tmp_path, small):
+    """The worker's stop (the job ended; a cancel waits on its report) is not held up by a
+    long catch-up: the blocks left are read after, by finish."""
+    import threading
+    recs = step_records(12)
+    path = tmp_path / "trace-rank0.jsonl"
+    fl = Flusher(path)
+    for i in range(0, len(recs), 6):
+        fl.write(recs[i:i + 6])
+    live = convert_live.LiveRun(tmp_path)
+    stop = threading.Event()
+    stop.set()
+    assert live.poll(stop) == 0 and live.ranks[0].off == 0
+    want = post_run(path, tmp_path / "ref")
+    convert.convert_run_dir(tmp_path, live=live)
+    assert live.finished == {0: 0}
     assert_same_file(columnar.parquet_path(path), want)
