@@ -173,8 +173,10 @@ class JobSupervisor:
         reader = threading.Thread(target=self._read, args=(proc,), daemon=True)
         reader.start()
         traces = TraceShipper(self.client, self.run_id, self.out)
-        conversion = LiveConversion(self.out, self.settings.live_convert_s) \
-            if self.settings.live_convert_s > 0 else None
+        # a node of a multi-host run holds some ranks only: no live analysis there
+        conversion = LiveConversion(self.out, self.settings.live_convert_s,
+                                    analyse=self.node is None and self.spec.get("kind") ==
+                                    "train") if self.settings.live_convert_s > 0 else None
         try:
             outcome, reason = self._supervise(proc, timeout)
             rc = proc.wait()
@@ -337,9 +339,15 @@ class JobSupervisor:
         self._columnar()
         if self.spec.get("kind") != "train" or not any(self.out.glob("trace-rank*.jsonl")):
             return summary
+        live = self.live.analysis if self.live is not None else None
         try:
             from jobs.analysis import write_analysis
-            headline = write_analysis(self.out, parse_spec(self.spec, max_world_size=1 << 30))
+            t0 = time.monotonic()
+            headline = write_analysis(self.out, parse_spec(self.spec, max_world_size=1 << 30),
+                                      live=live)
+            if live is not None and live.resumed:
+                self.say(f"analysis: steps 0-{live.resumed - 1} analysed while the job ran, "
+                         f"the rest in {time.monotonic() - t0:.1f} s")
         except Exception as exc:  # noqa: BLE001 - the run's outcome must still be reported
             log.exception("analysis of run %s failed", self.run_id)
             self.say(f"analysis failed: {type(exc).__name__}: {exc}")

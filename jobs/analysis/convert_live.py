@@ -68,23 +68,30 @@ class LiveRank:
         self.last: int | None = None  # the last written row's sort key
         self.rows = 0  # rows written
         self.failed: str | None = None
+        # called with (rank, first row, table) per row group written while the run goes
+        # (analyze_live.LiveAnalysis.add); None after the run
+        self.sink = None
+        self.more = False  # the last poll stopped at its block limit: more blocks to read
 
-    def poll(self, stop=None) -> int:
+    def poll(self, stop=None, blocks: int | None = None) -> int:
         """Read the blocks written since the last poll and write what became final; returns
         the rows written. Never raises: a failure gives the rank up (see the module doc).
-        `stop`: a threading.Event checked between blocks (the rest is read next time)."""
+        `stop`: a threading.Event checked between blocks (the rest is read next time);
+        `blocks`: read at most this many (`more` says whether some are left)."""
+        self.more = False
         if self.failed is not None:
             return 0
         before = self.rows
         try:
-            self._read(stop)
+            self._read(stop, blocks)
         except Exception as exc:  # noqa: BLE001 - the post-run conversion still answers
             self._give_up(f"{type(exc).__name__}: {exc}")
         return self.rows - before
 
-    def _read(self, stop=None) -> None:
+    def _read(self, stop=None, blocks: int | None = None) -> None:
         if not self.bp.exists():
             return
+        read = 0
         with open(self.bp, "rb") as f:
             if os.fstat(f.fileno()).st_size < self.off:
                 raise ValueError("the blocks file shrank")
@@ -95,6 +102,10 @@ class LiveRank:
             for head, body in TB.read_blocks(f):
                 if stop is not None and stop.is_set():
                     return  # this block is read again next time (self.off not moved)
+                if blocks is not None and read == blocks:
+                    self.more = True  # as a stop: read again next time
+                    return
+                read += 1
                 self.off = f.tell()
                 if head.get("j0") != self.j:
                     raise ValueError(f"a block starts at {head.get('j0')}, not {self.j}")
@@ -153,8 +164,10 @@ class LiveRank:
             self._open()
         tables = [t for _, t, _ in self.held]
         for g in range(0, n, R):
-            self.writer.write_table(take_rows(tables, where[order[g:g + R]]),
-                                    row_group_size=R)
+            group = take_rows(tables, where[order[g:g + R]])
+            self.writer.write_table(group, row_group_size=R)
+            if self.sink is not None:
+                self.sink(self.rank, self.rows + g, group)
         self.last = int(keys[order[-1]])
         self.rows += n
         done = np.zeros(len(keys), bool)
@@ -220,35 +233,68 @@ class LiveRank:
 
 class LiveRun:
     """Every rank file of a run folder (those that appear later too): what the worker polls
-    while the job runs and hands to convert.convert_run_dir after it."""
+    while the job runs and hands to convert.convert_run_dir after it. `analyse`: the row
+    groups written also feed the analysis (analyze_live.LiveAnalysis, `analysis`), and the
+    ranks are polled ROUND_BLOCKS blocks at a time in turn, so that they advance together
+    (the analysis holds a rank's rows until every rank has passed their steps)."""
 
-    def __init__(self, out_dir: Path):
+    ROUND_BLOCKS = 8
+
+    def __init__(self, out_dir: Path, analyse: bool = False):
         self.out = Path(out_dir)
         self.ranks: dict[int, LiveRank] = {}
         self.finished: dict[int, int] = {}  # rank -> rows written while the run went
         self.given_up: dict[int, str] = {}  # rank -> why the post-run conversion took it
+        self.analysis = None
+        if analyse:
+            from .analyze_live import LiveAnalysis
+            self.analysis = LiveAnalysis(self.out)
 
     def poll(self, stop=None) -> int:
         """Every rank's poll; `stop` (a threading.Event) ends it early, between blocks."""
         for path in sorted(self.out.glob("trace-rank*.jsonl")):
             m = _RANK_RE.search(path.name)
             if m and int(m.group(1)) not in self.ranks:
-                self.ranks[int(m.group(1))] = LiveRank(path, int(m.group(1)))
-        return sum(r.poll(stop) for r in self.ranks.values())
+                live = LiveRank(path, int(m.group(1)))
+                if self.analysis is not None:
+                    live.sink = self.analysis.add
+                self.ranks[int(m.group(1))] = live
+        if self.analysis is None:
+            return sum(r.poll(stop) for r in self.ranks.values())
+        rows = 0
+        while True:
+            rows += sum(r.poll(stop, self.ROUND_BLOCKS) for r in self.ranks.values())
+            self._analyse()
+            if not any(r.more for r in self.ranks.values()) or (stop is not None and
+                                                                stop.is_set()):
+                return rows
+
+    def _analyse(self) -> None:
+        a = self.analysis
+        for rank, live in self.ranks.items():
+            if live.failed is not None:
+                a.fail(f"rank {rank}'s live conversion was given up ({live.failed})")
+        a.advance({rank: live.state["meta"] for rank, live in self.ranks.items()})
 
     def finish(self, rank: int) -> bool:
         live = self.ranks.pop(rank, None)
         if live is None:
             return False
+        # the rows written now are read from the Parquet file after the run: only checked
+        live.sink = self.analysis.check if self.analysis is not None else None
         rows = live.rows
         if live.finish():
             self.finished[rank] = rows
             return True
         self.given_up[rank] = live.failed
+        if self.analysis is not None:
+            self.analysis.fail(f"rank {rank}'s live conversion was given up ({live.failed})")
         return False
 
     def close(self) -> None:
         """Whatever was not finished is removed (its live file)."""
+        if self.ranks and self.analysis is not None:
+            self.analysis.fail(f"rank(s) {sorted(self.ranks)} not finished live")
         for live in self.ranks.values():
             live._give_up("closed")
         self.ranks.clear()

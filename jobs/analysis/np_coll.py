@@ -268,7 +268,35 @@ def _column(t: pa.Table, name: str, typ):
     return x if x.type == typ else x.cast(typ)
 
 
-def instance_batches(tr: Traces, out_dir, passes=None) -> Iterator[pa.Table]:
+class InstanceStream:
+    """instance_batches' state between passes: the group keys and the records carried into
+    the next pass, so that the passes can be fed by more than one reader (the live analysis
+    feeds the first ones while the run goes, analyze_live.py; the post-run read the rest)."""
+
+    def __init__(self, tr: Traces):
+        self.ctx = _Ctx(tr)
+        self.carry = None
+
+    def feed(self, carry_step: int, tab: pa.Table, last: bool = False) -> pa.Table | None:
+        """One pass's comm_table (carry_step: its last step, -2 for the setup records');
+        its instances, or None. `last`: the run's last pass (nothing carried on)."""
+        if self.carry is not None:
+            tab = pa.concat_tables([self.carry, tab.cast(self.carry.schema)])
+        if not tab.num_rows:
+            self.carry = None
+            return None
+        out, self.carry = _compute(tab, self.ctx, None if last else carry_step)
+        return out if out.num_rows else None
+
+    def flush(self) -> pa.Table | None:
+        """The carried records' instances, when no last pass came (nothing after them)."""
+        if self.carry is None:
+            return None
+        return self.feed(-2, self.carry.schema.empty_table(), last=True)
+
+
+def instance_batches(tr: Traces, out_dir, passes=None,
+                     stream: InstanceStream | None = None) -> Iterator[pa.Table]:
     """One table per pass, one row per collective instance: collectives_table's keys (the
     optional phase / bucket / unit / microbatch as nullable columns) plus EXTRA (first_key:
     the oracle's tie-break, rank << 40 | file row of the first record; the integer ns behind
@@ -276,22 +304,17 @@ def instance_batches(tr: Traces, out_dir, passes=None) -> Iterator[pa.Table]:
     decoding the lists). `passes`: (carry step, comm_table) per pass, the setup records'
     first (carry step -2), then each step range's (its last step); default read here from
     out_dir's rank files (np_read; the scale path shares its read with the step sweep and
-    the axis sums). Call only where applies(con)."""
+    the axis sums). `stream`: the state of the passes fed before these. Call only where
+    applies(con)."""
     if passes is None:
         from . import np_read
         files = np_read.open_files(out_dir, COLS, DICT)
         passes = ((-2 if hi is None else hi, comm_table(tabs))
                   for _lo, hi, tabs in np_read.scan(files, np_steps.CHUNK_RECORDS))
-    ctx = _Ctx(tr)
-    carry = None
+    stream = stream if stream is not None else InstanceStream(tr)
     for (carry_step, tab), last in _last_marked(passes):
-        if carry is not None:
-            tab = pa.concat_tables([carry, tab.cast(carry.schema)])
-        if not tab.num_rows:
-            carry = None
-            continue
-        out, carry = _compute(tab, ctx, None if last else carry_step)
-        if out.num_rows:
+        out = stream.feed(carry_step, tab, last)
+        if out is not None:
             yield out
 
 

@@ -143,18 +143,22 @@ def open_files(out_dir: Path, columns, dictionary=()) -> list[RankFile]:
     return [f for f in files if f.rank is not None]
 
 
-def ranges(files: list[RankFile], budget: int) -> list[tuple[int, int]]:
+def ranges(files: list[RankFile], budget: int, start: int = 0) -> list[tuple[int, int]]:
     """Step ranges of about `budget` rows over all files (footers only; a file without step
-    statistics costs one read of its steps)."""
+    statistics costs one read of its steps), from step `start` on (the steps before it
+    analysed already: the live analysis, analyze_live.py)."""
     b = [f.bounds() for f in files]
     if any(x == -_INF or y == _INF for x, y in b):
         lo, hi = _scan_bounds(files)
     else:
         lo, hi = min((x for x, _ in b), default=None), max((y for _, y in b), default=None)
-    if hi is None or hi < 0:
+    if hi is None or hi < max(0, start):
         return []
-    lo, hi = max(0, int(lo)), int(hi)
-    k = max(1, -(-sum(f.rows for f in files) // max(1, budget)))
+    first, hi = max(0, int(lo)), int(hi)
+    lo = max(start, first)
+    # the rows of steps lo..hi, taken as the steps' share of all rows
+    rows = sum(f.rows for f in files) * (hi - lo + 1) // (hi - first + 1)
+    k = max(1, -(-rows // max(1, budget)))
     width = -(-(hi - lo + 1) // k)
     return [(a, min(hi, a + width - 1)) for a in range(lo, hi + 1, width)]
 
@@ -186,9 +190,11 @@ def scan(files: list[RankFile], budget: int) -> Iterator[tuple[int | None, int |
     yield from passes(files, budget)
 
 
-def passes(files: list[RankFile], budget: int) -> Iterator[tuple[int, int, dict]]:
-    """Per step range: (lo, hi, {rank: its rows of the range}); ranks without rows left out."""
-    for lo, hi in ranges(files, budget):
+def passes(files: list[RankFile], budget: int,
+           start: int = 0) -> Iterator[tuple[int, int, dict]]:
+    """Per step range from step `start` on: (lo, hi, {rank: its rows of the range}); ranks
+    without rows left out."""
+    for lo, hi in ranges(files, budget, start):
         tabs = {}
         for f in files:
             t = f.read(lo, hi)

@@ -124,17 +124,24 @@ def _write_json(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
-def write_analysis(out_dir: Path, spec=None, scale_records: int | None = None) -> dict:
+def write_analysis(out_dir: Path, spec=None, scale_records: int | None = None,
+                   live=None) -> dict:
     """Analyze `out_dir`, write `analysis.json` and `trace.perfetto.json` there, return the
     headline. Never raises (failures land in the analysis' warnings or the returned
     headline's `analysis_error`). A converted run of at least `scale_records` records
     (default scale.SCALE_RECORDS) takes the columnar scale path (scale.py): its large tables
     go to `table-<name>.parquet`, and it writes no whole-run Perfetto file (the export
-    streams it, or a window of it, from the Parquet files on request)."""
+    streams it, or a window of it, from the Parquet files on request). `live`: the
+    worker's analyze_live.LiveAnalysis of the run, which the scale path goes on from (else
+    it is discarded)."""
     out_dir = Path(out_dir)
     columnar.use_system_pool()
     try:
-        result = _scale_result(out_dir, spec, scale_records)
+        try:
+            result = _scale_result(out_dir, spec, scale_records, live)
+        finally:  # what the scale path did not go on from (a Python-path run) is removed
+            if live is not None:
+                live.discard("the scale path did not go on from it")
         if result is None:
             _python_fits(out_dir)
             tr = load_run_dir(out_dir)
@@ -166,7 +173,7 @@ def _python_fits(out_dir: Path) -> None:
             "(spec trace: a schedule or steps) to analyse it")
 
 
-def _scale_result(out_dir: Path, spec, scale_records: int | None) -> dict | None:
+def _scale_result(out_dir: Path, spec, scale_records: int | None, live=None) -> dict | None:
     """The scale path's analysis where it applies (scale.use and scale.applies), else None.
     A stale whole-run Perfetto file of an earlier analysis is removed (it would disagree)."""
     from . import scale
@@ -178,6 +185,6 @@ def _scale_result(out_dir: Path, spec, scale_records: int | None) -> dict | None
         return None
     if not scale.applies(con):
         return None
-    result = scale.analyze_columnar(out_dir, spec, con)
+    result = scale.analyze_columnar(out_dir, spec, con, live)
     (out_dir / PERFETTO_FILE).unlink(missing_ok=True)
     return result

@@ -298,10 +298,12 @@ def _arrow(path: Path):
     return pq.read_table(path)
 
 
-def analyze_columnar(out_dir: Path, spec=None, con=None) -> dict:
+def analyze_columnar(out_dir: Path, spec=None, con=None, live=None) -> dict:
     """run.analyze's result over a converted run's Parquet files (see the module doc), plus
     `table_files`; the large tables' Parquet files are left in `out_dir`. `con`: a
-    vec_tables.connect connection (else one with MEMORY_LIMIT)."""
+    vec_tables.connect connection (else one with MEMORY_LIMIT). `live`: the worker's
+    analyze_live.LiveAnalysis of this run, whose passes are not read again where it is
+    whole (LiveAnalysis.resume; else it is discarded and every pass is read)."""
     from . import scale_comm as SC
     from . import scale_read as SR
     from . import scale_steps as SS
@@ -315,8 +317,10 @@ def analyze_columnar(out_dir: Path, spec=None, con=None) -> dict:
     path = {n: out_dir / FILE.format(n) for n in BIG}
     sizes: dict[str, int] = {}
     t: dict = {}
-    coll_sample = Sampler()  # analysis.json's rows of the collectives, taken as they stream
-    sr, sizes["collectives"], axis = SR.one_read(tr, out_dir, path, coll_sample.add)
+    resume = live.resume(out_dir, tr, path) if live is not None else None
+    # analysis.json's rows of the collectives, taken as they stream
+    coll_sample = resume.sampler if resume is not None else Sampler()
+    sr, sizes["collectives"], axis = SR.one_read(tr, out_dir, path, coll_sample, resume)
     sizes["step_rank"] = sr.num_rows if sr is not None else 0
     inst = SC.Instances(path["collectives"])  # one connection for the four tables over it
     t["ranks"] = A.safe(w, "ranks", lambda: SS.ranks_table(sr, tr), [])

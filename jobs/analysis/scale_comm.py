@@ -42,30 +42,50 @@ WRITE = {"compression": "snappy", "use_dictionary": ["op", "axis", "group", "bac
                                                       "phase"], "write_statistics": ["step"]}
 
 
+class InstanceWriter:
+    """The instances' file written batch by batch (one row group per batch, each in the
+    oracle's order: the file is by step range, then as collectives_table orders); `sample`:
+    called with each batch as written (the scale path's Sampler of analysis.json's rows)."""
+
+    def __init__(self, path: Path, sample=None):
+        self.path, self.sample = Path(path), sample
+        self.writer, self.n, self.incomplete = None, 0, 0
+
+    def write(self, b: pa.Table) -> None:
+        if self.writer is None:
+            self.writer = pq.ParquetWriter(self.path, b.schema, **WRITE)
+        b = b.take(N.sort_indices(b)).cast(self.writer.schema)
+        self.writer.write_table(b)
+        if self.sample is not None:
+            self.sample(b)
+        self.n += b.num_rows
+        self.incomplete += b.num_rows - pc.sum(b["complete"]).as_py()
+
+    def close(self, tr: Traces | None = None) -> int:
+        """The file closed (none written without an instance); the count. `tr`: where
+        collectives_table's incomplete-instances warning goes."""
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        if tr is not None:
+            N.warn_incomplete(tr, self.incomplete)
+        return self.n
+
+
 def write_instances(tr: Traces, out_dir: Path, path: Path, sample=None,
                     passes=None) -> int:
     """np_coll.instance_batches of the run in `out_dir` (`passes`: its comm records per pass,
-    when read already) streamed to `path` (one row group per batch, each in the
-    oracle's order: the file is by step range, then as collectives_table orders); the count.
-    Appends collectives_table's incomplete-instances warning to tr.warnings. No file is
-    written when there is no instance. `sample`: called with each batch as written (the
-    scale path's Sampler of analysis.json's rows). Call only where np_coll.applies."""
-    writer, n, incomplete = None, 0, 0
+    when read already) streamed to `path` (InstanceWriter); the count. Appends
+    collectives_table's incomplete-instances warning to tr.warnings. No file is written when
+    there is no instance. Call only where np_coll.applies."""
+    out = InstanceWriter(path, sample)
     try:
         for b in N.instance_batches(tr, out_dir, passes):
-            if writer is None:
-                writer = pq.ParquetWriter(path, b.schema, **WRITE)
-            b = b.take(N.sort_indices(b)).cast(writer.schema)
-            writer.write_table(b)
-            if sample is not None:
-                sample(b)
-            n += b.num_rows
-            incomplete += b.num_rows - pc.sum(b["complete"]).as_py()
-    finally:
-        if writer is not None:
-            writer.close()
-    N.warn_incomplete(tr, incomplete)
-    return n
+            out.write(b)
+    except BaseException:
+        out.close()  # what was written stays readable; the caller removes it
+        raise
+    return out.close(tr)
 
 
 def _open(coll_path: Path):

@@ -2,12 +2,18 @@
 (np_read), its rows feeding the three consumers of record-scale data in one pass:
 
     the step sweep     np_steps.rows_of   -> scale_steps.write_step_rank (table-step_rank)
-    the collectives    np_coll.comm_table -> scale_comm.write_instances (table-collectives)
+    the collectives    np_coll.comm_table -> scale_comm.InstanceWriter (table-collectives)
     the axis sums      np_axis.Sums       -> axis_bytes and links
 
 with the setup records (a null or negative step) read once for the collectives' first pass
 and the setup bytes. Reading the files three times (two per-rank reads and a DuckDB scan)
 cost a fifth of the whole analysis at 50 M records (docs/benchmarks.md).
+
+The consumers' state lives in a `OneRead`, fed pass by pass: by the post-run read of the
+Parquet files (`read`), or first by the live analysis with the row groups the live
+conversion writes while the run goes (analyze_live.py) and then by the post-run read from
+the first step it did not reach (`read(out_dir, start=next_step)`). Either way each pass is
+fed once, in step order, so the tables are the same.
 """
 
 from __future__ import annotations
@@ -18,60 +24,120 @@ from . import assemble as A
 from .load import Traces
 
 
-def one_read(tr: Traces, out_dir: Path, path: dict, sample=None):
-    """(step_rank table or None, collective instances, axis) with the two tables written to
-    path["step_rank"] and path["collectives"] (`sample`: called with each instance batch);
-    `axis`: a callable giving np_axis.axis_sums' result or raising what computing it raised.
-    Warnings in the Python path's order (step_rank's, then the collectives'). A consumer that
-    raises stops and its table is left out with the reason; the others go on. Should the
-    instances fail, their partial file is removed and the step_rank table and the axis sums
-    are computed from reads of their own."""
+def columns() -> tuple[tuple, tuple]:
+    """(np_read's columns, those read as dictionaries): what the three consumers read."""
     from . import np_axis as NA
     from . import np_coll as NC
-    from . import np_read
     from . import np_steps as NS
-    from . import scale_comm as SC
-    from . import scale_steps as SS
-    w = tr.warnings
-    files = np_read.open_files(out_dir, NS.COLS + NC.COLS + NA.COLS,
-                               NS.DICT + NC.DICT + NA.DICT)
-    parts: list = []
-    sums = NA.Sums()
-    failed: dict[str, Exception] = {}  # consumer -> what it raised: it stops, the rest goes on
+    return NS.COLS + NC.COLS + NA.COLS, NS.DICT + NC.DICT + NA.DICT
 
-    def guard(name: str, fn) -> None:
-        if name not in failed:
+
+class OneRead:
+    """The three consumers of one read. A consumer that raises stops and its table is left
+    out with the reason (`finish`); the others go on."""
+
+    def __init__(self, tr: Traces, path: dict, sampler=None):
+        from . import np_axis as NA
+        from . import np_coll as NC
+        from . import scale_comm as SC
+        self.path, self.sampler = path, sampler
+        self.parts: list = []  # np_steps.rows_of's chunks
+        self.sums = NA.Sums()
+        self.stream = NC.InstanceStream(tr)  # tr: the ranks' meta, for the group keys
+        self.out = SC.InstanceWriter(path["collectives"],
+                                     sampler.add if sampler is not None else None)
+        self.failed: dict[str, Exception] = {}  # consumer -> what it raised
+        self.next_step = 0  # the first step no pass has read
+        self.ended = False  # the run's last pass was fed (no records carried on)
+
+    def _guard(self, name: str, fn) -> None:
+        if name not in self.failed:
             try:
                 fn()
-            except Exception as exc:  # noqa: BLE001 - said as that table's, by A.safe below
-                failed[name] = exc
+            except Exception as exc:  # noqa: BLE001 - said as that table's, by A.safe (finish)
+                self.failed[name] = exc
 
-    def feed(tabs: dict, train: bool) -> None:
+    def feed(self, lo: int | None, hi: int | None, tabs: dict, last: bool = False) -> None:
+        """One pass: the setup records (lo, hi None) or steps lo..hi, {rank: its rows} as
+        np_read gives them (columns(), `row` the file row). `last`: no pass follows."""
+        from . import np_steps as NS
+        if lo is not None:
+            self._guard("step_rank", lambda: self.parts.extend(NS.rows_of(tabs, lo)))
         for rank, t in sorted(tabs.items()):
-            guard("axis", lambda rank=rank, t=t: sums.add(rank, t, train))
+            self._guard("axis", lambda rank=rank, t=t: self.sums.add(rank, t, lo is not None))
+        self._guard("collectives", lambda: self._instances(-2 if hi is None else hi, tabs,
+                                                           last))
+        if hi is not None:
+            self.next_step = hi + 1
+        self.ended = last
 
-    def passes():  # the setup records' pass (carry step -2), then each step range's
-        for lo, hi, tabs in np_read.scan(files, NS.CHUNK_RECORDS):
-            if lo is not None:
-                guard("step_rank", lambda tabs=tabs, lo=lo: parts.extend(NS.rows_of(tabs, lo)))
-            feed(tabs, lo is not None)
-            yield -2 if hi is None else hi, NC.comm_table(tabs)
+    def _instances(self, carry_step: int, tabs: dict, last: bool) -> None:
+        from . import np_coll as NC
+        b = self.stream.feed(carry_step, NC.comm_table(tabs), last)
+        if b is not None:
+            self.out.write(b)
 
-    at = len(w)
-    n_coll = A.safe(w, "collectives", lambda: SC.write_instances(
-        tr, out_dir, path["collectives"], sample, passes()), None)
-    whole = n_coll is not None
-    if not whole:  # a part of the instances: no table may read them
-        Path(path["collectives"]).unlink(missing_ok=True)
-    coll_warnings, w[at:] = w[at:], []
-    sr = A.safe(w, "step_rank", lambda: _unless(failed.get("step_rank"), lambda: (
-        SS.write_step_rank(tr, path["step_rank"], parts if whole else None))), None)
-    w.extend(coll_warnings)
+    def read(self, out_dir: Path, start: int | None = None) -> None:
+        """Every pass of the run's Parquet files (the setup records', then each step
+        range's), or with `start` the step ranges from that step on only (the passes
+        before it were fed already)."""
+        from . import np_read
+        from . import np_steps as NS
+        from .np_coll import _last_marked
+        cols, dicts = columns()
+        files = np_read.open_files(out_dir, cols, dicts)
+        items = np_read.scan(files, NS.CHUNK_RECORDS) if start is None else \
+            np_read.passes(files, NS.CHUNK_RECORDS, start)
+        for (lo, hi, tabs), last in _last_marked(items):
+            self.feed(lo, hi, tabs, last)
 
-    def axis() -> dict:
-        return _unless(failed.get("axis"),
-                       lambda: sums.result() if whole else NA.axis_sums(out_dir))
-    return sr, n_coll or 0, axis
+    def discard(self) -> None:
+        """Closes and removes the instances' file (a reader not finished)."""
+        self.out.close()
+        Path(self.path["collectives"]).unlink(missing_ok=True)
+
+    def finish(self, tr: Traces):
+        """(step_rank table or None, collective instances, axis) with the two tables written
+        to path["step_rank"] and path["collectives"]; `axis`: a callable giving np_axis.
+        axis_sums' result or raising what computing it raised. Warnings on tr.warnings in the
+        Python path's order (step_rank's, then the collectives'). Failed instances leave no
+        file (no table may read a part of them)."""
+        from . import scale_steps as SS
+        if not self.ended:  # records carried past the last pass fed
+            self._guard("collectives", lambda: self._flush())
+        w = tr.warnings
+        at = len(w)
+        n_coll = A.safe(w, "collectives", lambda: _unless(
+            self.failed.get("collectives"), lambda: self.out.close(tr)), None)
+        if n_coll is None:
+            self.discard()
+        coll_warnings, w[at:] = w[at:], []
+        sr = A.safe(w, "step_rank", lambda: _unless(self.failed.get("step_rank"), lambda: (
+            SS.write_step_rank(tr, self.path["step_rank"], self.parts))), None)
+        w.extend(coll_warnings)
+        self.parts = []
+
+        def axis() -> dict:
+            return _unless(self.failed.get("axis"), self.sums.result)
+        return sr, n_coll or 0, axis
+
+    def _flush(self) -> None:
+        b = self.stream.flush()
+        if b is not None:
+            self.out.write(b)
+        self.ended = True
+
+
+def one_read(tr: Traces, out_dir: Path, path: dict, sampler=None, resume: OneRead | None = None):
+    """OneRead.finish of every pass of the run in `out_dir` (`resume`: a OneRead fed the
+    first passes already, by the live analysis: the rest read from its next step)."""
+    if resume is None:
+        reader = OneRead(tr, path, sampler)
+        reader.read(out_dir)
+    else:
+        reader = resume
+        reader.read(out_dir, start=reader.next_step)
+    return reader.finish(tr)
 
 
 def _unless(exc: Exception | None, fn):
