@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import resource
 import shutil
@@ -32,6 +33,7 @@ from jobs.analysis import analyze_run_dir, load_run_dir, to_perfetto, write_anal
 from jobs.spec import parse_spec  # noqa: E402
 
 US = 1000
+ROW_GROUP_ENV = "PARALAB_BENCH_ROW_GROUP_ROWS"  # --row-group-rows, for the measured children
 PER_STEP = 33  # records per rank and step
 
 
@@ -204,22 +206,31 @@ def best(fn, repeat: int) -> tuple[float, float]:
 def child(mode: str, d: str) -> None:
     """One measured stage in a fresh process: its CPU seconds (every thread) and peak RSS."""
     from jobs.analysis import convert
+    if os.environ.get(ROW_GROUP_ENV):  # the smoke test's tiny runs: several groups a rank
+        from jobs.analysis import analyze_live, columnar
+        columnar.ROW_GROUP_ROWS = int(os.environ[ROW_GROUP_ENV])
+        analyze_live.MIN_PASS_ROWS = 1
     out = Path(d)
     t0, c0 = time.perf_counter(), time.process_time()
     if mode == "convert":  # the worker's: from the flusher's blocks
         convert.convert_run_dir(out)
     elif mode == "live":  # the worker's live thread over every block, then the rest after
         from jobs.analysis import convert_live
-        run = convert_live.LiveRun(out)
-        run.poll()  # what the thread converts while the job runs (its blocks all written)
-        during, during_wall = time.process_time() - c0, time.perf_counter() - t0
+        run = convert_live.LiveRun(out, analyse=True)
+        run.poll()  # what the thread does while the job runs (its blocks all written)
+        during = {"cpu": time.process_time() - c0, "wall": time.perf_counter() - t0}
         assert all(r.failed is None for r in run.ranks.values()), \
             {k: (r.rows, r.failed) for k, r in run.ranks.items()}
         t0, c0 = time.perf_counter(), time.process_time()
         convert.convert_run_dir(out, live=run)  # what is left after the run
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        print(json.dumps({"wall": wall, "cpu": cpu, "rss": peak_rss(), "during": during,
-                          "during_wall": during_wall}))
+        conv = {"cpu": time.process_time() - c0, "wall": time.perf_counter() - t0}
+        t0, c0 = time.perf_counter(), time.process_time()
+        head = write_analysis(out, scale_records=0, live=run.analysis)  # resumed
+        assert "analysis_error" not in head, head
+        an = {"cpu": time.process_time() - c0, "wall": time.perf_counter() - t0}
+        print(json.dumps({"during": during, "convert": conv, "analysis": an,
+                          "rss": peak_rss(), "live_failed": run.analysis.failed,
+                          "resumed": run.analysis.resumed}))
         return
     elif mode == "convert-lines":  # the conversion before the blocks: JSON lines, streamed
         convert.USE_BLOCKS = False
@@ -238,6 +249,27 @@ def child(mode: str, d: str) -> None:
         assert "analysis_error" not in head, head
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     print(json.dumps({"wall": wall, "cpu": cpu, "rss": peak_rss()}))
+
+
+def check_same_analysis(post: Path, live: Path, m: dict) -> None:
+    """The analysis resumed from the live passes (folder `live`) is the post-run one
+    (`post`): analysis.json the same but for the collectives' sample when that table is
+    sampled (every k-th row of the instance file, whose order is by pass: a live pass ends
+    elsewhere than a post-run one), and the tables kept in Parquet the same rows."""
+    import pyarrow.parquet as pq
+
+    from jobs.analysis import np_coll
+    a, b = (json.loads((d / "analysis.json").read_text()) for d in (post, live))
+    if "collectives" in (a.get("table_files") or {}):
+        for x in (a, b):
+            x["tables"].pop("collectives")
+    assert a == b, "the analysis resumed from the live passes differs from the post-run one"
+    for f in post.glob("table-*.parquet"):
+        x, y = pq.read_table(f), pq.read_table(live / f.name)
+        if f.name == "table-collectives.parquet":
+            x, y = x.take(np_coll.sort_indices(x)), y.take(np_coll.sort_indices(y))
+        assert x.equals(y), f"{f.name} differs"
+    assert m["live_failed"] is None or not m["resumed"], m
 
 
 def pq_rows(path: Path) -> list[int]:
@@ -312,14 +344,15 @@ def scale(a) -> int:
                 live = measure("live", twin)
                 same = all(pq_rows(p) == pq_rows(twin / p.name)
                            for p in out.glob("trace-rank*.parquet"))
-                shutil.rmtree(twin)
                 assert same, "the live conversion's files differ"
-                rows.append(("blocks -> Parquet while the run goes (convert_live.py, the "
-                             "worker's live thread; not post-run)",
-                             {"cpu": live["during"], "wall": live["during_wall"],
-                              "rss": live["rss"]}, bs))
-                rows.append(("blocks -> Parquet, what is left after the run (the live "
-                             "thread's last steps)", live, bs))
+                rows.append(("blocks -> Parquet and analysis while the run goes (the "
+                             "worker's live thread: convert_live.py, analyze_live.py; not "
+                             "post-run)", {**live["during"], "rss": live["rss"]}, bs))
+                rows.append(("after the run: the rest of the conversion",
+                             {**live["convert"], "rss": live["rss"]}, bs))
+                rows.append(("after the run: the analysis, resumed from the live passes "
+                             f"(steps from {live['resumed']} read)",
+                             {**live["analysis"], "rss": live["rss"]}, pqs))
                 if target <= a.json_max:
                     rows.append(("Parquet, write_analysis (vectorised + Python)",
                                  measure("columnar", out), pqs))
@@ -331,13 +364,15 @@ def scale(a) -> int:
                          "Parquet files)", sc, pqs))
             if target <= a.convert_max:  # what the worker runs after a traced run: both
                 rows.append(("blocks -> Parquet -> scale path (the worker's whole "
-                             "post-run step without the live conversion)",
+                             "post-run step without the live thread)",
                              {k: conv[k] + sc[k] for k in ("cpu", "wall")}
                              | {"rss": max(conv["rss"], sc["rss"])}, pqs))
-                rows.append(("the rest of the conversion -> scale path (the worker's whole "
-                             "post-run step after the live conversion)",
-                             {k: live[k] + sc[k] for k in ("cpu", "wall")}
-                             | {"rss": max(live["rss"], sc["rss"])}, pqs))
+                rows.append(("the rest of the conversion -> the resumed analysis (the "
+                             "worker's whole post-run step after the live thread)",
+                             {k: live["convert"][k] + live["analysis"][k]
+                              for k in ("cpu", "wall")} | {"rss": live["rss"]}, pqs))
+                check_same_analysis(out, twin, live)
+                shutil.rmtree(twin)
             for name, m, size in rows:
                 print(f"| {n:,} | {name} | {m['cpu']:.2f} | {m['wall']:.2f} | "
                       f"{n / m['cpu']:,.0f} | {m['rss'] / 2**20:,.0f} | {size / 1e6:,.1f} |")
@@ -355,11 +390,11 @@ def scale(a) -> int:
             if json_rate and target <= a.convert_max:
                 print(f"| {n:,} | ratio, worker's post-run step (conversion included) / JSON "
                       f"Python path | {n / rows[-2][1]['cpu'] / json_rate:,.1f}x | | | | |")
-                print(f"| {n:,} | ratio, worker's post-run step after the live conversion / "
+                print(f"| {n:,} | ratio, worker's post-run step after the live thread / "
                       f"JSON Python path | {n / rows[-1][1]['cpu'] / json_rate:,.1f}x | | | | |")
-                print(f"| {n:,} | ratio, all CPU of the conversion (live + after) and the "
-                      f"scale path / JSON Python path | "
-                      f"{n / (live['during'] + rows[-1][1]['cpu']) / json_rate:,.1f}x "
+                print(f"| {n:,} | ratio, all CPU (the live thread, then the rest after the "
+                      f"run) / JSON Python path | "
+                      f"{n / (live['during']['cpu'] + rows[-1][1]['cpu']) / json_rate:,.1f}x "
                       "| | | | |")
     return 0
 
@@ -383,7 +418,12 @@ def main(argv=None) -> int:
                     "memory: ~2.4 GiB per million records of a file)")
     ap.add_argument("--tmp", default=None, help="folder for the generated runs")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--row-group-rows", type=int, default=None,
+                    help="rows per Parquet row group (default the converter's 64 Ki): a tiny "
+                    "run then has several per rank, and the live thread something to do")
     a = ap.parse_args(argv)
+    if a.row_group_rows:
+        os.environ[ROW_GROUP_ENV] = str(a.row_group_rows)
     if a.child:
         child(*a.child)
         return 0

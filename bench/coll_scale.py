@@ -4,7 +4,7 @@ process: CPU seconds (every thread), wall seconds and peak RSS.
     .venv/bin/python bench/coll_scale.py new RUN_DIR
     (RUN_DIR written by bench.analysis_speed.make_parquet)
 
-new: np_coll instances -> scale_comm.write_instances, then the four scale_comm tables (the
+new: np_coll instances -> scale_comm.write_instances, then the four tables over them (the
 DuckDB GROUP BY per instance it was measured against, vec_tables.build_instances, is gone:
 docs/benchmarks.md keeps its figures).
 The step_s input is a stand-in (the max `step` span per step), timed apart and left out.
@@ -34,14 +34,16 @@ def main(mode: str, out: Path) -> None:
         from jobs.analysis import np_coll as N
         from jobs.analysis import predicted as P
         from jobs.analysis import scale_comm as SC
+        from jobs.analysis import scale_late as SL
         assert N.applies(con)
         n = SC.write_instances(tr, out, path)
         c1 = time.process_time()
         st, ss = zip(*con.execute(STEP_S).fetchall(), strict=True)
         step_s = pa.table({"step": list(st), "step_s": list(ss)})
         c2 = time.process_time()
-        strag = SC.stragglers_table(path, step_s)
-        ranks = SC.straggler_ranks_table(path, sorted(tr.ranks))
+        late = SL.Lateness.of_file(path)
+        strag = SL.stragglers_table(late, step_s)
+        ranks = SL.straggler_ranks_table(late, sorted(tr.ranks))
         bw = SC.bandwidth_table(path)
         sp = P.spec_of(tr.spec_dict(), [])
         lk = SC.links_table(con, tr, sp, path, P.theory(sp, []), NA.axis_sums(out))

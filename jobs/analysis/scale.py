@@ -305,6 +305,7 @@ def analyze_columnar(out_dir: Path, spec=None, con=None, live=None) -> dict:
     analyze_live.LiveAnalysis of this run, whose passes are not read again where it is
     whole (LiveAnalysis.resume; else it is discarded and every pass is read)."""
     from . import scale_comm as SC
+    from . import scale_late as SL
     from . import scale_read as SR
     from . import scale_steps as SS
     out_dir = Path(out_dir)
@@ -320,15 +321,15 @@ def analyze_columnar(out_dir: Path, spec=None, con=None, live=None) -> dict:
     resume = live.resume(out_dir, tr, path) if live is not None else None
     # analysis.json's rows of the collectives, taken as they stream
     coll_sample = resume.sampler if resume is not None else Sampler()
-    sr, sizes["collectives"], axis = SR.one_read(tr, out_dir, path, coll_sample, resume)
+    sr, sizes["collectives"], axis, late = SR.one_read(tr, out_dir, path, coll_sample, resume)
     sizes["step_rank"] = sr.num_rows if sr is not None else 0
-    inst = SC.Instances(path["collectives"])  # one connection for the four tables over it
+    inst = SC.Instances(path["collectives"])  # one connection for the two tables over it
     t["ranks"] = A.safe(w, "ranks", lambda: SS.ranks_table(sr, tr), [])
     step_s = A.safe(w, "step times", lambda: SS.step_times(sr), None)
-    sizes["stragglers"] = A.safe(w, "stragglers", lambda: _write(SC.stragglers_table(
-        inst, step_s), path["stragglers"]), 0)
-    t["straggler_ranks"] = A.safe(w, "straggler_ranks", lambda: SC.straggler_ranks_table(
-        inst, _ranks_of(sr)), [])
+    sizes["stragglers"] = A.safe(w, "stragglers", lambda: _write(SL.stragglers_table(
+        late, step_s), path["stragglers"]), 0)
+    t["straggler_ranks"] = A.safe(w, "straggler_ranks", lambda: SL.straggler_ranks_table(
+        late, _ranks_of(sr)), [])
     t["bandwidth"] = A.safe(w, "bandwidth", lambda: SC.bandwidth_table(inst),
                             [])
     sums = A.safe(w, "axis_bytes", axis, None)
@@ -397,8 +398,8 @@ def _coll_rows(table, tr: Traces) -> list[dict]:
 
 
 def _strag_rows(table, tr: Traces) -> list[dict]:
-    from . import scale_comm as SC
-    return SC.straggler_rows(table)
+    from . import scale_late as SL
+    return SL.straggler_rows(table)
 
 
 def _json_rows(name: str, table, n: int | None, tr: Traces) -> tuple[list[dict], int]:

@@ -1,26 +1,21 @@
-"""The tables built on the collectives at scale (issue 19): DuckDB SQL over the instances'
-Parquet file (np_coll.instance_batches, written by write_instances), giving the rows of
+"""The tables built on the collectives at scale (issue 19), from the instances' Parquet file
+(np_coll.instance_batches, written by InstanceWriter), in numpy:
 
-    stragglers_table        stragglers.stragglers_table      (a pyarrow Table; straggler_rows)
-    straggler_ranks_table   stragglers.straggler_ranks_table
     bandwidth_table         collectives.bandwidth_table
-    links_table             links.links_table                (+ per-record bytes from `t`)
+    links_table             links.links_table                (+ per-record bytes from np_axis)
 
-Definitions stay where they are: steady steps are rules.steady (in Python, over the distinct
-steps), the thresholds rules.STRAGGLER_*, links links.link_of evaluated per distinct rank set /
-(rank, axis) in Python. Medians are DuckDB's median, statistics.median's to 1 ulp (the
-interpolation lo + (hi - lo) / 2 for an even count, not (lo + hi) / 2: see _MED). Waits are
-summed in integer ns then divided: the oracle sums the float seconds, so sums agree to
-rounding (1e-9 relative) and a per-step argmax could differ only on a tie the oracle's
-rounding breaks.
+(the straggler tables are summed as the instances are written: scale_late.py). Definitions
+stay where they are: steady steps are rules.steady, an instance's link links.link_of of its
+ranks' hosts (links.rank_hosts). Medians are statistics.median's to the last bit (np.median
+of a group's values: the middle one, or the mean of the middle two); a DuckDB query did these
+tables before (median: lo + (hi - lo) / 2, 1 ulp off) at about three times the CPU.
 """
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
-import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -31,11 +26,6 @@ from . import rules
 from .load import Traces
 
 NS = 1e9
-_COLL = "op <> 'send_recv' AND step >= 0 AND n_ranks >= 2"  # stragglers._collective_rows
-# statistics.median to the last bit: DuckDB's median (quantile_cont(0.5)) is lo + (hi - lo) / 2
-# for an even count where statistics.median is (lo + hi) / 2. The exact (quantile_disc(x, 0.5)
-# - quantile_disc(-x, 0.5)) / 2 costs 3x the time and 2x the memory at 13 M instances.
-_MED = "CREATE MACRO med(x) AS median(x)"
 # strings as dictionaries, statistics on `step` (what the readers filter on): the floats'
 # dictionaries and statistics are write time spent for nothing
 WRITE = {"compression": "snappy", "use_dictionary": ["op", "axis", "group", "backend_op",
@@ -48,14 +38,17 @@ class InstanceWriter:
     called with each batch as written (the scale path's Sampler of analysis.json's rows)."""
 
     def __init__(self, path: Path, sample=None):
+        from .scale_late import Lateness
         self.path, self.sample = Path(path), sample
         self.writer, self.n, self.incomplete = None, 0, 0
+        self.late = Lateness()  # what the straggler tables read of the instances
 
     def write(self, b: pa.Table) -> None:
         if self.writer is None:
             self.writer = pq.ParquetWriter(self.path, b.schema, **WRITE)
         b = b.take(N.sort_indices(b)).cast(self.writer.schema)
         self.writer.write_table(b)
+        self.late.add(b)
         if self.sample is not None:
             self.sample(b)
         self.n += b.num_rows
@@ -88,142 +81,167 @@ def write_instances(tr: Traces, out_dir: Path, path: Path, sample=None,
     return out.close(tr)
 
 
-def _open(coll_path: Path):
-    """A connection with view `c` over the instances and table `use` (the steady steps)."""
-    con = duckdb.connect()
-    con.execute("SET enable_progress_bar = false")
-    p = str(coll_path).replace("'", "''")
-    con.execute(f"CREATE VIEW c AS SELECT * FROM read_parquet('{p}')")
-    con.execute(_MED)
-    steps = [s for (s,) in con.execute("SELECT DISTINCT step FROM c WHERE step >= 0").fetchall()]
-    con.register("use", pa.table({"step": pa.array(rules.steady(steps), pa.int64())}))
-    return con
-
-
 class Instances:
-    """The instances' file with one connection over it (`_open`), opened on first use and
-    shared by the tables below (each would open its own, a scan of the file's steps each)."""
+    """The instances' file and what the two tables read of it, decoded once (on first use)
+    and shared: of the steady steps' complete instances with a busbw (the oracle's filter),
+    their (op, axis, payload, group size) group, their axis and the hosts their ranks span,
+    and per value column (`values`) the values in group order."""
+
+    SHARED = ("duration_s", "busbw_GBps")  # both tables read them: kept once read
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self._con = None
+        self._keys = None
+        self._vals: dict[str, np.ndarray] = {}
 
-    def con(self):
-        if self._con is None:
-            self._con = _open(self.path)
-        return self._con
+    def exists(self) -> bool:
+        return self.path.exists()
 
+    def keys(self) -> dict:
+        """{"bw": (group codes, group tuples), "axis": (codes, names), "order": the kept
+        rows' file order of the chosen rows, "mask": which rows are kept, "ranks": (offsets,
+        values) of the kept rows' rank lists}."""
+        if self._keys is None:
+            t = pq.read_table(self.path, columns=["step", "complete", "busbw_GBps", "op", "axis",
+                                                  "payload_bytes", "group_size", "ranks"],
+                              read_dictionary=["op", "axis"])
+            step = _ints(t["step"], -1)
+            steps = pc.unique(pa.array(step[step >= 0])).to_pylist()
+            use = np.asarray(rules.steady(steps), np.int64)
+            m = np.isin(step, use) & np.asarray(pc.fill_null(t["complete"], False)) & \
+                np.asarray(t["busbw_GBps"].is_valid())
+            op, ops = _dict_codes(t["op"], "None")
+            ax, axes = _dict_codes(t["axis"], "None")
+            op, ax = op[m], ax[m]
+            pay, pays = _factorize(_ints(t["payload_bytes"], 0)[m])
+            gs, gss = _factorize(_ints(t["group_size"], 0)[m])
+            code, combo = _factorize(((op * len(axes) + ax) * len(pays) + pay) * len(gss) + gs)
+            groups = []
+            for c in combo.tolist():
+                c, g = divmod(c, len(gss))
+                c, y = divmod(c, len(pays))
+                o, a = divmod(c, len(axes))
+                groups.append((ops[o], axes[a], int(pays[y]), int(gss[g])))
+            ranks = t["ranks"].combine_chunks().filter(pa.array(m))
+            self._keys = {"bw": (code, groups), "axis": (ax, axes), "mask": m,
+                          "ranks": (np.asarray(ranks.offsets), np.asarray(
+                              ranks.values.to_numpy(zero_copy_only=False), np.int64))}
+        return self._keys
 
-def _path(coll) -> Path:
-    return coll.path if isinstance(coll, Instances) else Path(coll)
-
-
-def _con(coll):
-    """The connection over the instances: `coll` an Instances or the file's path."""
-    return coll.con() if isinstance(coll, Instances) else _open(coll)
-
-
-def _dicts(cur) -> list[dict]:
-    names = [d[0] for d in cur.description]
-    return [dict(zip(names, t, strict=True)) for t in cur.fetchall()]
-
-
-def stragglers_table(coll_path, step_s: pa.Table) -> pa.Table:
-    """stragglers.stragglers_table as a table (one row per step, its columns the oracle's
-    keys). step_s: columns step, step_s (the max over ranks of the step_rank rows)."""
-    if not _path(coll_path).exists():
-        return pa.table({k: [] for k in STRAGGLER_KEYS})
-    con = _con(coll_path)
-    con.register("ss", step_s)
-    frac = rules.STRAGGLER_MIN_WAIT_FRACTION
-    q = f"""
-    WITH r AS (SELECT step, last_rank, wait_ns, clock_error_s FROM c WHERE {_COLL}),
-    per AS (SELECT step, last_rank AS rank, sum(wait_ns) AS w, count(*) AS times
-            FROM r GROUP BY ALL),
-    best AS (SELECT *, row_number() OVER (PARTITION BY step ORDER BY w DESC, rank) AS k
-             FROM per),
-    clk AS (SELECT step, greatest(0.0, max(clock_error_s)) AS clock FROM r GROUP BY step),
-    s AS (SELECT step, greatest(0.0, max(step_s)) AS step_s FROM ss GROUP BY step),
-    x AS (SELECT b.step, b.rank, b.w / 1e9 AS caused, b.times, s.step_s, clk.clock
-          FROM best b JOIN clk USING (step) LEFT JOIN s USING (step) WHERE b.k = 1)
-    SELECT step, rank, caused AS caused_wait_s, times AS times_last, step_s,
-           CASE WHEN step_s <> 0 THEN caused / step_s END AS wait_fraction,
-           clock AS clock_error_s,
-           coalesce(step_s <> 0 AND caused / step_s >= {frac!r} AND caused > clock, false)
-             AS flagged
-    FROM x ORDER BY step"""
-    return con.sql(q).to_arrow_table()
-
-
-STRAGGLER_KEYS = ("step", "rank", "caused_wait_s", "times_last", "step_s", "wait_fraction",
-                  "clock_error_s", "flagged")
+    def values(self, name: str) -> np.ndarray:
+        """A float column's values of the kept rows, in file order."""
+        if name in self._vals:
+            return self._vals[name]
+        col = pq.read_table(self.path, columns=[name])[name]
+        v = np.asarray(pc.fill_null(col, np.nan).to_numpy(zero_copy_only=False),
+                       np.float64)[self.keys()["mask"]]
+        if name in self.SHARED:
+            self._vals[name] = v
+        return v
 
 
-def straggler_rows(table: pa.Table) -> list[dict]:
-    """stragglers_table's Table as the oracle's rows."""
-    return table.select(list(STRAGGLER_KEYS)).to_pylist()
+def _factorize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, distinct values) of an int array, by hashing (a sort of millions of
+    instances cost seconds): codes index the values in order of first appearance."""
+    d = pc.dictionary_encode(pa.array(x, pa.int64()))
+    return (np.asarray(d.indices.to_numpy(zero_copy_only=False), np.int64),
+            np.asarray(d.dictionary.to_numpy(zero_copy_only=False), np.int64))
 
 
-def straggler_ranks_table(coll_path, step_ranks) -> list[dict]:
-    """stragglers.straggler_ranks_table; step_ranks: the ranks of the step_rank rows."""
-    ranks = set(step_ranks)
-    if not _path(coll_path).exists():
-        return _rank_rows(ranks, {}, 0)
-    con = _con(coll_path)
-    ranks |= {k for (k,) in con.execute("SELECT DISTINCT unnest(ranks) FROM c").fetchall()}
-    n = con.execute("SELECT count(*) FROM use").fetchall()[0][0]
-    q = f"""
-    WITH r AS (SELECT step, last_rank AS rank, late_ns, others_wait_ns FROM c
-               WHERE {_COLL} AND step IN (SELECT step FROM use)),
-    ps AS (SELECT rank, step, sum(late_ns) AS l FROM r GROUP BY ALL),
-    a AS (SELECT rank, sum(l) AS late, list(l) FILTER (l > 0) AS ls FROM ps GROUP BY rank),
-    o AS (SELECT rank, count(*) AS times, sum(others_wait_ns) AS others FROM r GROUP BY rank)
-    SELECT rank, times, late, ls, others FROM a JOIN o USING (rank)"""
-    return _rank_rows(ranks, {x["rank"]: x for x in _dicts(con.execute(q))}, n)
+def _ints(col, fill) -> np.ndarray:
+    return np.asarray(pc.fill_null(col, fill).to_numpy(zero_copy_only=False)).astype(np.int64)
 
 
-def _rank_rows(ranks: set, per: dict, n: int) -> list[dict]:
-    total = sum(int(x["others"]) for x in per.values())
-    rows = []
-    for k in sorted(ranks):
-        x = per.get(k) or {"times": 0, "late": 0, "ls": None, "others": 0}
-        # a rank never last sums an empty dict in the oracle: the int 0
-        tot, late = (int(x["late"]) / NS if k in per else 0), [v / NS for v in x["ls"] or []]
-        others = int(x["others"]) / NS
-        rows.append({"rank": k, "times_last": int(x["times"]), "late_s": tot,
-                     "cost_per_step_s": tot / n if n else None, "late_steps": len(late),
-                     "cost_median_s": statistics.median(late) if late else None,
-                     "others_wait_s": others,
-                     "wait_share": int(x["others"]) / total if total else None, "steps": n})
-    return rows
+def _dict_codes(col, null: str) -> tuple[np.ndarray, list[str]]:
+    """A dictionary column's codes over its values as str() reads them (null: `null`)."""
+    col = col.combine_chunks()
+    names = [*(str(x) for x in col.dictionary.to_pylist()), null]
+    codes = np.asarray(col.indices.fill_null(len(names) - 1).to_numpy(zero_copy_only=False),
+                       np.int64)
+    uniq = sorted(set(names))  # merge equal strings (a null and a "None"), codes by order
+    lut = np.array([uniq.index(x) for x in names], np.int64)
+    return lut[codes], uniq
 
 
-_FILTER = "step IN (SELECT step FROM use) AND complete AND busbw_GBps IS NOT NULL"
+def _medians(code: np.ndarray, n: int, cols: dict[str, np.ndarray]) -> dict[str, list]:
+    """Per group 0..n-1 of `code`: statistics.median of each column's values (np.median:
+    the mean of the two middle values for an even count, as statistics.median), and `min`
+    of the columns named `min:<column>`."""
+    # a radix sort where the codes fit 16 bits (numpy's stable sort of small ints)
+    order = np.argsort(code.astype(np.uint16) if n <= 1 << 16 else code, kind="stable")
+    bounds = np.searchsorted(code[order], np.arange(n + 1))
+    out: dict[str, list] = {}
+    for name, v in cols.items():
+        f = np.min if name.startswith("min:") else np.median
+        v = v[order]
+        out[name] = [float(f(v[a:b])) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    return out
 
 
-def bandwidth_table(coll_path) -> list[dict]:
-    """collectives.bandwidth_table."""
-    if not _path(coll_path).exists():
+def bandwidth_table(coll) -> list[dict]:
+    """collectives.bandwidth_table. `coll`: an Instances or the file's path."""
+    coll = coll if isinstance(coll, Instances) else Instances(coll)
+    if not coll.exists():
         return []
-    q = f"""
-    SELECT op, coalesce(axis, 'None') AS axis, payload_bytes, group_size,
-           count(*) AS instances, med(duration_s) AS duration_median_s,
-           min(duration_s) AS duration_min_s, med(wait_s) AS wait_median_s,
-           med(algbw_GBps) AS algbw_GBps,
-           med(busbw_GBps) AS busbw_GBps
-    FROM c WHERE {_FILTER} GROUP BY ALL ORDER BY op, axis, payload_bytes, group_size"""
-    return _dicts(_con(coll_path).execute(q))
+    code, groups = coll.keys()["bw"]
+    if not len(groups):
+        return []
+    dur = coll.values("duration_s")
+    med = _medians(code, len(groups), {"duration_s": dur, "min:duration_s": dur,
+                                       "wait_s": coll.values("wait_s"),
+                                       "algbw_GBps": coll.values("algbw_GBps"),
+                                       "busbw_GBps": coll.values("busbw_GBps")})
+    count = np.bincount(code, minlength=len(groups)).tolist()
+    rows = [{"op": op, "axis": axis, "payload_bytes": size, "group_size": n,
+             "instances": count[i], "duration_median_s": med["duration_s"][i],
+             "duration_min_s": med["min:duration_s"][i], "wait_median_s": med["wait_s"][i],
+             "algbw_GBps": med["algbw_GBps"][i], "busbw_GBps": med["busbw_GBps"][i]}
+            for i, (op, axis, size, n) in enumerate(groups)]
+    return sorted(rows, key=lambda r: (r["op"], r["axis"], r["payload_bytes"],
+                                       r["group_size"]))
 
 
-def links_table(con, tr: Traces, spec, coll_path, pred: dict | None,
+def _instance_links(coll: Instances, hosts: dict) -> dict[tuple, tuple]:
+    """(axis, link) -> (instances, median duration_s, median busbw) over the kept
+    instances, an instance's link links.link_of of its ranks (inter: its ranks' known hosts
+    are more than one)."""
+    k = coll.keys()
+    offsets, values = k["ranks"]
+    if not len(offsets) or offsets[-1] == 0:
+        return {}
+    names = sorted({h for h in hosts.values() if h is not None}, key=repr)
+    idx = {h: i for i, h in enumerate(names)}
+    top = int(values.max(initial=0)) + 1
+    host = np.full(max(top, max(hosts, default=-1) + 1), -1, np.int64)
+    for r, h in hosts.items():
+        if h is not None and r >= 0:
+            host[r] = idx[h]
+    h = np.where(values < len(host), host[np.minimum(values, len(host) - 1)], -1)
+    starts = offsets[:-1]
+    hi = np.maximum.reduceat(h, starts)
+    lo = np.minimum.reduceat(np.where(h < 0, np.iinfo(np.int64).max, h), starts)
+    inter = (hi >= 0) & (lo < hi)
+    ax, axes = k["axis"]
+    code, uniq = _factorize(ax * 2 + inter)
+    med = _medians(code, len(uniq), {"duration_s": coll.values("duration_s"),
+                                     "busbw_GBps": coll.values("busbw_GBps")})
+    count = np.bincount(code, minlength=len(uniq)).tolist()
+    return {(axes[u // 2], "inter" if u % 2 else "intra"):
+            (count[i], med["duration_s"][i], med["busbw_GBps"][i])
+            for i, u in enumerate(uniq.tolist())}
+
+
+def links_table(con, tr: Traces, spec, coll, pred: dict | None,
                 sums: dict) -> list[dict] | None:
     """links.links_table: per-record bytes from np_axis.axis_sums' `raw` sums (the axis_bytes
-    table's), instance medians from coll_path; tr: vec_tables.meta_traces. None where a
-    span's step / cat sits in args (the caller takes the Python path). A NULL axis and an
-    axis named "?" on one rank would merge in the oracle's (rank, "?") and not here."""
+    table's), instance medians from the instances (`coll`: an Instances or the file's
+    path); tr: vec_tables.meta_traces. None where a span's step / cat sits in args (the
+    caller takes the Python path). A NULL axis and an axis named "?" on one rank would merge
+    in the oracle's (rank, "?") and not here."""
     from .vec_tables import in_args
     if in_args(con, "span", ("step", "cat")):
         return None
+    coll = coll if isinstance(coll, Instances) else Instances(coll)
     hosts, source = LK.rank_hosts(tr, spec)
     groups = LK._Groups(tr, spec)
     per: dict[tuple, dict] = {}
@@ -237,22 +255,7 @@ def links_table(con, tr: Traces, spec, coll_path, pred: dict | None,
                                                                      "per_step": []})
         row["ranks"].add(rank)
         row["per_step"].append(b / n if n else 0.0)
-    inst: dict[tuple, tuple] = {}
-    if _path(coll_path).exists():
-        c = _con(coll_path)
-        sets = c.execute(f"SELECT DISTINCT hash(ranks), ranks FROM c WHERE {_FILTER}").fetchall()
-        c.register("lk", pa.table({"h": pa.array([h for h, _ in sets], pa.uint64()),
-                                   "ranks": pa.array([r for _, r in sets], pa.list_(pa.int64())),
-                                   "link": [LK.link_of(r, hosts) for _, r in sets]}))
-        # joined on the lists' hash (an integer join: on the lists themselves it is 4x slower)
-        # unless two distinct rank sets share one
-        on = "lk.h = hash(c.ranks)" if len({h for h, _ in sets}) == len(sets) else \
-            "lk.ranks = c.ranks"
-        q = f"""SELECT coalesce(axis, 'None') AS axis, lk.link, count(*),
-                       med(duration_s), med(busbw_GBps)
-                FROM c JOIN lk ON {on} WHERE {_FILTER}
-                GROUP BY ALL"""
-        inst = {(a, lk): rest for a, lk, *rest in c.execute(q).fetchall()}
+    inst = _instance_links(coll, hosts) if coll.exists() else {}
     theory = {x["axis"]: x for x in (((pred or {}).get("comm") or {}).get("links") or {})
               .get("per_axis", [])}
     rows = []

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from . import assemble as A
 from .load import Traces
+from .scale_late import Lateness
 
 
 def columns() -> tuple[tuple, tuple]:
@@ -97,9 +98,10 @@ class OneRead:
         Path(self.path["collectives"]).unlink(missing_ok=True)
 
     def finish(self, tr: Traces):
-        """(step_rank table or None, collective instances, axis) with the two tables written
-        to path["step_rank"] and path["collectives"]; `axis`: a callable giving np_axis.
-        axis_sums' result or raising what computing it raised. Warnings on tr.warnings in the
+        """(step_rank table or None, collective instances, axis, lateness) with the two tables
+        written to path["step_rank"] and path["collectives"]; `axis`: a callable giving
+        np_axis.axis_sums' result or raising what computing it raised; `lateness`: the
+        instances' scale_late.Lateness (empty where they failed). Warnings on tr.warnings in the
         Python path's order (step_rank's, then the collectives'). Failed instances leave no
         file (no table may read a part of them)."""
         from . import scale_steps as SS
@@ -119,7 +121,7 @@ class OneRead:
 
         def axis() -> dict:
             return _unless(self.failed.get("axis"), self.sums.result)
-        return sr, n_coll or 0, axis
+        return sr, n_coll or 0, axis, (self.out.late if n_coll is not None else Lateness())
 
     def _flush(self) -> None:
         b = self.stream.flush()

@@ -17,6 +17,7 @@ maxima are exact.
 from __future__ import annotations
 
 import json
+import weakref
 from pathlib import Path
 
 from jobs import commbytes
@@ -64,13 +65,27 @@ def _register(con, name: str, cols: dict[str, list]) -> None:
     con.register(name, pa.table(cols))
 
 
+# connection -> args_keys' answer: the scale path asks in_args eight times of one connection
+_ARGS_KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def args_keys(con) -> set[tuple[str, str]]:
+    """(record type, field) of every field some record keeps in its args: one scan of the
+    args column per connection (the connection's files do not change while it is open)."""
+    keys = _ARGS_KEYS.get(con)
+    if keys is None:
+        keys = _ARGS_KEYS[con] = set(con.execute(
+            "SELECT DISTINCT type, unnest(json_keys(args)) FROM t WHERE args IS NOT NULL"
+        ).fetchall())
+    return keys
+
+
 def in_args(con, typ: str, fields) -> bool:
     """Whether a `typ` record holds one of `fields` in its args (a value of another type
     than its column's, columnar.to_columns): SQL cannot see it there, so the caller takes the
     Python path."""
-    cond = " OR ".join(f"json_exists(args, '$.\"{f}\"')" for f in fields)
-    return con.execute(f"SELECT count(*) FROM t WHERE type = '{typ}' AND args IS NOT NULL "
-                       f"AND ({cond})").fetchall()[0][0] > 0
+    keys = args_keys(con)
+    return any((typ, f) in keys for f in fields)
 
 
 COMM_FIELDS = ("ts_ns", "dur_ns", "step", "op", "axis", "group", "seq", "group_size",

@@ -1,6 +1,7 @@
 """bench/analysis_speed.py's side-by-side table at a tiny size: every row and ratio printed
 (the benchmark's figures live in docs/benchmarks.md; this only keeps the script working)."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,16 +13,22 @@ def test_the_scale_table_prints_every_row_and_ratio(tmp_path):
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "analysis_speed.py"), "--ranks", "2",
          "--records", "3k,6k", "--json-max", "3k", "--convert-max", "3k", "--tmp",
-         str(tmp_path)], capture_output=True, text=True, check=True, timeout=300).stdout
+         str(tmp_path), "--row-group-rows", "64"], capture_output=True, text=True, check=True,
+        timeout=300).stdout
     for row in ("JSON lines, Python", "a file's records in memory (before)",
                 "streamed (before the blocks)", "the flusher's blocks -> Parquet",
                 "columnar scale path", "the worker's whole post-run step",
                 "ratio, scale path / JSON", "ratio, conversion peak RSS",
                 "ratio, conversion CPU s, JSON lines / blocks",
                 "ratio, worker's post-run step", "while the run goes",
-                "what is left after the run", "post-run step after the live conversion",
-                "ratio, all CPU of the conversion (live + after)"):
+                "after the run: the rest of the conversion",
+                "post-run step after the live thread",
+                "ratio, all CPU (the live thread, then the rest after the run)"):
         assert row in out, (row, out)
+    # the live thread fed passes (row groups of 64 rows), and the analysis resumed from them
+    # is the post-run one (check_same_analysis, else the script fails)
+    resumed = re.search(r"resumed from the live passes \(steps from (\d+) read\)", out)
+    assert resumed and int(resumed.group(1)) > 0, out
     big = [line for line in out.splitlines() if line.startswith("| 6,")]
     assert any("scale path" in x for x in big) and not any("streamed" in x for x in big), out
     # a size past --convert-max is not converted: no conversion ratio (none left from 3k)

@@ -233,3 +233,24 @@ def test_failed_instances_leave_no_partial_file_and_the_rest_reads_again(tmp_pat
     assert got["tables"]["collectives"] == [] and got["tables"]["bandwidth"] == []
     for name in ("step_rank", "axis_bytes"):
         same(got["tables"][name], want["tables"][name], name)
+
+
+def test_a_field_kept_in_args_is_told_by_record_type(tmp_path):
+    """A value of another type than its column's goes to `args` (columnar.to_columns), where
+    SQL cannot see it: in_args says so for that record type and field only (one scan of
+    the args keys per connection), and the scale path leaves such a run to the Python
+    path."""
+    run = dp_tp_run(tmp_path / "run")
+    path = run / "trace-rank0.jsonl"
+    recs = [json.loads(x) for x in path.read_text().splitlines()]
+    i = next(i for i, r in enumerate(recs) if r["type"] == "comm" and r["step"] == 1)
+    recs[i]["seq"] = "late"  # a string in an int column
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    convert.convert_run_dir(run)
+    con = V.connect(run)
+    assert V.in_args(con, "comm", ("step", "seq")) and not V.in_args(con, "comm", ("step",))
+    assert not V.in_args(con, "span", ("seq",))
+    assert ("comm", "seq") in V.args_keys(con) and not scale.applies(con)
+    assert not V.in_args(V.connect(run.parent / "run"), "mem", ("params",))
+    write_analysis(run, scale_records=0)
+    assert json.loads((run / "analysis.json").read_text())["engine"] == "python"
