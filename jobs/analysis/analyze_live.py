@@ -69,6 +69,7 @@ class LiveAnalysis:
         self.ranks: dict[int, _Rank] = {}
         self.metas: dict[int, dict] = {}
         self.reader = None  # scale_read.OneRead, from the first pass on
+        self.hosts: dict | None = None  # what its links are taken with
         self.sampler = scale.Sampler()
         self.failed: str | None = None
         self.resumed = 0  # once the post-run read went on from it: the first step it read
@@ -182,9 +183,14 @@ class LiveAnalysis:
         return True
 
     def _setup(self) -> None:
+        from . import links as LK
         from . import scale_read as SR
+        from .predicted import spec_of
         tr = Traces(ranks={r: [] for r in self.metas}, meta=dict(self.metas))
-        self.reader = SR.OneRead(tr, self.path, self.sampler)
+        # the links are taken with the hosts of the meta's spec: resume checks the post-run
+        # analysis' are the same
+        self.hosts = LK.rank_hosts(tr, spec_of(tr.spec_dict(), []))[0]
+        self.reader = SR.OneRead(tr, self.path, self.sampler, self.hosts)
         self.reader.feed(None, None, self._take(lambda s: s < 0))
 
     def _take(self, which) -> dict:
@@ -217,11 +223,13 @@ class LiveAnalysis:
             self.reader = None
 
     # -- after the run --------------------------------------------------------------------------
-    def resume(self, out_dir: Path, tr: Traces, path: dict):
+    def resume(self, out_dir: Path, tr: Traces, path: dict, hosts: dict):
         """The OneRead fed so far, for the post-run read to go on from (its next_step), or
         None (given up, or nothing fed): then every pass is read after the run. `tr`: the
         post-run meta Traces of the Parquet files, which must hold the same ranks and meta
-        records; `path`: the post-run tables' files."""
+        records; `path`: the post-run tables' files; `hosts`: the post-run analysis' rank
+        hosts (links.rank_hosts of its spec), which must be those the links were taken
+        with."""
         if self.failed is None and self.reader is None:
             self.fail("no pass was fed while the run went")
         elif self.failed is None and Path(out_dir) != self.out:
@@ -230,6 +238,8 @@ class LiveAnalysis:
             self.fail("the Parquet files' ranks or meta records differ")
         elif self.failed is None and {k: Path(v) for k, v in path.items()} != self.path:
             self.fail("other table files")
+        elif self.failed is None and hosts != self.hosts:
+            self.fail("the post-run analysis' spec places the ranks on other hosts")
         elif self.failed is None and self.reader.failed:
             self.fail(f"{', '.join(self.reader.failed)} raised while the run went")
         if self.failed is not None:

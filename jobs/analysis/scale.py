@@ -318,12 +318,15 @@ def analyze_columnar(out_dir: Path, spec=None, con=None, live=None) -> dict:
     path = {n: out_dir / FILE.format(n) for n in BIG}
     sizes: dict[str, int] = {}
     t: dict = {}
-    resume = live.resume(out_dir, tr, path) if live is not None else None
+    hosts = LK.rank_hosts(tr, sp)[0]  # what the instances' links are taken with
+    resume = live.resume(out_dir, tr, path, hosts) if live is not None else None
     # analysis.json's rows of the collectives, taken as they stream
     coll_sample = resume.sampler if resume is not None else Sampler()
-    sr, sizes["collectives"], axis, late = SR.one_read(tr, out_dir, path, coll_sample, resume)
+    sr, sizes["collectives"], axis, late = SR.one_read(tr, out_dir, path, coll_sample, resume,
+                                                       hosts)
     sizes["step_rank"] = sr.num_rows if sr is not None else 0
-    inst = SC.Instances(path["collectives"])  # one connection for the two tables over it
+    # the two tables over the instance file: its value columns read once for both
+    inst = SC.Instances(path["collectives"], late.steps)
     t["ranks"] = A.safe(w, "ranks", lambda: SS.ranks_table(sr, tr), [])
     step_s = A.safe(w, "step times", lambda: SS.step_times(sr), None)
     sizes["stragglers"] = A.safe(w, "stragglers", lambda: _write(SL.stragglers_table(

@@ -13,6 +13,7 @@ tables before (median: lo + (hi - lo) / 2, 1 ulp off) at about three times the C
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -54,10 +55,16 @@ class InstanceWriter:
         self.n += b.num_rows
         self.incomplete += b.num_rows - pc.sum(b["complete"]).as_py()
 
-    def close(self, tr: Traces | None = None) -> int:
+    def close(self, tr: Traces | None = None, ctx=None) -> int:
         """The file closed (none written without an instance); the count. `tr`: where
-        collectives_table's incomplete-instances warning goes."""
+        collectives_table's incomplete-instances warning goes; `ctx`: the np_coll stream's,
+        whose group ids the file's bw_key and link_key hold (written to its metadata,
+        GROUPS_KEY, for Instances)."""
         if self.writer is not None:
+            if ctx is not None:
+                self.writer.add_key_value_metadata({GROUPS_KEY: json.dumps({
+                    "bw": list(ctx.bw_ids), "links": list(ctx.link_ids),
+                    "hosts": sorted(ctx.hosts.items())})})
             self.writer.close()
             self.writer = None
         if tr is not None:
@@ -66,116 +73,146 @@ class InstanceWriter:
 
 
 def write_instances(tr: Traces, out_dir: Path, path: Path, sample=None,
-                    passes=None) -> int:
+                    passes=None, hosts: dict | None = None) -> int:
     """np_coll.instance_batches of the run in `out_dir` (`passes`: its comm records per pass,
     when read already) streamed to `path` (InstanceWriter); the count. Appends
     collectives_table's incomplete-instances warning to tr.warnings. No file is written when
-    there is no instance. Call only where np_coll.applies."""
+    there is no instance. `hosts`: links.rank_hosts' (default: from tr and its meta's spec).
+    Call only where np_coll.applies."""
+    if hosts is None:
+        from .predicted import spec_of
+        hosts = LK.rank_hosts(tr, spec_of(tr.spec_dict(), []))[0]
     out = InstanceWriter(path, sample)
+    stream = N.InstanceStream(tr, hosts)
     try:
-        for b in N.instance_batches(tr, out_dir, passes):
+        for b in N.instance_batches(tr, out_dir, passes, stream):
             out.write(b)
     except BaseException:
         out.close()  # what was written stays readable; the caller removes it
         raise
-    return out.close(tr)
+    return out.close(tr, stream.ctx)
+
+
+GROUPS_KEY = b"paralab.groups"  # the instance file's bw_key / link_key groups and hosts
 
 
 class Instances:
-    """The instances' file and what the two tables read of it, decoded once (on first use)
-    and shared: of the steady steps' complete instances with a busbw (the oracle's filter),
-    their (op, axis, payload, group size) group, their axis and the hosts their ranks span,
-    and per value column (`values`) the values in group order."""
+    """The instances' file and what the two tables read of it, a row group or a column at a
+    time (a whole column of the 13.6 M instances of a 50 M-record run is 109 MB): of the
+    steady steps' instances with a bandwidth group (bw_key >= 0: complete, with a busbw:
+    the oracle's filter, np_coll._group_keys) their bandwidth and link groups (`keys`), and
+    per group the medians of the value columns (`medians`: each column read once for both
+    tables). `steps`: the instances' steps >= 0 when known (scale_late.Lateness.steps;
+    else read from the file)."""
 
-    SHARED = ("duration_s", "busbw_GBps")  # both tables read them: kept once read
+    VALUES = ("duration_s", "busbw_GBps", "wait_s", "algbw_GBps")
+    LINKS = ("duration_s", "busbw_GBps")  # what the links' medians read
 
-    def __init__(self, path: Path):
-        self.path = Path(path)
+    def __init__(self, path: Path, steps=None):
+        self.path, self.steps = Path(path), steps
         self._keys = None
-        self._vals: dict[str, np.ndarray] = {}
+        self._med = None
 
     def exists(self) -> bool:
         return self.path.exists()
 
+    def _groups(self):
+        """The file and its row groups' indices."""
+        pf = pq.ParquetFile(self.path)
+        return pf, range(pf.metadata.num_row_groups)
+
     def keys(self) -> dict:
-        """{"bw": (group codes, group tuples), "axis": (codes, names), "order": the kept
-        rows' file order of the chosen rows, "mask": which rows are kept, "ranks": (offsets,
-        values) of the kept rows' rank lists}."""
-        if self._keys is None:
-            t = pq.read_table(self.path, columns=["step", "complete", "busbw_GBps", "op", "axis",
-                                                  "payload_bytes", "group_size", "ranks"],
-                              read_dictionary=["op", "axis"])
-            step = _ints(t["step"], -1)
-            steps = pc.unique(pa.array(step[step >= 0])).to_pylist()
-            use = np.asarray(rules.steady(steps), np.int64)
-            m = np.isin(step, use) & np.asarray(pc.fill_null(t["complete"], False)) & \
-                np.asarray(t["busbw_GBps"].is_valid())
-            op, ops = _dict_codes(t["op"], "None")
-            ax, axes = _dict_codes(t["axis"], "None")
-            op, ax = op[m], ax[m]
-            pay, pays = _factorize(_ints(t["payload_bytes"], 0)[m])
-            gs, gss = _factorize(_ints(t["group_size"], 0)[m])
-            code, combo = _factorize(((op * len(axes) + ax) * len(pays) + pay) * len(gss) + gs)
-            groups = []
-            for c in combo.tolist():
-                c, g = divmod(c, len(gss))
-                c, y = divmod(c, len(pays))
-                o, a = divmod(c, len(axes))
-                groups.append((ops[o], axes[a], int(pays[y]), int(gss[g])))
-            ranks = t["ranks"].combine_chunks().filter(pa.array(m))
-            self._keys = {"bw": (code, groups), "axis": (ax, axes), "mask": m,
-                          "ranks": (np.asarray(ranks.offsets), np.asarray(
-                              ranks.values.to_numpy(zero_copy_only=False), np.int64))}
+        """{"bw": (group code per kept row, group tuples), "links": (the same), "hosts": the
+        hosts the links were taken with, "masks": per row group, which rows are kept,
+        "n": kept rows}."""
+        if self._keys is not None:
+            return self._keys
+        pf, groups = self._groups()
+        meta = json.loads(pf.metadata.metadata[GROUPS_KEY])
+        steps = self.steps
+        if steps is None:
+            steps = set()
+            for i in groups:
+                steps.update(pc.unique(pf.read_row_group(i, columns=["step"])["step"])
+                             .to_pylist())
+        use = np.asarray(rules.steady(sorted(x for x in steps if x is not None and x >= 0)),
+                         np.int64)
+        masks, bw, link = [], [], []
+        for i in groups:
+            t = pf.read_row_group(i, columns=["step", "bw_key", "link_key"])
+            b = np.asarray(t["bw_key"].to_numpy(zero_copy_only=False), np.int64)
+            m = (b >= 0) & np.isin(np.asarray(t["step"].to_numpy(zero_copy_only=False)), use)
+            masks.append(m)
+            bw.append(b[m])
+            link.append(np.asarray(t["link_key"].to_numpy(zero_copy_only=False), np.int64)[m])
+        self._keys = {"bw": (_cat(bw), [tuple(x) for x in meta["bw"]]),
+                      "links": (_cat(link), [tuple(x) for x in meta["links"]]),
+                      "hosts": {r: h for r, h in meta["hosts"]}, "masks": masks,
+                      "n": int(sum(int(m.sum()) for m in masks))}
         return self._keys
 
     def values(self, name: str) -> np.ndarray:
         """A float column's values of the kept rows, in file order."""
-        if name in self._vals:
-            return self._vals[name]
-        col = pq.read_table(self.path, columns=[name])[name]
-        v = np.asarray(pc.fill_null(col, np.nan).to_numpy(zero_copy_only=False),
-                       np.float64)[self.keys()["mask"]]
-        if name in self.SHARED:
-            self._vals[name] = v
-        return v
+        pf, groups = self._groups()
+        k = self.keys()
+        out, at = np.empty(k["n"]), 0
+        for i in groups:
+            v = np.asarray(pf.read_row_group(i, columns=[name])[name].to_numpy(
+                zero_copy_only=False), np.float64)[k["masks"][i]]
+            out[at:at + len(v)] = v
+            at += len(v)
+        return out
+
+    def medians(self) -> dict:
+        """{"bw": per bandwidth group {"count", "min:duration_s", a median per value
+        column}, "links": per link group the same of LINKS}; each value column read once."""
+        if self._med is not None:
+            return self._med
+        k = self.keys()
+        (bw, bws), (link, links) = k["bw"], k["links"]
+        out = {"bw": {"count": np.bincount(bw, minlength=len(bws)).tolist()},
+               "links": {"count": np.bincount(link, minlength=len(links)).tolist()}}
+        for name in self.VALUES if k["n"] else ():
+            v = self.values(name)
+            out["bw"][name] = _by_group(_median, bw, len(bws), v)
+            if name == "duration_s":
+                out["bw"]["min:" + name] = _by_group(np.min, bw, len(bws), v)
+            if name in self.LINKS:
+                out["links"][name] = _by_group(_median, link, len(links), v)
+        self._med = out
+        return out
 
 
-def _factorize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(codes, distinct values) of an int array, by hashing (a sort of millions of
-    instances cost seconds): codes index the values in order of first appearance."""
-    d = pc.dictionary_encode(pa.array(x, pa.int64()))
-    return (np.asarray(d.indices.to_numpy(zero_copy_only=False), np.int64),
-            np.asarray(d.dictionary.to_numpy(zero_copy_only=False), np.int64))
+def _cat(parts: list, dtype=np.int64) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, dtype)
 
 
-def _ints(col, fill) -> np.ndarray:
-    return np.asarray(pc.fill_null(col, fill).to_numpy(zero_copy_only=False)).astype(np.int64)
+def _median(a: np.ndarray) -> float:
+    """statistics.median of `a` (a copy, partitioned in place): the middle value, or
+    (lo + hi) / 2 of the middle two for an even count."""
+    n = len(a)
+    k = n // 2
+    if n % 2:
+        a.partition(k)
+        return float(a[k])
+    a.partition([k - 1, k])
+    return (float(a[k - 1]) + float(a[k])) / 2
 
 
-def _dict_codes(col, null: str) -> tuple[np.ndarray, list[str]]:
-    """A dictionary column's codes over its values as str() reads them (null: `null`)."""
-    col = col.combine_chunks()
-    names = [*(str(x) for x in col.dictionary.to_pylist()), null]
-    codes = np.asarray(col.indices.fill_null(len(names) - 1).to_numpy(zero_copy_only=False),
-                       np.int64)
-    uniq = sorted(set(names))  # merge equal strings (a null and a "None"), codes by order
-    lut = np.array([uniq.index(x) for x in names], np.int64)
-    return lut[codes], uniq
+FEW_GROUPS = 32  # up to this many groups, one pass over the values each (no sort)
 
 
-def _medians(code: np.ndarray, n: int, cols: dict[str, np.ndarray]) -> dict[str, list]:
-    """Per group 0..n-1 of `code`: statistics.median of each column's values (np.median:
-    the mean of the two middle values for an even count, as statistics.median), and `min`
-    of the columns named `min:<column>`."""
-    # a radix sort where the codes fit 16 bits (numpy's stable sort of small ints)
-    order = np.argsort(code.astype(np.uint16) if n <= 1 << 16 else code, kind="stable")
-    bounds = np.searchsorted(code[order], np.arange(n + 1))
-    out: dict[str, list] = {}
-    for name, v in cols.items():
-        f = np.min if name.startswith("min:") else np.median
-        v = v[order]
-        out[name] = [float(f(v[a:b])) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-    return out
+def _by_group(f, code: np.ndarray, n: int, v: np.ndarray) -> list[float | None]:
+    """f (_median, np.min) of each group 0..n-1's values (None: a group without a kept
+    row: its instances were all in warm-up steps)."""
+    if n <= FEW_GROUPS:
+        parts = (v[code == g] for g in range(n))
+    else:
+        order = np.argsort(code.astype(np.uint16) if n <= 1 << 16 else code, kind="stable")
+        bounds = np.searchsorted(code[order], np.arange(n + 1))
+        w = v[order]
+        parts = (w[a:b].copy() for a, b in zip(bounds[:-1], bounds[1:], strict=True))
+    return [float(f(x)) if len(x) else None for x in parts]
 
 
 def bandwidth_table(coll) -> list[dict]:
@@ -183,52 +220,15 @@ def bandwidth_table(coll) -> list[dict]:
     coll = coll if isinstance(coll, Instances) else Instances(coll)
     if not coll.exists():
         return []
-    code, groups = coll.keys()["bw"]
-    if not len(groups):
-        return []
-    dur = coll.values("duration_s")
-    med = _medians(code, len(groups), {"duration_s": dur, "min:duration_s": dur,
-                                       "wait_s": coll.values("wait_s"),
-                                       "algbw_GBps": coll.values("algbw_GBps"),
-                                       "busbw_GBps": coll.values("busbw_GBps")})
-    count = np.bincount(code, minlength=len(groups)).tolist()
+    groups = coll.keys()["bw"][1]
+    med = coll.medians()["bw"]
     rows = [{"op": op, "axis": axis, "payload_bytes": size, "group_size": n,
-             "instances": count[i], "duration_median_s": med["duration_s"][i],
+             "instances": med["count"][i], "duration_median_s": med["duration_s"][i],
              "duration_min_s": med["min:duration_s"][i], "wait_median_s": med["wait_s"][i],
              "algbw_GBps": med["algbw_GBps"][i], "busbw_GBps": med["busbw_GBps"][i]}
-            for i, (op, axis, size, n) in enumerate(groups)]
+            for i, (op, axis, size, n) in enumerate(groups) if med["count"][i]]
     return sorted(rows, key=lambda r: (r["op"], r["axis"], r["payload_bytes"],
                                        r["group_size"]))
-
-
-def _instance_links(coll: Instances, hosts: dict) -> dict[tuple, tuple]:
-    """(axis, link) -> (instances, median duration_s, median busbw) over the kept
-    instances, an instance's link links.link_of of its ranks (inter: its ranks' known hosts
-    are more than one)."""
-    k = coll.keys()
-    offsets, values = k["ranks"]
-    if not len(offsets) or offsets[-1] == 0:
-        return {}
-    names = sorted({h for h in hosts.values() if h is not None}, key=repr)
-    idx = {h: i for i, h in enumerate(names)}
-    top = int(values.max(initial=0)) + 1
-    host = np.full(max(top, max(hosts, default=-1) + 1), -1, np.int64)
-    for r, h in hosts.items():
-        if h is not None and r >= 0:
-            host[r] = idx[h]
-    h = np.where(values < len(host), host[np.minimum(values, len(host) - 1)], -1)
-    starts = offsets[:-1]
-    hi = np.maximum.reduceat(h, starts)
-    lo = np.minimum.reduceat(np.where(h < 0, np.iinfo(np.int64).max, h), starts)
-    inter = (hi >= 0) & (lo < hi)
-    ax, axes = k["axis"]
-    code, uniq = _factorize(ax * 2 + inter)
-    med = _medians(code, len(uniq), {"duration_s": coll.values("duration_s"),
-                                     "busbw_GBps": coll.values("busbw_GBps")})
-    count = np.bincount(code, minlength=len(uniq)).tolist()
-    return {(axes[u // 2], "inter" if u % 2 else "intra"):
-            (count[i], med["duration_s"][i], med["busbw_GBps"][i])
-            for i, u in enumerate(uniq.tolist())}
 
 
 def links_table(con, tr: Traces, spec, coll, pred: dict | None,
@@ -255,7 +255,14 @@ def links_table(con, tr: Traces, spec, coll, pred: dict | None,
                                                                      "per_step": []})
         row["ranks"].add(rank)
         row["per_step"].append(b / n if n else 0.0)
-    inst = _instance_links(coll, hosts) if coll.exists() else {}
+    inst: dict[tuple, tuple] = {}
+    if coll.exists():
+        k = coll.keys()
+        if k["hosts"] != {r: h for r, h in json.loads(json.dumps(sorted(hosts.items())))}:
+            raise ValueError("the instances' links were taken with other hosts")
+        med = coll.medians()["links"]
+        inst = {g: (med["count"][i], med["duration_s"][i], med["busbw_GBps"][i])
+                for i, g in enumerate(k["links"][1]) if med["count"][i]}
     theory = {x["axis"]: x for x in (((pred or {}).get("comm") or {}).get("links") or {})
               .get("per_axis", [])}
     rows = []

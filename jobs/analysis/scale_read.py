@@ -37,14 +37,15 @@ class OneRead:
     """The three consumers of one read. A consumer that raises stops and its table is left
     out with the reason (`finish`); the others go on."""
 
-    def __init__(self, tr: Traces, path: dict, sampler=None):
+    def __init__(self, tr: Traces, path: dict, sampler=None, hosts: dict | None = None):
         from . import np_axis as NA
         from . import np_coll as NC
         from . import scale_comm as SC
         self.path, self.sampler = path, sampler
         self.parts: list = []  # np_steps.rows_of's chunks
         self.sums = NA.Sums()
-        self.stream = NC.InstanceStream(tr)  # tr: the ranks' meta, for the group keys
+        # tr: the ranks' meta, for the group keys; hosts: links.rank_hosts', for the links
+        self.stream = NC.InstanceStream(tr, hosts)
         self.out = SC.InstanceWriter(path["collectives"],
                                      sampler.add if sampler is not None else None)
         self.failed: dict[str, Exception] = {}  # consumer -> what it raised
@@ -110,7 +111,8 @@ class OneRead:
         w = tr.warnings
         at = len(w)
         n_coll = A.safe(w, "collectives", lambda: _unless(
-            self.failed.get("collectives"), lambda: self.out.close(tr)), None)
+            self.failed.get("collectives"), lambda: self.out.close(tr, self.stream.ctx)),
+            None)
         if n_coll is None:
             self.discard()
         coll_warnings, w[at:] = w[at:], []
@@ -130,11 +132,13 @@ class OneRead:
         self.ended = True
 
 
-def one_read(tr: Traces, out_dir: Path, path: dict, sampler=None, resume: OneRead | None = None):
+def one_read(tr: Traces, out_dir: Path, path: dict, sampler=None,
+             resume: OneRead | None = None, hosts: dict | None = None):
     """OneRead.finish of every pass of the run in `out_dir` (`resume`: a OneRead fed the
-    first passes already, by the live analysis: the rest read from its next step)."""
+    first passes already, by the live analysis: the rest read from its next step; `hosts`:
+    links.rank_hosts', which the instances' links are taken with)."""
     if resume is None:
-        reader = OneRead(tr, path, sampler)
+        reader = OneRead(tr, path, sampler, hosts)
         reader.read(out_dir)
     else:
         reader = resume
