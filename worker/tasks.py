@@ -174,9 +174,10 @@ class JobSupervisor:
         reader.start()
         traces = TraceShipper(self.client, self.run_id, self.out)
         # a node of a multi-host run holds some ranks only: no live analysis there
-        conversion = LiveConversion(self.out, self.settings.live_convert_s,
-                                    analyse=self.node is None and self.spec.get("kind") ==
-                                    "train") if self.settings.live_convert_s > 0 else None
+        analyse = self.settings.live_analysis and self.node is None and \
+            self.spec.get("kind") == "train"
+        conversion = LiveConversion(self.out, self.settings.live_convert_s, analyse) \
+            if self.settings.live_convert_s > 0 else None
         try:
             outcome, reason = self._supervise(proc, timeout)
             rc = proc.wait()
@@ -337,9 +338,11 @@ class JobSupervisor:
         """Per-run analysis (torch-free) next to the traces: analysis.json, the Perfetto trace,
         and the headline figures the runs table shows. Partial traces still get analysed."""
         self._columnar()
-        if self.spec.get("kind") != "train" or not any(self.out.glob("trace-rank*.jsonl")):
-            return summary
         live = self.live.analysis if self.live is not None else None
+        if self.spec.get("kind") != "train" or not any(self.out.glob("trace-rank*.jsonl")):
+            if live is not None:
+                live.discard("no training traces to analyse")
+            return summary
         try:
             from jobs.analysis import write_analysis
             t0 = time.monotonic()

@@ -60,6 +60,9 @@ class Settings(BaseSettings):
     # (jobs/analysis/convert_live.py), so the post-run conversion is left the last steps
     # only; 0: converted after the run only.
     live_convert_s: float = Field(2.0, ge=0)
+    # ... and feeds them to the analysis (jobs/analysis/analyze_live.py; a run whose ranks
+    # are all on this host), so that after the run only its last steps are left to analyse.
+    live_analysis: bool = True
     # SIGTERM to torchrun, then SIGKILL to everything carrying the run's ID after this grace.
     kill_grace_s: float = 5.0
     # The reconciler (backend/services/reconcile.py): a queued run that no worker has claimed

@@ -127,7 +127,7 @@ class LiveAnalysis:
         r = self.ranks.setdefault(rank, _Rank())
         r.tabs.append(t)
         r.top = max(r.top, int(step.max(initial=-1)))
-        held = sum(x.num_rows for x in self.ranks.values() for x in x.tabs)
+        held = sum(t.num_rows for x in self.ranks.values() for t in x.tabs)
         if held > MAX_HELD_ROWS:
             raise ValueError(f"more than {MAX_HELD_ROWS:,} rows held (a rank far behind the "
                              "others, or without rows)")

@@ -91,6 +91,14 @@ def use_system_pool() -> None:
         pa.set_memory_pool(pa.system_memory_pool())
 
 
+def release_memory() -> None:
+    """Hand the memory Arrow's pool has freed back to the system (the C library's allocator
+    keeps it otherwise): after the scale path's one read, 1.1 GiB of a 50 M-record run's
+    1.6 GiB resident was freed but kept, and the tables after it grew the peak past 2 GiB."""
+    import pyarrow as pa
+    pa.default_memory_pool().release_unused()
+
+
 def parquet_path(jsonl: Path) -> Path:
     return jsonl.with_suffix(SUFFIX)
 

@@ -34,6 +34,7 @@ from . import collectives as C
 from . import np_steps
 from . import vec_tables as V
 from .load import Traces
+from .np_groups import Groups
 
 NS = 1e9
 OPTIONAL = ("phase", "bucket", "unit", "microbatch")
@@ -53,40 +54,14 @@ def applies(con) -> bool:
 
 class _Ctx:
     """What every pass shares: group-key ids per (rank, axis), clock errors per rank, the
-    bus-bandwidth factor per (op, n), and the ids of the groups the bandwidth and links
-    tables take medians over (`bw_ids`: (op, str(axis), payload, group size); `link_ids`:
-    (str(axis), links.link_of of the ranks' `hosts`))."""
+    bus-bandwidth factor per (op, n), and the bandwidth and link groups' ids (np_groups)."""
 
     def __init__(self, tr: Traces, hosts: dict | None = None):
         self.tr, self.ep = tr, C.ep_of(tr)
         self.ids: dict[tuple, int] = {}  # group_key -> id
         self.gk: dict[tuple, int] = {}  # (rank, axis) -> id of its group_key
         self.factors: dict[tuple, float | None] = {}
-        self.hosts = dict(hosts or {})
-        names = sorted({h for h in self.hosts.values() if h is not None}, key=repr)
-        self.host = np.full(max(self.hosts, default=-1) + 1, -1, np.int64)  # rank -> host id
-        for r, h in self.hosts.items():
-            if h is not None and r >= 0:
-                self.host[r] = names.index(h)
-        self.bw_ids: dict[tuple, int] = {}
-        self.link_ids: dict[tuple, int] = {}
-
-    def keys(self, ids: dict, local: np.ndarray, tuples: list) -> np.ndarray:
-        """Global ids of a batch's groups: `local` indexes `tuples` (its distinct keys)."""
-        lut = np.array([ids.setdefault(k, len(ids)) for k in tuples], np.int64)
-        return lut[local] if len(lut) else local
-
-    def inter(self, rk: np.ndarray, starts: np.ndarray) -> np.ndarray:
-        """Per instance (its ranks rk[starts[i]:starts[i + 1]]): whether their known hosts
-        are more than one (links.link_of says "inter")."""
-        if not len(starts):
-            return np.zeros(0, bool)
-        h = np.full(len(rk), -1, np.int64)
-        ok = (rk >= 0) & (rk < len(self.host))
-        h[ok] = self.host[rk[ok]]
-        hi = np.maximum.reduceat(h, starts)
-        lo = np.minimum.reduceat(np.where(h < 0, np.iinfo(np.int64).max, h), starts)
-        return (hi >= 0) & (lo < hi)
+        self.groups = Groups(hosts)
 
     def key_id(self, rank: int, axis: str) -> int:
         if (rank, axis) not in self.gk:
@@ -222,8 +197,12 @@ def _compute(tab: pa.Table, ctx: _Ctx, carry_step: int | None):
     others_ns = red(np.add, a_last[seg] - ts)
     wait_ns = a_last - start
     complete = parts >= size
-    bw_key, link_key = _group_keys(ctx, opc, ops, first["axis"], payload, size, rk, starts,
-                                   complete & ~np.isnan(alg * fac))
+    axis = first["axis"].combine_chunks()
+    axc, axes = _codes(axis) if len(starts) else (np.zeros(0, np.int64), [])
+    axes = [str(x) for x in axes] + ["None"]  # as str(axis): a null is "None"
+    axc = np.where(np.asarray(axis.is_null()), len(axes) - 1, axc)
+    bw_key, link_key = ctx.groups.keys(opc, ops, axc, axes, payload, size, rk, starts,
+                                       complete & ~np.isnan(alg * fac))
     cols = {
         "step": red(np.minimum, step_all), "op": op, "axis": first["axis"],
         "group": first["group"], "seq": first["seq"], "group_size": size,
@@ -250,40 +229,6 @@ def _compute(tab: pa.Table, ctx: _Ctx, carry_step: int | None):
     if not keep.any():
         return out, None
     return out.filter(pa.array(~keep)), tab.take(pa.array(order[keep[seg]]))
-
-
-def _group_keys(ctx: _Ctx, opc, ops, axis, payload, size, rk, starts, counted):
-    """(bw_key, link_key) per instance: its bandwidth group's id in ctx.bw_ids and its
-    link group's in ctx.link_ids; -1 where it is not `counted` (complete, with a busbw: the
-    bandwidth and links tables' filter but the steady steps, read after the run)."""
-    n = len(starts)
-    if not n:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    axc, axes = _codes(axis.chunk(0) if isinstance(axis, pa.ChunkedArray) else axis)
-    axes = [str(x) for x in axes] + ["None"]
-    axc = np.where(np.asarray(axis.is_null()), len(axes) - 1, axc)
-    pay, pays = _factorize(payload)
-    gs, gss = _factorize(size)
-    local, combo = _factorize(((opc * len(axes) + axc) * len(pays) + pay) * len(gss) + gs)
-    tuples = []
-    for c in combo.tolist():
-        c, g = divmod(c, len(gss))
-        c, y = divmod(c, len(pays))
-        o, a = divmod(c, len(axes))
-        tuples.append((ops[o], axes[a], int(pays[y]), int(gss[g])))
-    bw = ctx.keys(ctx.bw_ids, local, tuples)
-    local, combo = _factorize(axc * 2 + ctx.inter(rk, starts))
-    link = ctx.keys(ctx.link_ids, local, [(axes[c // 2], "inter" if c % 2 else "intra")
-                                          for c in combo.tolist()])
-    return np.where(counted, bw, -1), np.where(counted, link, -1)
-
-
-def _factorize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(codes, distinct values) of an int array, by hashing (no sort of the instances):
-    codes index the values in order of first appearance."""
-    d = pc.dictionary_encode(pa.array(x, pa.int64()))
-    return (np.asarray(d.indices.to_numpy(zero_copy_only=False), np.int64),
-            np.asarray(d.dictionary.to_numpy(zero_copy_only=False), np.int64))
 
 
 # what comm_table reads of each rank's rows (np_read), strings as dictionaries

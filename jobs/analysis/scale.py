@@ -324,6 +324,7 @@ def analyze_columnar(out_dir: Path, spec=None, con=None, live=None) -> dict:
     coll_sample = resume.sampler if resume is not None else Sampler()
     sr, sizes["collectives"], axis, late = SR.one_read(tr, out_dir, path, coll_sample, resume,
                                                        hosts)
+    columnar.release_memory()  # what the read freed, before the tables over its results
     sizes["step_rank"] = sr.num_rows if sr is not None else 0
     # the two tables over the instance file: its value columns read once for both
     inst = SC.Instances(path["collectives"], late.steps)

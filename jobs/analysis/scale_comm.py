@@ -58,13 +58,12 @@ class InstanceWriter:
     def close(self, tr: Traces | None = None, ctx=None) -> int:
         """The file closed (none written without an instance); the count. `tr`: where
         collectives_table's incomplete-instances warning goes; `ctx`: the np_coll stream's,
-        whose group ids the file's bw_key and link_key hold (written to its metadata,
-        GROUPS_KEY, for Instances)."""
+        whose group ids the file's bw_key and link_key hold (np_groups; written to its
+        metadata, GROUPS_KEY, for Instances)."""
         if self.writer is not None:
             if ctx is not None:
-                self.writer.add_key_value_metadata({GROUPS_KEY: json.dumps({
-                    "bw": list(ctx.bw_ids), "links": list(ctx.link_ids),
-                    "hosts": sorted(ctx.hosts.items())})})
+                self.writer.add_key_value_metadata({GROUPS_KEY: json.dumps(
+                    ctx.groups.metadata())})
             self.writer.close()
             self.writer = None
         if tr is not None:
@@ -140,13 +139,13 @@ class Instances:
         masks, bw, link = [], [], []
         for i in groups:
             t = pf.read_row_group(i, columns=["step", "bw_key", "link_key"])
-            b = np.asarray(t["bw_key"].to_numpy(zero_copy_only=False), np.int64)
+            b = np.asarray(t["bw_key"].to_numpy(zero_copy_only=False), np.int32)
             m = (b >= 0) & np.isin(np.asarray(t["step"].to_numpy(zero_copy_only=False)), use)
             masks.append(m)
             bw.append(b[m])
-            link.append(np.asarray(t["link_key"].to_numpy(zero_copy_only=False), np.int64)[m])
-        self._keys = {"bw": (_cat(bw), [tuple(x) for x in meta["bw"]]),
-                      "links": (_cat(link), [tuple(x) for x in meta["links"]]),
+            link.append(np.asarray(t["link_key"].to_numpy(zero_copy_only=False), np.int32)[m])
+        self._keys = {"bw": (_cat(bw, np.int32), [tuple(x) for x in meta["bw"]]),
+                      "links": (_cat(link, np.int32), [tuple(x) for x in meta["links"]]),
                       "hosts": {r: h for r, h in meta["hosts"]}, "masks": masks,
                       "n": int(sum(int(m.sum()) for m in masks))}
         return self._keys

@@ -223,3 +223,43 @@ def test_write_analysis_goes_on_from_the_live_analysis(tmp_path, small):
     assert "analysis_error" not in write_analysis(ref, scale_records=0)
     got, want = (json.loads((d / "analysis.json").read_text()) for d in (run, ref))
     same(got, want)
+
+
+def test_a_spec_placing_the_ranks_on_other_hosts_gives_it_up(tmp_path, small):
+    """The instances' links are taken with the hosts of the meta's spec while the run goes;
+    a post-run analysis whose spec places the ranks elsewhere reads every pass again."""
+    from jobs.analysis import vec_tables as V
+    live = fed(tmp_path / "run", dp_tp(tmp_path, steps=9))
+    run = tmp_path / "run"
+    convert.convert_run_dir(run, live=live)
+    tr = scale.meta_traces(run, V.connect(run))
+    path = {n: run / scale.FILE.format(n) for n in scale.BIG}
+    assert live.analysis.hosts == {r: 0 for r in range(4)}  # one host: no node_rank, spec
+    assert live.analysis.resume(run, tr, path, {r: r // 2 for r in range(4)}) is None
+    assert "other hosts" in live.analysis.failed
+    assert not (run / "table-collectives.parquet").exists()
+
+
+def test_the_workers_post_run_step_goes_on_from_the_live_analysis(tmp_path, small,
+                                                                 monkeypatch):
+    """worker.tasks.JobSupervisor._analyze with the LiveRun its thread polled: the rest
+    converted, the analysis resumed (its log line says from which step), and analysis.json
+    the post-run one."""
+    from jobs.spec import parse_spec
+    from tests.analysis.test_columnar import SPEC
+    from worker.tasks import JobSupervisor
+    monkeypatch.setattr(scale, "SCALE_RECORDS", 0)  # this small run takes the scale path
+    live = fed(tmp_path / "run", dp_tp(tmp_path, steps=9))
+    want = reference(tmp_path / "run", tmp_path / "ref")
+    sup = JobSupervisor.__new__(JobSupervisor)  # the post-run step only: no client, no job
+    said: list[str] = []
+    sup.out, sup.live, sup.say, sup.run_id = tmp_path / "run", live, said.append, "r"
+    sup.spec = {**parse_spec(SPEC, max_world_size=64).to_dict(), "kind": "train"}
+    head = sup._analyze(None)["headline"]
+    assert "analysis_error" not in head
+    note = next(x for x in said if "analysed while the job ran" in x)
+    assert f"steps 0-{live.analysis.resumed - 1} analysed" in note and live.analysis.resumed >= 4
+    got = json.loads((tmp_path / "run" / "analysis.json").read_text())
+    want = json.loads(json.dumps(want))  # as written: tuples are lists
+    assert got.pop("engine") == want.pop("engine") == "columnar"
+    same(got, want)

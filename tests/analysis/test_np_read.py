@@ -76,3 +76,25 @@ def test_refined_bounds_give_the_same_rows_as_the_footers(tmp_path, monkeypatch)
         return out
     want, got = read(False), read(True)
     assert len(want) > 3 and got == want
+
+
+def test_ranges_from_a_start_step_cover_the_rest_as_the_whole_run_does(tmp_path):
+    """np_read.ranges(start=): the steps from `start` on (what the post-run read does after
+    the live analysis), in ranges of about the budget's rows, as the whole run's would be."""
+    run = _run(tmp_path)
+    files = np_read.open_files(run, NC.COLS, NC.DICT)
+    whole = np_read.ranges(files, 40)
+    assert whole[0][0] == 0 and whole[-1][1] == 7 and len(whole) >= 4
+    for start in (0, 3, 7):
+        got = np_read.ranges(files, 40, start)
+        assert got[0][0] == start and got[-1][1] == 7
+        assert all(b + 1 == c for (_, b), (c, _) in zip(got, got[1:], strict=False))
+        # ranges for the rest's share of the rows: no wider than the whole run's
+        assert max(b - a for a, b in got) <= max(b - a for a, b in whole)
+        assert (start == 0) == (got == whole)
+    assert np_read.ranges(files, 40, 8) == []  # nothing left
+    rows = sum(t.num_rows for _, _, tabs in np_read.passes(files, 40, 3)
+               for t in tabs.values())
+    steps = [s for p in run.glob("trace-rank*.parquet")
+             for s in pq.read_table(p, columns=["step"])["step"].to_pylist()]
+    assert rows == sum(1 for s in steps if s is not None and s >= 3) > 0  # every row once
