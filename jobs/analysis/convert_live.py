@@ -267,6 +267,7 @@ class LiveRun:
             self._analyse()
             if not any(r.more for r in self.ranks.values()) or (stop is not None and
                                                                 stop.is_set()):
+                C.release_memory()  # the passes' freed buffers, not kept by the worker
                 return rows
 
     def _analyse(self) -> None:
