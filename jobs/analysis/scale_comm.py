@@ -6,7 +6,7 @@
 
 (the straggler tables are summed as the instances are written: scale_late.py). Definitions
 stay where they are: steady steps are rules.steady, an instance's link links.link_of of its
-ranks' hosts (links.rank_hosts). Medians are statistics.median's to the last bit (np.median
+ranks' hosts (links.rank_hosts). Medians are statistics.median's to the last bit (_median
 of a group's values: the middle one, or the mean of the middle two); a DuckDB query did these
 tables before (median: lo + (hi - lo) / 2, 1 ulp off) at 2.5 times the CPU (docs/benchmarks.md).
 """
