@@ -35,6 +35,7 @@ from jobs import commbytes
 
 from . import columnar as C
 from .load import Traces
+from .np_read import read_columns
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +64,7 @@ class LiveAnalysis:
         self.path = {n: self.out / scale.FILE.format(n) for n in scale.BIG}
         cols, dicts = SR.columns()
         names = C.arrow_schema().names  # what np_read.RankFile reads of a converter's file
-        self.columns = [c for c in dict.fromkeys(("step", *cols)) if c in names and
-                        c != "rank"]
+        self.columns = read_columns(names, cols)
         self.dicts = {c for c in dicts if c in names}
         self.ranks: dict[int, _Rank] = {}
         self.metas: dict[int, dict] = {}
@@ -105,8 +105,9 @@ class LiveAnalysis:
         cols = self.columns if hold else ("step", "type", "op")  # what is checked
         t = pa.table({c: pc.dictionary_encode(table[c]) if c in self.dicts else table[c]
                       for c in cols})
-        t = t.append_column("row", pa.array(np.arange(first_row, first_row + t.num_rows,
-                                                      dtype=np.int64)))
+        if hold:  # the file row, as np_read numbers it
+            t = t.append_column("row", pa.array(np.arange(first_row, first_row + t.num_rows,
+                                                          dtype=np.int64)))
         step = np.asarray(t["step"].fill_null(-1).to_numpy(zero_copy_only=False), np.int64)
         if self.reader is not None:
             train = step[step >= 0]
@@ -230,23 +231,27 @@ class LiveAnalysis:
         records; `path`: the post-run tables' files; `hosts`: the post-run analysis' rank
         hosts (links.rank_hosts of its spec), which must be those the links were taken
         with."""
-        if self.failed is None and self.reader is None:
-            self.fail("no pass was fed while the run went")
-        elif self.failed is None and Path(out_dir) != self.out:
-            self.fail("another folder")
-        elif self.failed is None and {r: tr.meta.get(r) for r in tr.ranks} != self.metas:
-            self.fail("the Parquet files' ranks or meta records differ")
-        elif self.failed is None and {k: Path(v) for k, v in path.items()} != self.path:
-            self.fail("other table files")
-        elif self.failed is None and hosts != self.hosts:
-            self.fail("the post-run analysis' spec places the ranks on other hosts")
-        elif self.failed is None and self.reader.failed:
-            self.fail(f"{', '.join(self.reader.failed)} raised while the run went")
-        if self.failed is not None:
+        why = self.failed or self._unlike(out_dir, tr, path, hosts)
+        if why is not None:
+            self.fail(why)
             return None
         reader, self.reader, self.ranks = self.reader, None, {}
         self.resumed = reader.next_step
         return reader
+
+    def _unlike(self, out_dir: Path, tr: Traces, path: dict, hosts: dict) -> str | None:
+        """Why the post-run analysis cannot go on from the passes fed (None: it can)."""
+        if self.reader is None:
+            return "no pass was fed while the run went"
+        if Path(out_dir) != self.out or {k: Path(v) for k, v in path.items()} != self.path:
+            return "another folder or other table files"
+        if {r: tr.meta.get(r) for r in tr.ranks} != self.metas:
+            return "the Parquet files' ranks or meta records differ"
+        if hosts != self.hosts:
+            return "the post-run analysis' spec places the ranks on other hosts"
+        if self.reader.failed:
+            return f"{', '.join(self.reader.failed)} raised while the run went"
+        return None
 
     def discard(self, why: str = "not used") -> None:
         """After the run, where the scale path did not resume from it (a Python-path run):

@@ -36,6 +36,13 @@ CACHE_ROWS = 1 << 16
 _INF = float("inf")
 
 
+def read_columns(names, columns) -> list[str]:
+    """The columns of a rank file (its column `names`) a read gives: `step` first, then
+    `columns` it has, but not `rank`, which the converter writes in every row (RankFile.rank,
+    once). The live analysis forms its rows the same way (analyze_live.py)."""
+    return [c for c in dict.fromkeys(("step", *columns)) if c in names and c != "rank"]
+
+
 class RankFile:
     """One rank's Parquet file: its row groups' first rows and step bounds, and `read`."""
 
@@ -45,9 +52,7 @@ class RankFile:
         names = set(schema.names)
         self.pf = pq.ParquetFile(path, read_dictionary=[c for c in dictionary if c in names])
         self.names = names
-        # not `rank`: the converter writes the file's rank in every row (self.rank, once)
-        self.columns = [c for c in dict.fromkeys(("step", *columns)) if c in names and
-                        c != "rank"]
+        self.columns = read_columns(names, columns)
         md = self.pf.metadata
         self.rows = md.num_rows
         # per row group: (first row, min step, max step, whether it may hold a null or

@@ -99,7 +99,7 @@ class Instances:
     """The instances' file and what the two tables read of it, a row group or a column at a
     time (a whole column of the 13.6 M instances of a 50 M-record run is 109 MB): of the
     steady steps' instances with a bandwidth group (bw_key >= 0: complete, with a busbw:
-    the oracle's filter, np_coll._group_keys) their bandwidth and link groups (`keys`), and
+    the oracle's filter, np_groups.Groups.keys) their bandwidth and link groups (`keys`), and
     per group the medians of the value columns (`medians`: each column read once for both
     tables). `steps`: the instances' steps >= 0 when known (scale_late.Lateness.steps;
     else read from the file)."""
