@@ -3,11 +3,28 @@ dict (a preset name or ModelSpec fields) that jobs.spec validates, as for runs."
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field
 
 from backend.api.schemas import Input, JsonInt, SafeStr
+from jobs.spec import ParallelSpec
+from jobs.theory.advisor import MAX_TP
+
+_RULES = {f.name: f.metadata for f in dataclasses.fields(ParallelSpec)}
+
+
+def _degree(name: str, le: int | None = None):
+    """A degree with the spec's own bounds (jobs.spec.ParallelSpec), declared in the schema:
+    the bounds before JsonInt's validator (after it, or on `int | None`, pydantic writes them
+    as the unknown keywords ge / le)."""
+    return Annotated[int, Field(ge=_RULES[name]["ge"], le=le or _RULES[name]["le"]),
+                     *JsonInt.__metadata__]
+
+
+def _doc(doc: str):
+    return Field(None, description=f"{doc}: only layouts with this value are searched")
 
 
 class AdviseCluster(Input):
@@ -24,6 +41,17 @@ class AdviseCluster(Input):
                                 "`queue`: default its latest compute calibration's median)")
 
 
+class AdviseFix(Input):
+    """Degrees the search keeps fixed: a smaller search (docs/advisor.md "Bounds")."""
+    model_config = ConfigDict(extra="forbid")
+    tp: _degree("tp", MAX_TP) | None = _doc("tensor-parallel degree (divides the world)")
+    pp: _degree("pp") | None = _doc("pipeline-parallel degree (divides the world)")
+    microbatches: _degree("microbatches") | None = _doc("micro-batches per step")
+    zero_stage: _degree("zero_stage") | None = _doc("ZeRO stage")
+    cp: _degree("cp") | None = _doc("context-parallel degree")
+    ep: _degree("ep") | None = _doc("expert-parallel degree")
+
+
 class AdviseIn(Input):
     model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
     model: dict[str, Any] = Field(description="{'preset': NAME, ...} or ModelSpec fields")
@@ -33,3 +61,4 @@ class AdviseIn(Input):
                                   "bandwidth from its latest collective sweep, FLOP/s from its "
                                   "latest compute calibration")
     top: JsonInt = Field(20, ge=1, le=500, description="candidates returned")
+    fix: AdviseFix | None = Field(None, description="degrees the search keeps fixed")

@@ -1,14 +1,24 @@
 """POST /api/advise: the cluster the advisor sees (given, or this queue's measured bandwidth
 from its latest collective sweep and FLOP/s from its latest compute calibration), then
-jobs.theory.advisor."""
+jobs.theory.advisor, bounded (issue 36; docs/advisor.md "Bounds"): the request's fields are
+checked here, the request is counted against its user's rate limit, and the search runs in a
+child process of the API's pool (jobs.theory.pool), which counts it against the budget
+before it evaluates any layout."""
 
 from __future__ import annotations
 
+import atexit
+import os
+import threading
+
 from backend import crud
-from backend.errors import Invalid
+from backend.errors import Invalid, Unavailable
 from jobs.analysis.history import sweep_points
 from jobs.spec import ModelSpec, SpecError, resolve_preset
-from jobs.theory.advisor import advise
+from jobs.theory import pool as workers
+from jobs.theory.advisor import advise, check_request, configure_caches
+from jobs.theory.budget import NARROW, Budget
+from jobs.theory.bytecache import CACHE_BYTES
 
 CALIBRATE = "run a compute calibration (preset compute-calibration) on the queue"
 
@@ -93,7 +103,61 @@ def _hint(e: dict, hint: str | None) -> dict:
     return {**e, "loc": ["body", *e["loc"]]}
 
 
-def run_advise(db, body) -> dict:
+_POOLS: dict[tuple, workers.Pool] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def cache_bytes(settings) -> int:
+    return CACHE_BYTES if settings.advise_cache_bytes is None else settings.advise_cache_bytes
+
+
+def search_pool(settings) -> workers.Pool:
+    """This process's pool of search processes for these settings, made on first use."""
+    key = (settings.advise_workers, settings.advise_timeout_s, settings.advise_memory_bytes,
+           cache_bytes(settings))
+    with _POOLS_LOCK:
+        pool = _POOLS.get(key)
+        if pool is None or pool.pid != os.getpid():
+            pool = _POOLS[key] = workers.Pool(*key[:3], setup=(configure_caches, key[3:]))
+    return pool
+
+
+@atexit.register
+def close_pools() -> None:
+    with _POOLS_LOCK:
+        pools = list(_POOLS.values())
+        _POOLS.clear()
+    for pool in pools:
+        pool.close()
+
+
+def budget_of(settings) -> Budget:
+    return Budget(settings.advise_max_layouts, settings.advise_max_candidates,
+                  settings.advise_max_sim_actions)
+
+
+def _stopped(exc: Exception, setting: str) -> Invalid:
+    return Invalid(errors=[{"loc": ["body", "cluster"], "type": "search_budget",
+                            "msg": f"search stopped: it {exc} ({setting}); {NARROW}"}])
+
+
+def _search(settings, *args, **kwargs) -> dict:
+    try:
+        return search_pool(settings).call(advise, *args, **kwargs)
+    except workers.TimedOut as exc:
+        raise _stopped(exc, "PARALAB_ADVISE_TIMEOUT_S") from exc
+    except workers.OutOfMemory as exc:
+        raise _stopped(exc, "PARALAB_ADVISE_MEMORY_BYTES") from exc
+    except workers.Busy as exc:
+        raise Unavailable(f"{exc} (PARALAB_ADVISE_WORKERS searches run at once)",
+                          headers={"Retry-After": str(int(exc.retry_after_s) + 1)}) from exc
+    except workers.Died as exc:
+        raise Unavailable(f"the search failed: {exc}; try again") from exc
+
+
+def run_advise(db, body, settings, charge=lambda: None) -> dict:
+    """`charge`: counts the request against its user's rate limit (429), called once the
+    fields have passed their rules and before the search."""
     cluster = body.cluster.model_dump(exclude_none=True)
     if body.queue is not None:
         cluster["queue"] = body.queue
@@ -104,7 +168,13 @@ def run_advise(db, body) -> dict:
                                    "(or give `queue` with a collective sweep)",
                                    "type": "missing"}])
     hint = _fill_flops(db, cluster, body.queue, _arch(body.model))
+    db.close()  # its connection goes back to the pool while the search runs
+    fix = body.fix.model_dump(exclude_none=True) if body.fix is not None else None
+    configure_caches(cache_bytes(settings))  # this process's memos (sweeps' evaluate_spec)
     try:
-        return advise(body.model, body.global_batch, cluster, top=body.top)
+        check_request(body.model, body.global_batch, cluster, body.top, fix)
+        charge()
+        return _search(settings, body.model, body.global_batch, cluster, top=body.top,
+                       fix=fix, budget=budget_of(settings))
     except SpecError as exc:
         raise Invalid(errors=[_hint(e, hint) for e in exc.errors]) from exc

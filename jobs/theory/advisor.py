@@ -1,13 +1,17 @@
 """The advisor: every layout of a model on a cluster that the service accepts and that fits in
 device memory, ranked by predicted step time (docs/advisor.md).
 
-advise(model, global_batch, cluster, top=20) -> dict
+advise(model, global_batch, cluster, top=20, fix=None, budget=None) -> dict
     model    {"preset": NAME, ...field overrides} or explicit fields of jobs.spec.ModelSpec
              (arch, layers, hidden, heads, seq_len, vocab; timed: t_forward, t_backward_input,
              t_backward_weight)
     cluster  {"hosts", "devices_per_host", "device_memory_bytes", "intra_GBps", "inter_GBps",
              "flops" (FLOP/s per device; needed for gpt / mlp), "flops_source" (text, optional),
              "bandwidth_source" (text, optional), "queue" (optional: runtime.queue of the specs)}
+    fix      {"tp", "pp", "microbatches", "zero_stage", "cp", "ep"}: only layouts with these
+             degrees are searched (each optional)
+    budget   jobs.theory.budget.Budget: the search is counted first and refused (SpecError,
+             type search_budget) when it is over a bound, before any layout is evaluated
 Every candidate is a spec dict validated by jobs.spec.parse_spec (require_available, as at
 submit) and predicted by jobs.theory.predict; the compute term is jobs.theory.compute's.
 Invalid input raises SpecError naming the field. Standard library only.
@@ -19,89 +23,59 @@ import copy
 import json
 from functools import lru_cache
 
-from jobs.spec import SpecError, parse_spec, resolve_preset
+from jobs.spec import SpecError, parse_spec
 
 from . import advisor_rules as R
+from .advisor_input import (  # noqa: F401 (CLUSTER_RULES, FIX_KEYS: part of the API)
+    CLUSTER_RULES,
+    FIX_KEYS,
+    MAX_TP,
+    MODEL_KEYS,
+    MOE_KEYS,
+    _err,
+    check_request,
+)
+from .budget import Budget, search_size
+from .bytecache import CACHE_BYTES, ByteLRU
 from .compute import training_flops
-from .predict import predict
+from .predict import SIMULATED, predict
 
 # (schedule, virtual stages) tried for pp > 1; naive is GPipe with m = 1, always dominated
 SCHEDULES = (("1f1b", 1), ("gpipe", 1), ("interleaved", 2), ("zero-bubble", 1), ("zbv", 2))
-MAX_TP = 64
-MODEL_KEYS = ("arch", "layers", "hidden", "heads", "seq_len", "vocab", "t_forward",
-              "t_backward_input", "t_backward_weight")
-MOE_KEYS = ("experts", "top_k", "capacity_factor", "shared_expert", "aux_loss_coef")
-CLUSTER_RULES = {"hosts": (int, 1, 1024), "devices_per_host": (int, 1, 1024),
-                 "device_memory_bytes": (float, 1, None), "intra_GBps": (float, 1e-9, None),
-                 "inter_GBps": (float, 1e-9, None), "flops": (float, 1, None)}
+# (parse, predict) of each spec evaluated, in bytes: the page re-asks the same cluster often
+EVALUATED = ByteLRU(CACHE_BYTES)
 
 
-def _err(loc, msg, typ="value_error") -> dict:
-    return {"loc": list(loc), "msg": msg, "type": typ}
+def configure_caches(max_bytes: int) -> None:
+    """The bound, in bytes, of each of the theory's memos (evaluations and simulations)."""
+    EVALUATED.resize(max_bytes)
+    SIMULATED.resize(max_bytes)
 
 
-def _model(model) -> dict:
-    if not isinstance(model, dict):
-        raise SpecError([_err(["model"], "must be an object")])
-    data = dict(model)
-    try:
-        base = resolve_preset({"preset": data.pop("preset")}) if "preset" in data else {}
-    except SpecError as exc:
-        raise SpecError([{**e, "loc": ["model", *e["loc"]]} for e in exc.errors]) from exc
-    merged = {**base.get("model", {}), **data}
-    try:  # the spec's own field rules (types, ranges, unknown fields)
-        spec = parse_spec({"model": merged, "runtime": {"nproc_per_node": 1}})
-    except SpecError as exc:
-        raise SpecError([e for e in exc.errors if e["loc"][:1] == ["model"]]
-                        or exc.errors) from exc
-    return {k: getattr(spec.model, k) for k in MODEL_KEYS + MOE_KEYS}
+def cache_stats() -> dict:
+    return {"evaluations": EVALUATED.stats(), "simulations": SIMULATED.stats()}
 
 
-def _cluster(cluster, arch: str) -> dict:
-    if not isinstance(cluster, dict):
-        raise SpecError([_err(["cluster"], "must be an object")])
-    errors, out = [], {}
-    for name, (typ, lo, hi) in CLUSTER_RULES.items():
-        v = cluster.get(name)
-        if v is None:
-            if name != "flops" or arch != "timed":
-                errors.append(_err(["cluster", name], "field required" + (
-                    " (FLOP/s per device: the compute term of gpt / mlp)"
-                    if name == "flops" else ""), "missing"))
-            continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or \
-                (typ is int and float(v) != int(v)):
-            kind = "an integer" if typ is int else "a number"
-            errors.append(_err(["cluster", name], f"must be {kind}"))
-        elif v < lo or (hi is not None and v > hi) or v in (float("inf"),):
-            errors.append(_err(["cluster", name], f"must be >= {lo:g}" + (
-                f" and <= {hi}" if hi else "") + " (and finite)", "range"))
-        else:
-            out[name] = typ(v)
-    extra = set(cluster) - set(CLUSTER_RULES) - {"flops_source", "bandwidth_source", "queue"}
-    errors += [_err(["cluster", k], "unknown field", "extra_forbidden") for k in sorted(extra)]
-    if errors:
-        raise SpecError(errors)
-    for k in ("flops_source", "bandwidth_source", "queue"):
-        if cluster.get(k) is not None:
-            out[k] = str(cluster[k])
-    return out
+@lru_cache(maxsize=1024)
+def _divisors(n: int) -> tuple[int, ...]:
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return tuple(sorted(set(small + [n // d for d in small])))
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def enumerate_layouts(m: dict, batch: int, hosts: int, per_host: int):
-    """Yield (layout, pruned_reason | None): the search space, pruned by divisibility before
-    any spec is built (the spec validator re-checks every survivor)."""
+def enumerate_layouts(m: dict, batch: int, hosts: int, per_host: int, fix: dict | None = None):
+    """Yield (layout, pruned_reason | None): the search space (only the degrees `fix` leaves
+    open), pruned by divisibility before any spec is built (the spec validator re-checks every
+    survivor)."""
+    fix = fix or {}
     world = hosts * per_host
     for tp in _divisors(world):
-        if tp > MAX_TP:
+        if tp > MAX_TP or fix.get("tp", tp) != tp:
             continue
         for pp in _divisors(world // tp):
+            if fix.get("pp", pp) != pp:
+                continue
             dp = world // (tp * pp)
-            for lay in _variants(m, dp, tp, pp):
+            for lay in _variants(m, dp, tp, pp, fix):
                 yield lay, _pruned(m, batch, lay)
 
 
@@ -119,14 +93,17 @@ def _eps(m: dict, dp: int) -> tuple[int, ...]:
     return tuple(e for e in _divisors(dp) if m["experts"] % e == 0) if m["experts"] else (1,)
 
 
-def _variants(m: dict, dp: int, tp: int, pp: int):
+def _variants(m: dict, dp: int, tp: int, pp: int, fix: dict):
+    def keep(key, values):
+        return tuple(x for x in values if fix.get(key, x) == x)
+
     scheds = SCHEDULES if pp > 1 else (("1f1b", 1),)
-    micro = (pp, 2 * pp, 4 * pp) if pp > 1 else (1, 2, 4, 8)
+    micro = keep("microbatches", (pp, 2 * pp, 4 * pp) if pp > 1 else (1, 2, 4, 8))
     ckpts = (False, True) if m["arch"] == "gpt" else (False,)
-    cps = (1,) if m["experts"] else _cps(m, dp)  # CP with experts is refused (jobs.spec)
+    cps = keep("cp", (1,) if m["experts"] else _cps(m, dp))  # CP with MoE: refused (jobs.spec)
     for cp in cps:
-        for ep in _eps(m, dp):
-            for zero in range(4) if dp > 1 else (0,):
+        for ep in keep("ep", _eps(m, dp)):
+            for zero in keep("zero_stage", range(4) if dp > 1 else (0,)):
                 for sched, v in scheds:
                     for mb in micro:
                         for ck in ckpts:
@@ -171,9 +148,17 @@ def spec_of(m: dict, batch: int, c: dict, lay: dict, steps: int = 5) -> dict:
     return spec
 
 
-@lru_cache(maxsize=50_000)
 def _evaluate(spec_json: str, intra: float, inter: float, flops: float | None) -> dict:
-    """(parse, predict) of one spec, cached: the page re-asks the same cluster often."""
+    """(parse, predict) of one spec, memoised in EVALUATED (do not mutate the answer)."""
+    key = (spec_json, intra, inter, flops)
+    got = EVALUATED.get(key)
+    if got is None:
+        got = _evaluated(spec_json, intra, inter, flops)
+        EVALUATED.put(key, got)
+    return got
+
+
+def _evaluated(spec_json: str, intra: float, inter: float, flops: float | None) -> dict:
     data = json.loads(spec_json)
     try:
         spec = parse_spec(data, max_world_size=1 << 30, require_available=True)
@@ -210,17 +195,16 @@ def evaluate_spec(spec: dict, cluster: dict) -> dict:
     return R.terms(ev)
 
 
-def advise(model, global_batch, cluster, *, top: int = 20) -> dict:
-    m = _model(model)
-    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or \
-            not 1 <= global_batch <= 1_000_000:
-        raise SpecError([_err(["global_batch"], "must be an integer between 1 and 1000000")])
-    c = _cluster(cluster, m["arch"])
-    if not isinstance(top, int) or isinstance(top, bool) or not 1 <= top <= 500:
-        raise SpecError([_err(["top"], "must be an integer between 1 and 500")])
+def advise(model, global_batch, cluster, *, top: int = 20, fix=None,
+           budget: Budget | None = None) -> dict:
+    m, c, fixed = check_request(model, global_batch, cluster, top, fix)
+    space = (m, global_batch, c["hosts"], c["devices_per_host"], fixed)
+    size = search_size(enumerate_layouts(*space), budget)
+    if budget is not None:
+        budget.check(size)  # before any layout is evaluated
     counts = {"considered": 0, "pruned": {}, "invalid": {}, "not_fitting": 0, "fitting": 0}
     rows, status = [], {}
-    for lay, pruned in enumerate_layouts(m, global_batch, c["hosts"], c["devices_per_host"]):
+    for lay, pruned in enumerate_layouts(*space):
         counts["considered"] += 1
         key = R.label(lay)
         if pruned:
@@ -258,7 +242,8 @@ def advise(model, global_batch, cluster, *, top: int = 20) -> dict:
         r["why"] = R.why(r, best, c)
         r["neighbours"] = R.neighbours(r["layout"], status)
         out.append(r)
-    return {"model": m, "global_batch": global_batch, "cluster": c,
+    return {"model": m, "global_batch": global_batch, "cluster": c, "fix": fixed,
+            "search": {k: size[k] for k in ("layouts", "candidates", "sim_actions")},
             "conventions": R.conventions(m, c), "counts": counts, "candidates": out,
             "not_fitting": [{"label": r["label"], "spec": r["spec"], "reason": r["reason"],
                              "memory_bytes": r["predicted"]["memory_bytes"]}

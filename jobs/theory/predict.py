@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from jobs import schedules
 from jobs.spec import JobSpec, SpecError, parse_spec
 
+from .bytecache import CACHE_BYTES, ByteLRU
 from .comm_section import comm_label, comm_section
 from .figures import GB, fig
 from .memory import MEMORY_MODELS, ZERO_FORMULAS, zero_table
@@ -23,9 +22,39 @@ TRANSIENT = {  # labelled next to the model states (jobs/theory/ranks.py)
 }
 
 
-# The simulator is pure and predict() only reads its result: memoised, because the advisor
-# (advisor.py) predicts thousands of layouts sharing a few (schedule, p, m, v, times).
-_simulate = lru_cache(maxsize=4096)(schedules.simulate)
+# The simulator is pure and predict() reads a few figures of its result: those are memoised
+# (not the spans, ~400 bytes per action), in bytes (issue 36), because the advisor (advisor.py)
+# predicts thousands of layouts sharing a few (schedule, p, m, v, times).
+SIMULATED = ByteLRU(CACHE_BYTES)
+_RANK_KEYS = ("rank", "busy_s", "idle_s", "idle_fraction", "idle_over_busy",
+              "peak_inflight_microbatches")
+
+
+def _simulate(sched: str, p: int, m: int, v: int, tf: float, tb: float, tw: float) -> dict:
+    key = (sched, p, m, v, tf, tb, tw)
+    got = SIMULATED.get(key)
+    if got is None:
+        full = schedules.simulate(sched, p, m, v, tf, tb, tw)
+        got = {"makespan_s": full["makespan_s"], "bubble_fraction": full["bubble_fraction"],
+               "bubble_over_ideal": full["bubble_over_ideal"],
+               "ranks": [{k: r[k] for k in _RANK_KEYS} for r in full["ranks"]]}
+        SIMULATED.put(key, got)
+    return got
+
+
+def simulated_microbatches(sched: str, p: int, m: int, v: int) -> int | None:
+    """How many micro-batches predict() hands the schedule simulator for this pipeline (it
+    then runs p*that*v*3 actions at most), or None when it uses a closed form or an estimate
+    instead: the one rule _pipeline follows and the advisor's budget counts."""
+    if p == 1:
+        return None
+    if p * m * v * 3 <= MAX_SIM_ACTIONS:
+        return m
+    if schedules.closed_form_bubble(sched, p, m, v, "total") is not None:
+        return None
+    if sched == "zbv" and m >= 2 * p - 1 and p * (2 * p - 1) * v * 3 <= MAX_SIM_ACTIONS:
+        return 2 * p - 1  # ZB-V's idle is constant in m from 2p-1 on (_pipeline)
+    return None
 
 EP_STATE = "convention 'ep-state': reference EP, experts not ZeRO-sharded"
 ACT_CONVENTION = ("saved tensors as autograd keeps them (jobs.memory.SavedTensorCounter) for "
@@ -128,22 +157,20 @@ def _pipeline(w: dict) -> dict:
     tf, tb, tw, times_note = _stage_times(w)
     closed_t = schedules.closed_form_bubble(sched, p, m, v, "total")
     closed_i = schedules.closed_form_bubble(sched, p, m, v, "ideal")
-    sim = None
-    if p * m * v * 3 <= MAX_SIM_ACTIONS:
+    sim, m_sim = None, simulated_microbatches(sched, p, m, v)
+    if m_sim == m:
         full = _simulate(sched, p, m, v, tf, tb, tw)
         sim = {"makespan_s": full["makespan_s"], "times_note": times_note,
                "times": {"t_f": tf, "t_b_input": tb, "t_b_weight": tw},
-               "ranks": [{k: r[k] for k in ("rank", "busy_s", "idle_s", "idle_fraction",
-                                            "idle_over_busy", "peak_inflight_microbatches")}
-                         for r in full["ranks"]]}
+               "ranks": [dict(r) for r in full["ranks"]]}
         total, ideal = full["bubble_fraction"], full["bubble_over_ideal"]
         source = "schedule simulator (jobs/schedules.py)"
     elif closed_t is not None:
         total, ideal, source = closed_t, closed_i, "closed form"
-    elif sched == "zbv" and m >= 2 * p - 1 and p * (2 * p - 1) * v * 3 <= MAX_SIM_ACTIONS:
+    elif m_sim is not None:
         # ZB-V with equal stages: the idle per rank stops growing once m >= 2p-1 (the steady
         # phase adds no bubble), so simulate m = 2p-1 and add the extra micro-batches' work
-        small = _simulate(sched, p, 2 * p - 1, v, tf, tb, tw)
+        small = _simulate(sched, p, m_sim, v, tf, tb, tw)
         idle = max(r["idle_s"] for r in small["ranks"])
         busy = v * m * (tf + tb + tw)
         total, ideal = idle / (busy + idle), idle / busy

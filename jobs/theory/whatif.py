@@ -12,6 +12,11 @@ from .moe import expert_params
 
 BUBBLE_CONVENTIONS = ("total", "ideal")
 MAX_NPROC_PER_NODE = 1024  # the spec's bound (runtime.nproc_per_node); links.py loops over it
+# A what-if may go past the spec's 4096 stages (a 10,000-stage pipeline is simulated in
+# bounded work, tests/theory/test_predict.py), but per-rank lists grow with pp and per-block
+# lists with layers: both are bounded, so a huge integer is a 422, not a 500 or a hang.
+MAX_PP = 10_000
+MAX_LAYERS = 100_000
 ARCHS = ("gpt", "mlp", "timed")
 
 # name: (type, required, default, rule)   rule: ("ge", x) | ("gt", x) | ("range", lo, hi) | enum
@@ -19,7 +24,7 @@ FIELDS: dict[str, tuple] = {
     "params": ("int", True, None, ("ge", 1)),
     "dp": ("int", True, None, ("ge", 1)),
     "tp": ("int", True, None, ("ge", 1)),
-    "pp": ("int", True, None, ("ge", 1)),
+    "pp": ("int", True, None, ("range", 1, MAX_PP)),
     "zero_stage": ("int", True, None, ("range", 0, 3)),
     "memory_model": ("str", True, None, tuple(MEMORY_MODELS)),
     "grad_bytes": ("float", False, None, ("gt", 0)),
@@ -39,7 +44,7 @@ FIELDS: dict[str, tuple] = {
     "bubble_convention": ("str", False, "total", BUBBLE_CONVENTIONS),
     "comm_convention": ("str", False, "ring-exact", COMM_CONVENTIONS),
     "arch": ("str", False, "gpt", ARCHS),
-    "layers": ("int", False, None, ("ge", 1)),
+    "layers": ("int", False, None, ("range", 1, MAX_LAYERS)),
     "hidden": ("int", False, None, ("ge", 1)),
     "heads": ("int", False, None, ("ge", 1)),
     "seq_len": ("int", False, None, ("ge", 1)),

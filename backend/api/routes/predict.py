@@ -6,13 +6,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body
+from fastapi import APIRouter, Body, Request
 
-from backend.api.deps import CheckedParams
+from backend.api.deps import CheckedParams, SettingsDep, UserDep
 from backend.api.schemas import json_problems
 from backend.errors import Invalid
+from backend.services.advise import cache_bytes
+from backend.services.request_limits import limits_of
 from jobs.spec import SpecError, parse_spec
 from jobs.theory import predict as theory_predict
+from jobs.theory.advisor import configure_caches
 from jobs.trace_schedule import predicted_trace
 
 router = APIRouter(prefix="/api", tags=["predict"], dependencies=[CheckedParams])
@@ -61,11 +64,17 @@ def _with_trace(out: dict, spec_body) -> dict:
 
 
 @router.post("/predict")
-def predict(body: Annotated[dict[str, Any], Body(examples=_EXAMPLES)]) -> dict:
-    out = run_predict(body)
-    if problems := json_problems(out):  # finite inputs so large that a figure overflows
-        loc, _ = problems[0]
-        raise Invalid(errors=[{"loc": ["body"], "type": "value_error", "msg": "inputs too "
-                               f"large: the predicted {'.'.join(map(str, loc))} overflows (is "
-                               "not a finite number)"}])
+def predict(body: Annotated[dict[str, Any], Body(examples=_EXAMPLES)], user: UserDep,
+            settings: SettingsDep, request: Request) -> dict:
+    """Bounded work: every integer has its bound (the spec's, or the what-if's), the schedule
+    simulator at most jobs.theory.predict.MAX_SIM_ACTIONS actions; counted against the
+    user's rate limit (429 with Retry-After; a 422 is not counted)."""
+    configure_caches(cache_bytes(settings))
+    with limits_of(request.app).counted("compute", user.username):
+        out = run_predict(body)
+        if problems := json_problems(out):  # finite inputs so large that a figure overflows
+            loc, _ = problems[0]
+            raise Invalid(errors=[{"loc": ["body"], "type": "value_error", "msg": "inputs "
+                                   f"too large: the predicted {'.'.join(map(str, loc))} "
+                                   "overflows (is not a finite number)"}])
     return out

@@ -6,10 +6,11 @@ GET /api/presets."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 
-from backend.api.deps import CheckedParams
+from backend.api.deps import CheckedParams, UserDep
 from backend.errors import Invalid
+from backend.services.request_limits import limits_of
 from jobs import schedules as sched
 
 router = APIRouter(prefix="/api/schedules", tags=["schedules"], dependencies=[CheckedParams])
@@ -21,6 +22,13 @@ LIMITS = {"p": (1, 64), "m": (1, 512), "v": (1, 16)}
 TIME_MAX = 1e6
 DEFAULTS = {"schedule": "1f1b", "p": 4, "m": 8, "v": 1, "t_f": 1.0, "t_b_input": 1.0,
             "t_b_weight": 1.0, "t_comm": 0.0}
+
+
+# a GET that can be throttled declares it (backend/main.py declares 429 for writes only)
+THROTTLED = {429: {"description": "Over the user's rate limit (docs/security.md \"Limits\"); "
+                                  "see Retry-After",
+                   "content": {"application/json": {
+                       "schema": {"$ref": "#/components/schemas/Error"}}}}}
 
 
 def _error(field: str, msg: str) -> Invalid:
@@ -42,8 +50,10 @@ def schedules() -> dict:
             "defaults": DEFAULTS, "convention": sched.CONVENTION}
 
 
-@router.get("/explore")
+@router.get("/explore", responses=THROTTLED)
 def explore(
+    request: Request,
+    user: UserDep,
     schedule: str = Query(..., description=f"one of {', '.join(sched.SCHEDULES)}",
                           json_schema_extra={"enum": list(sched.SCHEDULES)}),
     p: int = Query(..., ge=LIMITS["p"][0], le=LIMITS["p"][1], description="pipeline ranks"),
@@ -66,6 +76,8 @@ def explore(
             raise sched.ScheduleError("m", f"p*v*m must be <= {MAX_PVM} (the explorer "
                                            "simulates every rank, chunk and micro-batch), got "
                                            f"{p}*{v}*{m} = {p * v * m}")
+        # valid: counted against the user's rate limit (429 with Retry-After)
+        limits_of(request.app).charge("compute", user.username)
         out = sched.simulate(schedule, p, m, v, t_f=t_f, t_b_input=t_b_input,
                              t_b_weight=t_b_weight, t_comm=t_comm)
     except sched.ScheduleError as exc:
