@@ -117,9 +117,11 @@ class Hub:
     def subscribe(self, run_id: str) -> Subscription:
         return Subscription(self, run_id)
 
-    def lines_after(self, run_id: str, cursor: int,
-                    rank: int | None = None) -> list[tuple[int, int | None, str]] | None:
-        """The buffered lines after `cursor` (rank-filtered as the database query is), or None
+    def lines_after(self, run_id: str, cursor: int, rank: int | None = None
+                    ) -> tuple[list[tuple[int, int | None, str]], int] | None:
+        """The buffered lines after `cursor` (rank-filtered as crud.log_page is) and the
+        cursor after them: the last buffered seq, whether its line matched the filter or not
+        (a filtered stream moves over the lines it skips, and never has them read again). None
         when the buffer does not hold line `cursor + 1` and the database must be asked."""
         with self._lock:
             t = self._topics.get(run_id)
@@ -127,11 +129,11 @@ class Hub:
                 return None
             first, last = t.lines[0][0], t.lines[-1][0]
             if cursor >= last:
-                return []
+                return [], cursor
             if first > cursor + 1:
                 return None
             out = t.lines[cursor + 1 - first:]
-        return [x for x in out if rank is None or x[1] is None or x[1] == rank]
+        return [x for x in out if rank is None or x[1] is None or x[1] == rank], last
 
     def status(self, run_id: str) -> str | None:
         """The last status published for the run (None: none seen by this process)."""

@@ -72,9 +72,10 @@ class BackendClient:
         except BackendUnavailable:
             return None
 
-    def logs(self, run_id: str, lines: list[dict], retry_for_s: float) -> None:
-        self.call("POST", f"/api/internal/runs/{run_id}/logs", retry_for_s=retry_for_s,
-                  json={"lines": lines}, retry_full=False)
+    def logs(self, run_id: str, lines: list[dict], retry_for_s: float) -> dict:
+        """{"added": n} and, when some lines could not be stored as sent, "rejected"."""
+        return self.call("POST", f"/api/internal/runs/{run_id}/logs", retry_for_s=retry_for_s,
+                         json={"lines": lines}, retry_full=False)
 
     def upload(self, run_id: str, rel: str, path: Path) -> None:
         self.call("PUT", f"/api/internal/runs/{run_id}/files/{rel}", retry_for_s=1800,
@@ -137,9 +138,9 @@ class BackendClient:
     def nodes(self, run_id: str) -> dict:
         return self.call("GET", f"/api/internal/runs/{run_id}/nodes", retry_for_s=60)
 
-    def node_logs(self, run_id: str, node: int, lines: list[dict], retry_for_s: float) -> None:
-        self.call("POST", f"/api/internal/runs/{run_id}/nodes/{node}/logs",
-                  retry_for_s=retry_for_s, json={"lines": lines}, retry_full=False)
+    def node_logs(self, run_id: str, node: int, lines: list[dict], retry_for_s: float) -> dict:
+        return self.call("POST", f"/api/internal/runs/{run_id}/nodes/{node}/logs",
+                         retry_for_s=retry_for_s, json={"lines": lines}, retry_full=False)
 
     def finish_node(self, run_id: str, node: int, **body) -> dict:
         return self.call("POST", f"/api/internal/runs/{run_id}/nodes/{node}/finish",

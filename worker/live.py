@@ -30,9 +30,16 @@ LIVE_GLOBS = ("trace-rank*.jsonl",)
 MAX_CHUNK = 4 << 20  # bytes per request: a slow backend gets bounded requests
 
 
+# 4xx answers that say "not now" rather than "never": the batch stays pending
+RETRY_LATER = (408, 425, 429)
+
+
 class LogShipper:
-    """Numbers every line and ships batches in the background; a failed batch stays pending
-    and is sent again (the backend ignores sequence numbers it already has)."""
+    """Numbers every line and ships batches in the background; a batch the backend could not
+    take (unreachable, 5xx, 507, 429) stays pending and is sent again (the backend ignores
+    sequence numbers it already has). An answer is final: a 4xx refusal, or a 200 naming lines
+    it could not store as sent (`rejected`), is logged and the batch is never sent again, so
+    one bad line cannot hold back the rest of the run's log."""
 
     def __init__(self, client: BackendClient, run_id: str, interval: float = 0.5,
                  node: int | None = None):
@@ -60,15 +67,21 @@ class LogShipper:
                 return True
             try:
                 if self._node is None:
-                    self._client.logs(self._run_id, batch, retry_for_s=retry_for_s)
+                    answer = self._client.logs(self._run_id, batch, retry_for_s=retry_for_s)
                 else:
-                    self._client.node_logs(self._run_id, self._node, batch,
-                                           retry_for_s=retry_for_s)
+                    answer = self._client.node_logs(self._run_id, self._node, batch,
+                                                    retry_for_s=retry_for_s)
             except BackendUnavailable:
                 return False
             except httpx.HTTPStatusError as exc:  # 4xx: refused for good; the run goes on
+                if exc.response.status_code in RETRY_LATER:
+                    return False
                 log.warning("run %s: the backend refused %d log lines: %s", self._run_id,
                             len(batch), exc)
+            else:
+                for bad in (answer or {}).get("rejected") or ():
+                    log.warning("run %s: log line %s: %s", self._run_id,
+                                _seq_of(batch, bad.get("loc")), bad.get("msg"))
             with self._lock:
                 del self._pending[:len(batch)]
 
@@ -82,6 +95,15 @@ class LogShipper:
         if not self._flush(retry_for_s=retry_for_s):  # e.g. 507: the backend's disk is full
             log.warning("run %s: %d log lines could not be delivered to the backend",
                         self._run_id, len(self._pending))
+
+
+def _seq_of(batch: list[dict], loc) -> str:
+    """The seq (and field) a `rejected` entry's loc (["body", "lines", i, field]) names."""
+    try:
+        i, field = loc[2], loc[3]
+        return f"{batch[i]['seq']} ({field})"
+    except (IndexError, KeyError, TypeError):
+        return repr(loc)
 
 
 class TraceShipper:

@@ -35,7 +35,8 @@ def _auth_headers(extra: dict | None = None) -> dict:
     return {**(extra or {}), **({"Authorization": f"Bearer {token}"} if token else {})}
 
 
-def _request(method: str, path: str, **kw):
+def _request(method: str, path: str, *, raw: bool = False, **kw):
+    """The answer's JSON or text (`raw`: the httpx response itself); CliError on failure."""
     kw["headers"] = _auth_headers(kw.get("headers"))
     try:
         r = httpx.request(method, _url() + path, timeout=kw.pop("timeout", 30), **kw)
@@ -52,6 +53,8 @@ def _request(method: str, path: str, **kw):
                      for e in detail]
             raise CliError(f"rejected ({r.status_code}):\n" + "\n".join(lines))
         raise CliError(f"error {r.status_code}: {detail}")
+    if raw:
+        return r
     ctype = r.headers.get("content-type", "")
     return r.json() if "json" in ctype else r.text
 
@@ -183,11 +186,20 @@ SHOW_FIGURES = (("step_time_s", "s", "step time"), ("tokens_per_s", "tok/s", "th
                 ("duration_s", "s", "duration"))
 
 
+LOG_PAGE = 10_000  # lines per request of `paralab logs` (the API's default)
+
+
 def cmd_logs(a) -> int:
     params = {"rank": a.rank} if a.rank is not None else {}
-    if not a.follow:
-        sys.stdout.write(_request("GET", f"/api/runs/{a.id}/logs", params=params))
-        return 0
+    if not a.follow:  # page by page (X-Next-After), each written as it comes
+        after = -1
+        while True:
+            r = _request("GET", f"/api/runs/{a.id}/logs", raw=True,
+                         params={**params, "after": after, "limit": LOG_PAGE})
+            sys.stdout.write(r.text)
+            if "link" not in r.headers:  # no rel="next": the end of the log
+                return 0
+            after = int(r.headers["x-next-after"])
     last = None
     while True:  # reconnects resume after the last line seen (Last-Event-ID)
         headers = {"Last-Event-ID": last} if last else {}

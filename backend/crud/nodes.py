@@ -182,12 +182,14 @@ def host_lost_error(n: RunNode, timeout_s: float, last: datetime | None) -> str:
 
 
 def append_node_logs(db: Session, run_id: str, node: int, lines: list[dict],
-                     out: list | None = None) -> int:
+                     out: list | None = None, problems: list | None = None) -> int:
     """A node's log lines get run-wide `seq`s in arrival order, so the run's log stays one
     contiguous sequence (backend/streams.py) whichever host wrote a line. Idempotent on
     (run_id, node, nseq): a retried batch adds nothing. The run's row lock (PostgreSQL) or the
-    write lock (SQLite, BEGIN IMMEDIATE) makes the next `seq` one process's decision."""
-    from backend.crud.runs import _rank_of  # one rank-prefix rule for both paths
+    write lock (SQLite, BEGIN IMMEDIATE) makes the next `seq` one process's decision.
+    `out` and `problems` as crud.append_logs."""
+    # one rank-prefix rule and one rule for the time of a line, for both paths
+    from backend.crud.runs import _rank_of, line_time
     if not lines:
         return 0
     if db.get_bind().dialect.name == "sqlite":
@@ -199,19 +201,25 @@ def append_node_logs(db: Session, run_id: str, node: int, lines: list[dict],
     # every line says where it came from, whoever reads it (text log, live stream, page);
     # its rank is read from the job's own prefix behind the tag
     tag = f"[{row.host if row else '?'} node{node}] "
-    want = {int(x["seq"]): x for x in lines}
+    want = {}
+    for i, x in enumerate(lines):  # a seq twice in one batch: the first one counts
+        want.setdefault(int(x["seq"]), (i, x))
     have = set(db.scalars(select(RunLog.nseq).where(
         and_(RunLog.run_id == run_id, RunLog.node == node, RunLog.nseq.in_(list(want))))))
     nxt = (db.scalar(select(func.max(RunLog.seq)).where(RunLog.run_id == run_id)) or -1) + 1
-    rows = []
+    rows, why, now = [], [], utcnow()
     for nseq in sorted(set(want) - have):
-        x = want[nseq]
+        i, x = want[nseq]
+        ts, problem = line_time(x.get("ts"), now)
+        if problem:
+            why.append((i, "ts", problem))
         rows.append(RunLog(run_id=run_id, seq=nxt, node=node, nseq=nseq,
-                           rank=_rank_of(x["line"]), line=(tag + x["line"])[:65536],
-                           ts=datetime.fromisoformat(x["ts"]) if x.get("ts") else utcnow()))
+                           rank=_rank_of(x["line"]), line=(tag + x["line"])[:65536], ts=ts))
         nxt += 1
     db.add_all(rows)
     db.commit()
     if out is not None:
         out += [(r.seq, r.rank, r.line) for r in rows]
+    if problems is not None:
+        problems += sorted(why)
     return len(rows)

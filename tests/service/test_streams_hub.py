@@ -20,15 +20,20 @@ def lines(a: int, b: int, rank=None):
     return [(s, rank, f"line {s}") for s in range(a, b)]
 
 
+def seqs(got):
+    """(the seqs of the lines, the cursor after them) of Hub.lines_after's answer."""
+    return [x[0] for x in got[0]], got[1]
+
+
 def test_buffer_covers_exactly_the_lines_after_the_cursor():
     h = Hub()
     assert h.lines_after("r", -1) is None  # nothing buffered: ask the database
     h.publish_lines("r", lines(0, 5))
-    assert [x[0] for x in h.lines_after("r", -1)] == [0, 1, 2, 3, 4]
-    assert [x[0] for x in h.lines_after("r", 2)] == [3, 4]
-    assert h.lines_after("r", 4) == []
+    assert seqs(h.lines_after("r", -1)) == ([0, 1, 2, 3, 4], 4)
+    assert seqs(h.lines_after("r", 2)) == ([3, 4], 4)
+    assert h.lines_after("r", 4) == ([], 4)
     h.publish_lines("r", lines(3, 7))  # a retried, overlapping batch adds only 5 and 6
-    assert [x[0] for x in h.lines_after("r", 2)] == [3, 4, 5, 6]
+    assert seqs(h.lines_after("r", 2)) == ([3, 4, 5, 6], 6)
 
 
 def test_a_gap_restarts_the_buffer_and_older_cursors_go_to_the_database():
@@ -36,7 +41,7 @@ def test_a_gap_restarts_the_buffer_and_older_cursors_go_to_the_database():
     h.publish_lines("r", lines(0, 3))
     h.publish_lines("r", lines(10, 12))  # this process missed 3..9
     assert h.lines_after("r", 2) is None
-    assert [x[0] for x in h.lines_after("r", 9)] == [10, 11]
+    assert seqs(h.lines_after("r", 9)) == ([10, 11], 11)
 
 
 def test_eviction_beyond_the_ring_sends_slow_readers_to_the_database(monkeypatch):
@@ -44,13 +49,23 @@ def test_eviction_beyond_the_ring_sends_slow_readers_to_the_database(monkeypatch
     h = Hub()
     h.publish_lines("r", lines(0, 25))
     assert h.lines_after("r", 5) is None
-    assert [x[0] for x in h.lines_after("r", 14)] == list(range(15, 25))
+    assert seqs(h.lines_after("r", 14)) == (list(range(15, 25)), 24)
 
 
 def test_rank_filter_keeps_unranked_lines():
     h = Hub()
     h.publish_lines("r", [(0, 0, "a"), (1, 1, "b"), (2, None, "c"), (3, 1, "d")])
-    assert [x[2] for x in h.lines_after("r", -1, rank=1)] == ["b", "c", "d"]
+    assert [x[2] for x in h.lines_after("r", -1, rank=1)[0]] == ["b", "c", "d"]
+
+
+def test_rank_filter_moves_the_cursor_over_the_lines_it_skips():
+    """Issue 36 item 4: a filtered stream's cursor is the last line the buffer covered, not
+    the last that matched, so lines of other ranks are never looked at twice."""
+    h = Hub()
+    h.publish_lines("r", [(0, 0, "a"), (1, 0, "b"), (2, 0, "c")])
+    assert h.lines_after("r", -1, rank=7) == ([], 2)
+    h.publish_lines("r", [(3, 0, "d"), (4, 7, "e")])
+    assert seqs(h.lines_after("r", 2, rank=7)) == ([4], 4)
 
 
 def test_waiters_wake_on_news_from_another_thread_and_time_out_without():
@@ -104,7 +119,7 @@ def test_two_processes_share_events_through_redis():
                     a.publish_lines(run, lines(0, 3))
                     if await sub.wait(0.2):
                         break
-                assert [x[0] for x in b.lines_after(run, -1)] == [0, 1, 2]
+                assert seqs(b.lines_after(run, -1)) == ([0, 1, 2], 2)
                 a.publish_status(run, "succeeded")
                 while b._topics[run].status != "succeeded":
                     assert await sub.wait(10), "no event through Redis"

@@ -1,73 +1,139 @@
 """The worker channel: how workers on other hosts report back without touching the database
 or sharing a filesystem. Every call carries the worker credential and is idempotent, so a
-worker may retry any of them after a timeout or a backend restart."""
+worker may retry any of them after a timeout or a backend restart.
+
+Served ahead of browsers (backend/api/threads.py): the routes are async with async
+dependencies only, and do their work in a thread of the channel's own capacity, so browser
+pages and streams holding every thread of FastAPI's shared pool never delay a log batch or a
+heartbeat."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Annotated, Any
 
-from fastapi import APIRouter, BackgroundTasks, Query, Request
+from fastapi import APIRouter, BackgroundTasks, Depends, Header, Query, Request
 from fastapi.responses import FileResponse
-from starlette.concurrency import run_in_threadpool
 
 from backend import crud, run_traces
-from backend.api.deps import CheckedParams, DbDep, RunDep, SettingsDep, WorkerDep
-from backend.api.schemas import INT64_MAX, ClaimIn, FinishIn, LogBatch, WorkerIn
+from backend.api.deps import check_params, get_run_or_404, require_worker
+from backend.api.schemas import (
+    FILE_RESPONSES,
+    INT64_MAX,
+    ClaimIn,
+    FinishIn,
+    LogBatch,
+    LogBatchOut,
+    RunFilePath,
+    WorkerIn,
+)
+from backend.api.threads import on_channel
+from backend.core.config import Settings
 from backend.core.db import get_sessionmaker
 from backend.errors import NotFound
 from backend.storage import append_at, resolve_run_path, save_stream
 from backend.streams import hub
 from jobs.ckpt_index import complete_checkpoints
 
-router = APIRouter(prefix="/api/internal", tags=["worker channel"], dependencies=[CheckedParams])
+
+# The shared dependencies' rules, as coroutines: FastAPI runs a plain function dependency in
+# its shared thread pool, which is what the channel must not wait for.
+async def _checked_params(request: Request) -> None:
+    check_params(request)
 
 
-@router.post("/runs/{run_id}/claim")
-def claim(db: DbDep, run: RunDep, body: ClaimIn, _: WorkerDep) -> dict:
+async def _settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+async def _worker(request: Request,
+                  authorization: Annotated[str | None, Header()] = None) -> str:
+    return require_worker(request, authorization)
+
+
+ChannelChecks = Depends(_checked_params)
+ChannelSettings = Annotated[Settings, Depends(_settings)]
+ChannelWorker = Annotated[str, Depends(_worker)]
+router = APIRouter(prefix="/api/internal", tags=["worker channel"], dependencies=[ChannelChecks])
+
+
+async def in_channel(settings: Settings, run_id: str | None, fn: Callable[..., Any],
+                     *args) -> Any:
+    """`fn(db, run, *args)` (`fn(db, *args)` without a run) with a session of its own, in a
+    thread of the worker channel's capacity; an unknown run is a 404."""
+    def work():
+        with get_sessionmaker(settings.db_url)() as db:
+            if run_id is None:
+                return fn(db, *args)
+            return fn(db, get_run_or_404(run_id, db), *args)
+    return await on_channel(settings, work)
+
+
+def log_answer(added: int, problems: list) -> dict:
+    """LogBatchOut of crud.append_logs' count and problems: each names the line's field."""
+    return {"added": added, "rejected": [
+        {"loc": ["body", "lines", i, field], "msg": msg} for i, field, msg in problems] or None}
+
+
+def _claim(db, run, body: ClaimIn) -> dict:
     ok, reason = crud.claim(db, run.id, worker=body.worker, task_id=body.task_id)
     if ok:
         hub.publish_status(run.id, "running")
     return {"launch": ok, "reason": reason, "spec": run.spec if ok else None}
 
 
-@router.post("/runs/{run_id}/heartbeat")
-def heartbeat(db: DbDep, run: RunDep, _: WorkerDep) -> dict:
+@router.post("/runs/{run_id}/claim")
+async def claim(run_id: str, body: ClaimIn, settings: ChannelSettings,
+                _: ChannelWorker) -> dict:
+    return await in_channel(settings, run_id, _claim, body)
+
+
+def _heartbeat(db, run) -> dict:
     run = crud.heartbeat(db, run.id)
     return {"status": run.status, "cancel": run.cancel_requested}
 
 
-@router.post("/runs/{run_id}/logs")
-def logs(db: DbDep, run: RunDep, body: LogBatch, _: WorkerDep) -> dict:
-    new: list = []
-    added = crud.append_logs(db, run.id, [x.model_dump() for x in body.lines], out=new)
+@router.post("/runs/{run_id}/heartbeat")
+async def heartbeat(run_id: str, settings: ChannelSettings, _: ChannelWorker) -> dict:
+    return await in_channel(settings, run_id, _heartbeat)
+
+
+def _logs(db, run, body: LogBatch) -> dict:
+    new, problems = [], []
+    added = crud.append_logs(db, run.id, [x.model_dump() for x in body.lines], out=new,
+                             problems=problems)
     hub.publish_lines(run.id, sorted(new))  # after the commit: see backend/streams.py
-    return {"added": added}
+    return log_answer(added, problems)
+
+
+@router.post("/runs/{run_id}/logs", response_model=LogBatchOut, response_model_exclude_none=True)
+async def logs(run_id: str, body: LogBatch, settings: ChannelSettings,
+               _: ChannelWorker) -> dict:
+    """A batch of the run's numbered lines (idempotent on seq). A line that cannot be stored
+    as sent (a time outside what the databases hold) is stored as well as it can be and named
+    in `rejected`; a rank prefix past 32 bits is no rank (the line is stored without one)."""
+    return await in_channel(settings, run_id, _logs, body)
 
 
 @router.put("/runs/{run_id}/files/{path:path}")
-async def upload(request: Request, run: RunDep, settings: SettingsDep, path: str,
-                 _: WorkerDep, offset: int | None = Query(None, ge=0, le=INT64_MAX)) -> dict:
+async def upload(request: Request, run_id: str, settings: ChannelSettings, path: RunFilePath,
+                 _: ChannelWorker, offset: int | None = Query(None, ge=0, le=INT64_MAX)) -> dict:
     """The whole file (after the run), or with `offset` a live chunk of a growing trace:
     written in place, not recorded as a run file, and announced to the run's open streams."""
-    target = resolve_run_path(settings.runs_dir, run.id, path)  # UnsafePath: 400
+    run_id = await in_channel(settings, run_id, lambda db, run: run.id)  # 404 first
+    target = resolve_run_path(settings.runs_dir, run_id, path)  # UnsafePath: 400
     chunks = [c async for c in request.stream()]
     if offset is not None:
-        size = await run_in_threadpool(append_at, target, offset, b"".join(chunks))  # Conflict
-        hub.publish_event(run.id)
+        size = await on_channel(settings, append_at, target, offset, b"".join(chunks))
+        hub.publish_event(run_id)  # (append_at: a gap is a Conflict)
         return {"path": path, "size": size}
-    size, sha = await run_in_threadpool(save_stream, target, chunks)
-
-    def record():
-        with get_sessionmaker(settings.db_url)() as db:
-            crud.record_file(db, run.id, path, size, sha)
-    await run_in_threadpool(record)
+    size, sha = await on_channel(settings, save_stream, target, chunks)
+    await in_channel(settings, None, crud.record_file, run_id, path, size, sha)
     return {"path": path, "size": size, "sha256": sha}
 
 
-@router.get("/runs/{run_id}/checkpoints/{step}/files")
-def checkpoint_files(run: RunDep, settings: SettingsDep, step: int, _: WorkerDep) -> dict:
-    """What a worker downloads to resume from this run's complete checkpoint at `step`:
-    the checkpoint folder's files, relative to the run's storage."""
+def _checkpoint_files(db, run, settings: Settings, step: int) -> dict:
     base = settings.runs_dir / run.id
     found = [c for c in complete_checkpoints(base) if c["step"] == step]
     if not found:
@@ -79,26 +145,49 @@ def checkpoint_files(run: RunDep, settings: SettingsDep, step: int, _: WorkerDep
                       for p in files]}
 
 
-@router.get("/runs/{run_id}/files/{path:path}")
-def download(run: RunDep, settings: SettingsDep, path: str, _: WorkerDep) -> FileResponse:
+@router.get("/runs/{run_id}/checkpoints/{step}/files")
+async def checkpoint_files(run_id: str, settings: ChannelSettings, step: int,
+                           _: ChannelWorker) -> dict:
+    """What a worker downloads to resume from this run's complete checkpoint at `step`:
+    the checkpoint folder's files, relative to the run's storage."""
+    return await in_channel(settings, run_id, _checkpoint_files, settings, step)
+
+
+def _download_target(db, run, settings: Settings, path: str) -> Path:
     target = resolve_run_path(settings.runs_dir, run.id, path)  # UnsafePath: 400
     if not target.is_file():
         raise NotFound(f"no file {path!r} in run {run.id}")
-    return FileResponse(target)
+    return target
 
 
-@router.post("/runs/{run_id}/finish")
-def finish(db: DbDep, run: RunDep, body: FinishIn, _: WorkerDep, settings: SettingsDep,
-           background: BackgroundTasks) -> dict:
+@router.get("/runs/{run_id}/files/{path:path}", response_class=FileResponse,
+            responses=FILE_RESPONSES)
+async def download(run_id: str, settings: ChannelSettings, path: RunFilePath,
+                   _: ChannelWorker) -> FileResponse:
+    return FileResponse(await in_channel(settings, run_id, _download_target, settings, path))
+
+
+def _finish(db, run, body: FinishIn) -> dict:
     run = crud.finish(db, run.id, status=body.status, exit_code=body.exit_code, error=body.error,
                       summary=body.summary, provenance=body.provenance)
     hub.publish_status(run.id, run.status)
-    if body.summary is not None:  # the files are uploaded: parse the trace before anyone asks
-        background.add_task(run_traces.warm, settings.runs_dir / run.id)
     return {"status": run.status}
 
 
-@router.post("/workers/heartbeat")
-def worker_heartbeat(db: DbDep, body: WorkerIn, _: WorkerDep) -> dict:
+@router.post("/runs/{run_id}/finish")
+async def finish(run_id: str, body: FinishIn, _: ChannelWorker, settings: ChannelSettings,
+                 background: BackgroundTasks) -> dict:
+    out = await in_channel(settings, run_id, _finish, body)
+    if body.summary is not None:  # the files are uploaded: parse the trace before anyone asks
+        background.add_task(run_traces.warm, settings.runs_dir / run_id)
+    return out
+
+
+def _worker_heartbeat(db, body: WorkerIn) -> dict:
     crud.upsert_worker(db, **body.model_dump())
     return {"ok": True}
+
+
+@router.post("/workers/heartbeat")
+async def worker_heartbeat(body: WorkerIn, _: ChannelWorker, settings: ChannelSettings) -> dict:
+    return await in_channel(settings, None, _worker_heartbeat, body)

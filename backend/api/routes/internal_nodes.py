@@ -1,29 +1,52 @@
 """The worker channel's calls for the nodes of a multi-host run (docs/hosts.md): each placed
 worker claims its node, publishes (node 0) or reads the rendezvous endpoint, beats, ships its
 log lines (the backend gives them run-wide sequence numbers) and reports how its node ended.
-Node 0's worker also lists the files the other nodes uploaded, to analyse the whole run."""
+Node 0's worker also lists the files the other nodes uploaded, to analyse the whole run.
+Served as the rest of the channel is (internal.py: threads of its own)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Path
 from pydantic import Field
 
 from backend import crud
-from backend.api.deps import CheckedParams, DbDep, RunDep, SettingsDep, WorkerDep
-from backend.api.schemas import ClaimIn, Input, JsonInt, LogBatch, SafeStr
+from backend.api.routes.internal import (
+    ChannelChecks,
+    ChannelSettings,
+    ChannelWorker,
+    in_channel,
+    log_answer,
+)
+from backend.api.schemas import (
+    INT32_MAX,
+    ClaimIn,
+    ExitCode,
+    Input,
+    LogBatch,
+    LogBatchOut,
+)
 from backend.errors import NotFound
 from backend.services import placement
 from backend.streams import hub
 
-router = APIRouter(prefix="/api/internal", tags=["worker channel"], dependencies=[CheckedParams])
+router = APIRouter(prefix="/api/internal", tags=["worker channel"], dependencies=[ChannelChecks])
+
+# run_nodes.node is an INTEGER: a larger one is a 422 naming it, never a query that overflows
+Node = Annotated[int, Path(ge=0, le=INT32_MAX, description="the node's index (0 .. nnodes-1)")]
+
 
 class EndpointIn(Input):
-    endpoint: SafeStr = Field(max_length=300, pattern=r"^[A-Za-z0-9_.:\[\]-]+:\d{1,5}$")
+    # (not SafeStr: its text pattern would replace this one in the schema; this one, ASCII
+    # only, holds no NUL or lone surrogate anyway)
+    endpoint: str = Field(max_length=300, pattern=r"^[A-Za-z0-9_.:\[\]-]+:[0-9]{1,5}$",
+                          description="host:port where node 0 serves the rendezvous")
 
 
 class NodeFinishIn(Input):
     status: str = Field(pattern="^(succeeded|failed|cancelled|timed_out|hung)$")
-    exit_code: JsonInt | None = Field(None, ge=-(2**31), le=2**31 - 1)
+    exit_code: ExitCode | None = None
     error: str | None = Field(None, max_length=20_000)
 
 
@@ -34,8 +57,7 @@ def _node(db, run, node: int):
     return row
 
 
-@router.post("/runs/{run_id}/nodes/{node}/claim")
-def claim_node(db: DbDep, run: RunDep, node: int, body: ClaimIn, _: WorkerDep) -> dict:
+def _claim_node(db, run, node: int, body: ClaimIn) -> dict:
     ok, reason = crud.claim_node(db, run.id, node, worker=body.worker, task_id=body.task_id)
     if ok:
         hub.publish_status(run.id, "running")
@@ -43,8 +65,13 @@ def claim_node(db: DbDep, run: RunDep, node: int, body: ClaimIn, _: WorkerDep) -
             "nnodes": run.nnodes, "nodes": placement.node_view(db, run.id)}
 
 
-@router.post("/runs/{run_id}/nodes/{node}/heartbeat")
-def node_heartbeat(db: DbDep, run: RunDep, node: int, _: WorkerDep) -> dict:
+@router.post("/runs/{run_id}/nodes/{node}/claim")
+async def claim_node(run_id: str, node: Node, body: ClaimIn, settings: ChannelSettings,
+                     _: ChannelWorker) -> dict:
+    return await in_channel(settings, run_id, _claim_node, node, body)
+
+
+def _node_heartbeat(db, run, node: int) -> dict:
     run, row = crud.node_heartbeat(db, run.id, node)
     if row is None:
         raise NotFound(f"run {run.id} has no node {node}")
@@ -53,31 +80,51 @@ def node_heartbeat(db: DbDep, run: RunDep, node: int, _: WorkerDep) -> dict:
     return {"status": run.status, "cancel": stop, "node_status": row.status}
 
 
-@router.put("/runs/{run_id}/nodes/{node}/endpoint")
-def set_endpoint(db: DbDep, run: RunDep, node: int, body: EndpointIn, _: WorkerDep) -> dict:
+@router.post("/runs/{run_id}/nodes/{node}/heartbeat")
+async def node_heartbeat(run_id: str, node: Node, settings: ChannelSettings,
+                         _: ChannelWorker) -> dict:
+    return await in_channel(settings, run_id, _node_heartbeat, node)
+
+
+def _set_endpoint(db, run, node: int, body: EndpointIn) -> dict:
     _node(db, run, node)
     return {"set": crud.set_endpoint(db, run.id, node, body.endpoint)}
 
 
-@router.get("/runs/{run_id}/nodes")
-def list_nodes(db: DbDep, run: RunDep, _: WorkerDep) -> dict:
+@router.put("/runs/{run_id}/nodes/{node}/endpoint")
+async def set_endpoint(run_id: str, node: Node, body: EndpointIn, settings: ChannelSettings,
+                       _: ChannelWorker) -> dict:
+    return await in_channel(settings, run_id, _set_endpoint, node, body)
+
+
+def _list_nodes(db, run) -> dict:
     return {"status": run.status, "cancel": run.cancel_requested,
             "nodes": placement.node_view(db, run.id)}
 
 
-@router.post("/runs/{run_id}/nodes/{node}/logs")
-def node_logs(db: DbDep, run: RunDep, node: int, body: LogBatch, _: WorkerDep) -> dict:
+@router.get("/runs/{run_id}/nodes")
+async def list_nodes(run_id: str, settings: ChannelSettings, _: ChannelWorker) -> dict:
+    return await in_channel(settings, run_id, _list_nodes)
+
+
+def _node_logs(db, run, node: int, body: LogBatch) -> dict:
     _node(db, run, node)
-    new: list = []
+    new, problems = [], []
     added = crud.append_node_logs(db, run.id, node, [x.model_dump() for x in body.lines],
-                                  out=new)
+                                  out=new, problems=problems)
     hub.publish_lines(run.id, sorted(new))
-    return {"added": added}
+    return log_answer(added, problems)
 
 
-@router.post("/runs/{run_id}/nodes/{node}/finish")
-def finish_node(db: DbDep, run: RunDep, node: int, body: NodeFinishIn, _: WorkerDep,
-                settings: SettingsDep) -> dict:
+@router.post("/runs/{run_id}/nodes/{node}/logs", response_model=LogBatchOut,
+             response_model_exclude_none=True)
+async def node_logs(run_id: str, node: Node, body: LogBatch, settings: ChannelSettings,
+                    _: ChannelWorker) -> dict:
+    """As POST .../logs; the backend numbers the node's lines into the run's one sequence."""
+    return await in_channel(settings, run_id, _node_logs, node, body)
+
+
+def _finish_node(db, run, node: int, body: NodeFinishIn, settings) -> dict:
     _node(db, run, node)
     row = crud.finish_node(db, run.id, node, status=body.status, exit_code=body.exit_code,
                            error=body.error)
@@ -89,7 +136,17 @@ def finish_node(db: DbDep, run: RunDep, node: int, body: NodeFinishIn, _: Worker
     return {"status": row.status}
 
 
-@router.get("/runs/{run_id}/files")
-def list_files(db: DbDep, run: RunDep, _: WorkerDep) -> dict:
+@router.post("/runs/{run_id}/nodes/{node}/finish")
+async def finish_node(run_id: str, node: Node, body: NodeFinishIn, _: ChannelWorker,
+                      settings: ChannelSettings) -> dict:
+    return await in_channel(settings, run_id, _finish_node, node, body, settings)
+
+
+def _list_files(db, run) -> dict:
     return {"files": [{"path": f.path, "size": f.size, "sha256": f.sha256}
                       for f in crud.list_files(db, run.id)]}
+
+
+@router.get("/runs/{run_id}/files")
+async def list_files(run_id: str, settings: ChannelSettings, _: ChannelWorker) -> dict:
+    return await in_channel(settings, run_id, _list_files)

@@ -3,11 +3,18 @@ for the live run page. A waiting stream holds no database connection and no thre
 on the run's topic in `backend.streams.hub`, takes caught-up lines from the topic's buffer, and
 queries the database (a short session, in pages) only when it is behind that buffer, when it
 starts, and after `settings.stream_recheck_s` without news (a lost pub/sub message costs
-seconds, not the stream)."""
+seconds, not the stream).
+
+A backlog costs what it sends: each page is one query of columns (crud.log_page), formatted
+in the reading thread, and the pages of every stream (and log download) go through one
+limiter of PARALAB_STREAM_REPLAY_READS threads (backend/api/threads.py), none of them from the
+pool page loads use. A rank filter moves the cursor over the lines it skips, in the buffer
+and in the database alike, so it never reads them again."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
@@ -17,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from backend import crud
 from backend.api.deps import SettingsDep
 from backend.api.schemas import INT32_MAX
+from backend.api.threads import replay
 from backend.core.db import get_sessionmaker
 from backend.errors import Invalid, NotFound
 from backend.models import FINISHED
@@ -24,6 +32,7 @@ from backend.streams import hub
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 
+_NEWLINE = re.compile(r"\r\n|\r|\n")
 TRACE_EVENTS_S = 1.0  # at most one "traces" event per stream and second: each one is a refetch
 PAGE = 1000
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -48,17 +57,36 @@ def _status_of(settings, run_id: str) -> str:
         return run.status
 
 
-def _lines_after(settings, run_id: str, cursor: int, rank: int | None):
+def read_page(settings, run_id: str, cursor: int, rank: int | None, limit: int = PAGE
+              ) -> tuple[list[tuple[int, int | None, str]], int, bool, str | None]:
+    """One page of the run's log after `cursor` (a short session of its own): the lines (of
+    `rank`), the cursor after the page (the last seq it scanned), whether it was full (more
+    may follow) and the run's status. Called through threads.replay."""
     with get_sessionmaker(settings.db_url)() as db:
-        run = crud.get_run(db, run_id)
-        rows = crud.logs_after(db, run_id, cursor, rank=rank, limit=PAGE)
-        return [(x.seq, x.rank, x.line) for x in rows], run.status
+        status = crud.run_status(db, run_id)
+        rows = crud.log_page(db, run_id, cursor, rank=rank, limit=limit)
+    lines = [x for x in rows if x[2] is not None]
+    return lines, rows[-1][0] if rows else cursor, len(rows) == limit, status
+
+
+def _sse_page(settings, run_id: str, cursor: int, rank: int | None):
+    """read_page, its lines already written as events (in the reading thread, not the loop)."""
+    lines, cursor, full, status = read_page(settings, run_id, cursor, rank)
+    return _events(lines), cursor, full, status
 
 
 def _event(data: str, *, event: str | None = None, id: int | None = None) -> str:
     head = (f"id: {id}\n" if id is not None else "") + (f"event: {event}\n" if event else "")
-    body = "\n".join(f"data: {part}" for part in data.split("\n"))
+    # CR ends a line in SSE as LF does: either one in the data starts another `data:` line
+    body = "\n".join(f"data: {part}" for part in _NEWLINE.split(data))
     return f"{head}{body}\n\n"
+
+
+def _events(lines) -> str:
+    """One write per batch: hundreds of open streams, one send each. (A line without CR or LF,
+    nearly all, takes the short way: a replay formats a million of them.)"""
+    return "".join([_event(line, id=seq) if "\n" in line or "\r" in line
+                    else f"id: {seq}\ndata: {line}\n\n" for seq, _, line in lines])
 
 
 @router.get("/{run_id}/logs/stream", response_class=StreamingResponse, responses=_sse(
@@ -86,24 +114,27 @@ async def stream_logs(
         with hub.subscribe(run_id) as sub:  # before the first read: nothing falls in between
             need_db = True
             while True:
-                lines = None if need_db else hub.lines_after(run_id, cursor, rank)
+                got = None if need_db else hub.lines_after(run_id, cursor, rank)
                 status = hub.status(run_id)
-                if lines is None:
-                    lines, status = await run_in_threadpool(_lines_after, settings, run_id,
-                                                            cursor, rank)
-                    need_db = len(lines) == PAGE  # a full page: there may be more
-                if lines:  # one write per batch: hundreds of open streams, one send each
-                    cursor = lines[-1][0]
-                    yield "".join(_event(line, id=seq) for seq, _, line in lines)
+                if got is None:
+                    text, moved_to, need_db, status = await replay(
+                        settings, _sse_page, settings, run_id, cursor, rank)
+                    if status is None:  # the run was deleted meanwhile
+                        return
+                else:
+                    text, moved_to = _events(got[0]), got[1]
+                moved, cursor = moved_to != cursor, moved_to
+                if text:
+                    yield text
                 if status and status != sent_status:
                     sent_status = status
                     yield _event(status, event="status")
-                if sent_status in FINISHED and not lines and not need_db:
+                if sent_status in FINISHED and not moved and not need_db:
                     yield _event(sent_status, event="end")
                     return
                 # (a client that goes away cancels this generator: StreamingResponse listens
                 # for the disconnect itself, so no per-iteration check is needed)
-                if not lines and not await sub.wait(settings.stream_recheck_s):
+                if not moved and not await sub.wait(settings.stream_recheck_s):
                     need_db = True  # no news for a while: make sure nothing was missed
                     yield ": ping\n\n"
 
