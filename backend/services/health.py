@@ -3,6 +3,8 @@ otherwise only show as runs that never start or fail for the wrong reason.
 
     workers      no worker has reported in: runs wait in the queue
     queue        queued runs no worker claimed within the bound (the reconciler is on them)
+    queue_wait   queued runs (one-host or multi-host) that have waited longer than
+                 `queue_wait_warn_s`, each with the reason it waits
     worker_auth  callers of /api/internal whose worker credential the backend refused
     disk         free space under the data directory below `disk_min_free_bytes`, or a write
                  that ran out of space recently
@@ -15,16 +17,18 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, defer
 from starlette.concurrency import run_in_threadpool
 
 from backend import crud, storage
 from backend.core.config import Settings
 from backend.core.db import get_sessionmaker
 from backend.models import Run, utcnow
+from backend.services import cluster, placement
 from backend.services.reconcile import queue_full
 
 # How long a refused credential or an out-of-space write keeps health degraded.
@@ -91,7 +95,50 @@ def worker_checks(db: Session, settings: Settings) -> tuple[dict, list[str]]:
         problems.append(f"the backend refuses the worker credential of {names}: its "
                         "PARALAB_WORKER_TOKEN does not match the backend's, so it takes runs "
                         "it can never claim")
-    return checks, problems
+    checks["queue_wait"], said = wait_check(db, settings, workers)
+    return checks, problems + said
+
+
+def _waited_too_long(bound_s: float):
+    return select(Run).where(Run.status == "queued", Run.cancel_requested.is_(False),
+                             Run.created_at < utcnow() - timedelta(seconds=bound_s))
+
+
+def _reason(db: Session, settings: Settings, run: Run, stats: dict, waited: float) -> str:
+    """The reason the cluster page gives (backend/services/cluster.py, placement.py)."""
+    if run.nnodes > 1:
+        return placement.why_waiting(db, settings, run) or ""
+    ahead = db.scalar(select(func.count()).select_from(Run).where(
+        Run.status == "queued", Run.cancel_requested.is_(False), Run.nnodes == 1,
+        Run.queue == run.queue, Run.created_at < run.created_at)) or 0
+    return cluster.wait_reason(
+        stats.get(run.queue) or cluster.QueueStats(run.queue), nnodes=1,
+        ranks_per_host=run.world_size, ahead=ahead, waited_s=waited,
+        attempts=run.enqueue_attempts, claim_timeout_s=settings.queue_claim_timeout_s,
+        claim_attempts=settings.queue_claim_attempts)
+
+
+def wait_check(db: Session, settings: Settings, workers: list) -> tuple[dict, list[str]]:
+    """Degraded while a queued run has waited longer than `queue_wait_warn_s` since it was
+    submitted; the 20 oldest are listed with the reason each waits."""
+    bound = settings.queue_wait_warn_s
+    late = _waited_too_long(bound)
+    count = db.scalar(select(func.count()).select_from(late.subquery())) or 0
+    now, stats = utcnow(), cluster.queue_stats(workers)
+    listed = []
+    for r in db.scalars(late.options(defer(Run.summary), defer(Run.provenance))
+                        .order_by(Run.created_at, Run.id).limit(20)):
+        waited = (now - r.created_at).total_seconds()
+        listed.append({"id": r.id, "queue": r.queue, "nnodes": r.nnodes,
+                       "queued_s": round(waited, 1),
+                       "reason": _reason(db, settings, r, stats, waited)})
+    check = {"ok": not count, "warn_s": bound, "count": count, "waiting": listed}
+    if not count:
+        return check, []
+    which = "; ".join(f"{x['id']} ({x['reason']})" for x in listed[:3])
+    more = f"; and {count - 3} more" if count > 3 else ""
+    return check, [f"{count} queued run(s) waited longer than {bound:g} s "
+                   f"(PARALAB_QUEUE_WAIT_WARN_S): {which}{more}"]
 
 
 def _retried():

@@ -10,9 +10,13 @@ FOR UPDATE, in name order; SQLite: BEGIN IMMEDIATE, the database's one write loc
 embedded default can do: one placer at a time, across processes): two runs competing for the same
 hosts can never each hold half and wait for the other. Runs of a queue are placed oldest first,
 and a run that does not fit blocks the younger multi-host runs of its queue (no backfill), so a
-big run is never starved by a stream of smaller ones. Messages go out after the commit, one per
-node, to its worker's own queue (worker/app.py node_queue); the claim of each node is atomic, so
-a redelivered message never launches a node twice (docs/hosts.md).
+big run is never starved by a stream of smaller ones; but only a run that would fit were the
+hosts free (fits_when_free): one that no combination of the live hosts can hold is skipped, is
+refused at submission when the queue's recently seen hosts cannot hold it (submit_errors), and
+fails after `gang_unplaceable_timeout_s` (fail_unplaceable), so no run waits forever. Messages go
+out after the commit, one per node, to its worker's own queue (worker/app.py node_queue); the
+claim of each node is atomic, so a redelivered message never launches a node twice
+(docs/hosts.md).
 """
 
 from __future__ import annotations
@@ -20,13 +24,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend import crud
 from backend.core.config import Settings
-from backend.models import Run, Worker
+from backend.models import Run, Worker, utcnow
+from jobs.spec import JobSpec
 from worker.app import enqueue_node
 
 log = logging.getLogger(__name__)
@@ -88,25 +94,50 @@ def pick(caps: list[Capacity], nnodes: int, per_node: int) -> list[Capacity] | N
     return list(chosen.values())[:nnodes] if len(chosen) >= nnodes else None
 
 
+def fits_when_free(caps: list[Capacity], nnodes: int, per_node: int) -> bool:
+    """Would `pick` find hosts were nothing taken: N distinct hosts, each with a worker of at
+    least `per_node` ranks. The one rule for "can this run ever be placed on these hosts"."""
+    return len({c.host for c in caps if c.slots >= 1 and c.ranks >= per_node}) >= nnodes
+
+
+def ranks_per_node(run: Run) -> int:
+    return int(((run.spec or {}).get("runtime") or {}).get("nproc_per_node") or 1)
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def wait_reason(caps: list[Capacity], run: Run, ahead: list[str]) -> str:
-    """Why a multi-host run is not placed yet, in words: which hosts, what is missing."""
-    rt = (run.spec or {}).get("runtime") or {}
-    n, per = run.nnodes, int(rt.get("nproc_per_node") or 1)
-    q = repr(run.queue)
+def never_fits(caps: list[Capacity], queue: str, n: int, per: int,
+               kind: str = "live") -> str | None:
+    """Why no combination of these hosts can hold the run even when free, in words (naming
+    the hosts); None when they could (fits_when_free)."""
+    if fits_when_free(caps, n, per):
+        return None
+    q = repr(queue)
     hosts = sorted({c.host for c in caps})
     if not caps:
-        return (f"needs {_plural(n, 'host')} at once; no live worker serves queue {q}: start "
-                f"one per host with PARALAB_QUEUE={run.queue} (docs/deploy.md)")
+        return (f"needs {_plural(n, 'host')} at once; no {kind} worker serves queue {q}: start "
+                f"one per host with PARALAB_QUEUE={queue} (docs/deploy.md)")
     if len(hosts) < n:
         return (f"needs {_plural(n, 'host')} at once; queue {q} has "
-                f"{_plural(len(hosts), 'live host')} ({', '.join(hosts)})")
-    if max(c.ranks for c in caps) < per:
+                f"{_plural(len(hosts), kind + ' host')} ({', '.join(hosts)})")
+    largest = max(c.ranks for c in caps)
+    if largest < per:
         return (f"needs {per} ranks on each host (nproc_per_node); the largest worker of "
-                f"queue {q} hosts {max(c.ranks for c in caps)}")
+                f"queue {q} hosts {largest} ({', '.join(hosts)})")
+    big = sorted({c.host for c in caps if c.ranks >= per})
+    return (f"needs {_plural(n, 'host')} with {per} ranks each (nproc_per_node); only "
+            f"{len(big)} of the {_plural(len(hosts), kind + ' host')} of queue {q} has a "
+            f"worker that large ({', '.join(big)})")
+
+
+def wait_reason(caps: list[Capacity], run: Run, ahead: list[str]) -> str:
+    """Why a multi-host run is not placed yet, in words: which hosts, what is missing."""
+    n, per = run.nnodes, ranks_per_node(run)
+    q = repr(run.queue)
+    if (never := never_fits(caps, run.queue, n, per)) is not None:
+        return never
     if ahead:
         return (f"behind {_plural(len(ahead), 'earlier multi-host run')} of queue {q} "
                 f"({', '.join(ahead[:3])}): runs are placed oldest first")
@@ -119,13 +150,71 @@ def wait_reason(caps: list[Capacity], run: Run, ahead: list[str]) -> str:
             f"{_plural(fit, 'host')} of queue {q} has them now ({free})")
 
 
-def waiting_ahead(db: Session, run: Run) -> list[str]:
-    """The queued multi-host runs of its queue placed before it (older, not placed)."""
+def seen_capacities(db: Session, settings: Settings, queue: str) -> list[Capacity]:
+    """What the queue's workers offer, counting every worker seen within the unplaceable bound
+    (plus the live window): a worker briefly away (its host restarting) still counts. Any
+    worker live at some moment of the last `gang_unplaceable_timeout_s` is among them, so a run
+    these cannot hold could not have been placed at any moment of it."""
+    within = settings.gang_unplaceable_timeout_s + settings.worker_alive_s
+    return [Capacity(w.name, w.host, w.slots, worker_ranks(w))
+            for w in crud.list_workers(db, seen_within_s=within) if w.queue == queue]
+
+
+def submit_errors(db: Session, settings: Settings, spec: JobSpec) -> list[dict]:
+    """A multi-host run that the queue's recently seen hosts can never hold is refused at
+    submission (422 on runtime.nnodes, or nproc_per_node when there are hosts enough but none
+    large enough). A queue with no worker seen yet refuses nothing: its workers may still be
+    starting, and fail_unplaceable ends the run after the bound if none comes."""
+    rt = spec.runtime
+    if rt.nnodes <= 1:
+        return []
+    caps = seen_capacities(db, settings, rt.queue)
+    if not caps or (why := never_fits(caps, rt.queue, rt.nnodes, rt.nproc_per_node,
+                                      kind="known")) is None:
+        return []
+    field_ = "nnodes" if len({c.host for c in caps}) < rt.nnodes else "nproc_per_node"
+    return [{"loc": ["body", "runtime", field_], "type": "unplaceable",
+             "msg": f"no combination of the hosts of queue {rt.queue!r} can ever hold this run: "
+                    f"{why} (known: a worker reported in the last "
+                    f"{settings.gang_unplaceable_timeout_s + settings.worker_alive_s:g} s); "
+                    "start workers on more hosts, or lower runtime.nnodes / nproc_per_node"}]
+
+
+def fail_unplaceable(db: Session, settings: Settings) -> list[str]:
+    """Waiting multi-host runs older than `gang_unplaceable_timeout_s` that no combination of
+    the hosts seen meanwhile could hold (seen_capacities) fail with the reason; returns their
+    IDs. Runs that could fit keep waiting however long: their hosts are busy, not missing."""
+    bound = settings.gang_unplaceable_timeout_s
+    cutoff = utcnow() - timedelta(seconds=bound)
+    seen: dict[str, list[Capacity]] = {}
+    failed = []
+    for run in crud.waiting_gang_runs(db):
+        if run.created_at >= cutoff:
+            continue
+        if run.queue not in seen:
+            seen[run.queue] = seen_capacities(db, settings, run.queue)
+        if fits_when_free(seen[run.queue], run.nnodes, ranks_per_node(run)):
+            continue
+        # in words over the live hosts (a subset of those seen: they cannot hold it either)
+        why = never_fits(capacities(db, settings, run.queue), run.queue, run.nnodes,
+                         ranks_per_node(run))
+        if why is None:  # a worker reported in since seen_capacities: it may fit now
+            continue
+        if crud.fail_gang(db, run.id, f"not placed within {bound:g} s "
+                          f"(PARALAB_GANG_UNPLACEABLE_TIMEOUT_S): no combination of the hosts of "
+                          f"queue {run.queue!r} could hold it: {why}"):
+            failed.append(run.id)
+    return failed
+
+
+def waiting_ahead(db: Session, run: Run, caps: list[Capacity]) -> list[str]:
+    """The queued multi-host runs of its queue placed before it (older, not placed, and able
+    to fit these hosts: one that cannot is skipped by the placer, see place_waiting)."""
     ahead = []
     for r in crud.waiting_gang_runs(db):
         if r.id == run.id:
             return ahead
-        if r.queue == run.queue:
+        if r.queue == run.queue and fits_when_free(caps, r.nnodes, ranks_per_node(r)):
             ahead.append(r.id)
     return []
 
@@ -136,7 +225,8 @@ def why_waiting(db: Session, settings: Settings, run: Run) -> str | None:
         return None
     if any(n.status == "reserved" for n in crud.nodes_of(db, run.id)):
         return "placed: waiting for its workers to start their nodes"
-    return wait_reason(capacities(db, settings, run.queue), run, waiting_ahead(db, run))
+    caps = capacities(db, settings, run.queue)
+    return wait_reason(caps, run, waiting_ahead(db, run, caps))
 
 
 def node_view(db: Session, run_id: str) -> list[dict]:
@@ -167,8 +257,7 @@ def place_waiting(db: Session, settings: Settings,
     for run in crud.waiting_gang_runs(db):
         if run.queue in blocked:
             continue
-        rt = (run.spec or {}).get("runtime") or {}
-        per = int(rt.get("nproc_per_node") or 1)
+        per = ranks_per_node(run)
         try:
             locked = _lock(db, run.queue)
             alive = {w.name for w in crud.list_workers(db, seen_within_s=settings.worker_alive_s)}
@@ -182,8 +271,9 @@ def place_waiting(db: Session, settings: Settings,
             chosen = pick(caps, run.nnodes, per)
             if chosen is None:
                 db.rollback()
-                blocked.add(run.queue)
-                continue
+                if fits_when_free(caps, run.nnodes, per):  # it waits for its hosts to free:
+                    blocked.add(run.queue)  # nothing younger takes them meanwhile
+                continue  # else it never fits these hosts: it blocks nothing (fail_unplaceable)
             crud.reserve(db, run.id, [(c.worker, c.host) for c in chosen], per)
             db.commit()
         except Exception:
@@ -206,8 +296,11 @@ def reconcile_nodes(db: Session, settings: Settings,
     """Placed nodes no worker claimed within the claim bound: published again while their
     worker lives; a placement whose worker died before any node started is released (the run
     is placed again); a running run whose unstarted node's worker died fails as host lost;
-    after `queue_claim_attempts` publications the run fails with the reason."""
-    out: dict[str, list[str]] = {"republished": [], "released": [], "failed": []}
+    after `queue_claim_attempts` publications the run fails with the reason. Then waiting
+    runs that could not be placed within the bound fail ("unplaceable"), and the rest are
+    placed."""
+    out: dict[str, list[str]] = {"republished": [], "released": [], "failed": [],
+                                 "unplaceable": []}
     alive = {w.name for w in crud.list_workers(db, seen_within_s=settings.worker_alive_s)}
     for n in crud.unclaimed_nodes(db, older_than_s=settings.queue_claim_timeout_s):
         run = db.get(Run, n.run_id)
@@ -232,5 +325,6 @@ def reconcile_nodes(db: Session, settings: Settings,
                 log.warning("republishing node %d of run %s failed", n.node, n.run_id,
                             exc_info=True)
             out["republished"].append(n.run_id)
+    out["unplaceable"] = fail_unplaceable(db, settings)
     place_waiting(db, settings, publish)
     return out

@@ -15,6 +15,10 @@ message was published more than `queue_claim_timeout_s` ago and
 Several backend processes may run this loop at once: each step is a conditional UPDATE on the
 run's `enqueue_attempts` (crud.mark_enqueued / crud.fail_unclaimed), so exactly one process
 publishes or fails a given attempt.
+
+Multi-host runs are the placer's (backend/services/placement.py reconcile_nodes, each round):
+unclaimed nodes are published again, and a run that no combination of its queue's hosts could
+hold for `gang_unplaceable_timeout_s` fails with the reason.
 """
 
 from __future__ import annotations
@@ -90,7 +94,10 @@ async def reconciler(settings: Settings) -> None:
     def round_():
         with maker() as db:
             done = reconcile_once(db, settings)
-            placement.reconcile_nodes(db, settings)  # multi-host runs: place, republish
+            # multi-host runs: place, republish, fail those no hosts could hold in the bound
+            done["unplaceable"] = placement.reconcile_nodes(db, settings)["unplaceable"]
+            for run_id in done["unplaceable"]:
+                hub.publish_status(run_id, "failed")
             return done
 
     while True:
@@ -106,3 +113,7 @@ async def reconciler(settings: Settings) -> None:
         if done["failed"]:
             log.warning("queued runs failed: no worker claimed them after %d attempts: %s",
                         settings.queue_claim_attempts, done["failed"])
+        if done["unplaceable"]:
+            log.warning("multi-host runs failed: no hosts of their queue could hold them "
+                        "within %g s: %s", settings.gang_unplaceable_timeout_s,
+                        done["unplaceable"])
