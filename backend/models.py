@@ -250,6 +250,8 @@ class User(Base):
     # Per-user limits; None falls back to the Settings defaults.
     max_concurrent_runs: Mapped[int | None] = mapped_column(Integer)
     max_world_size: Mapped[int | None] = mapped_column(Integer)
+    # world size x hours over Settings.quota_window_s (backend/quotas.py; migration 0010)
+    max_slot_hours: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     password_changed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 

@@ -6,17 +6,15 @@ member: also submit runs and sweeps; cancel, edit and delete their own runs; can
         sweeps; star runs; save comparisons.
 admin:  everything, including other people's runs, users and the audit log.
 
-Per-user limits (concurrent queued+running runs, maximum world size) are checked at submit.
+Per-user limits (maximum world size here; concurrent queued+running runs, slot-hours and the
+spec bounds in backend/quotas.py) are checked at submit.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
-
 from backend.core.identity import Principal
 from backend.errors import Forbidden
-from backend.models import Run, User
+from backend.models import Run
 
 RANK = {"viewer": 0, "member": 1, "admin": 2}
 ACTIVE = ("queued", "running")
@@ -72,24 +70,6 @@ def require_modify_sweep(user: Principal, sweep, action: str) -> None:
 
 def require_admin(user: Principal, what: str) -> None:
     require_role(user, "admin", what)
-
-
-def check_submit_limits(db: Session, user: Principal, world_size: int, runs: int = 1) -> None:
-    """Forbidden (403) naming the limit when this submission (`runs` runs at once: a sweep's
-    members) would exceed the user's own limits."""
-    check_world_size(user, world_size)
-    if user.max_concurrent_runs is not None:
-        if db.bind is not None and db.bind.dialect.name == "postgresql":
-            # Serialise concurrent submissions of one user, so two at once cannot both pass.
-            db.execute(select(User.id).where(User.id == user.id).with_for_update())
-        active = db.scalar(select(func.count()).select_from(Run).where(
-            Run.owner == user.username, Run.status.in_(ACTIVE)))
-        if active + runs > user.max_concurrent_runs:
-            adds = "" if runs == 1 else f" and this sweep adds {runs}"
-            raise Forbidden(f"per-user limit max_concurrent_runs="
-                                     f"{user.max_concurrent_runs}: you already have {active} "
-                                     f"queued or running runs{adds}; wait for one to finish or "
-                                     "cancel one")
 
 
 def check_world_size(user: Principal, world_size: int) -> None:

@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--role", choices=["viewer", "member", "admin"])
     u.add_argument("--max-concurrent-runs", type=int)
     u.add_argument("--max-world-size", type=int)
+    u.add_argument("--max-slot-hours", type=float,
+                   help="world size x hours over PARALAB_QUOTA_WINDOW_S (< 0: the default)")
     u.add_argument("--active", choices=["yes", "no"])
     u.add_argument("--password-stdin", action="store_true", help="new password from stdin")
     s.set_defaults(fn=cmd_users)

@@ -40,7 +40,8 @@ def cli_users(a) -> int:
             return 0
         if a.users_cmd == "list":
             for u in crud.list_users(db):
-                limits = f"runs<={u.max_concurrent_runs} world<={u.max_world_size}"
+                limits = (f"runs<={u.max_concurrent_runs} world<={u.max_world_size} "
+                          f"slot-hours<={u.max_slot_hours}")
                 _out(f"{u.username:20} {u.role:7} {'active' if u.is_active else 'disabled':8} "
                       f"{limits}")
             return 0
@@ -55,6 +56,8 @@ def cli_users(a) -> int:
                 a.max_concurrent_runs >= 0 else None
         if a.max_world_size is not None:
             changes["max_world_size"] = a.max_world_size if a.max_world_size > 0 else None
+        if a.max_slot_hours is not None:  # negative: back to the server default
+            changes["max_slot_hours"] = None if a.max_slot_hours < 0 else a.max_slot_hours
         if a.active:
             changes["is_active"] = a.active == "yes"
         if changes:

@@ -3,6 +3,8 @@ raises ValueError with a message "field: rule" (routes and the CLI turn it into 
 
 from __future__ import annotations
 
+import math
+
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -26,7 +28,8 @@ def list_users(db: Session) -> list[User]:
 
 def create_user(db: Session, settings: Settings, username: str, password: str, *,
                 role: str = "member", max_concurrent_runs: int | None = None,
-                max_world_size: int | None = None, actor: str = "system",
+                max_world_size: int | None = None, max_slot_hours: float | None = None,
+                actor: str = "system",
                 client: str | None = None) -> User:
     """ValueError with a message naming the field on any invalid input or a taken name."""
     if err := security.check_username(username):
@@ -35,9 +38,11 @@ def create_user(db: Session, settings: Settings, username: str, password: str, *
         raise ValueError(f"role: one of {', '.join(security.ROLES)}")
     if err := security.check_password_policy(settings, password):
         raise ValueError(err)
+    check_slot_hours(max_slot_hours)
     user = User(username=username, password_hash=security.hash_password(settings, password),
                 role=role, is_active=True, max_concurrent_runs=max_concurrent_runs,
-                max_world_size=max_world_size, created_at=utcnow(),
+                max_world_size=max_world_size, max_slot_hours=max_slot_hours,
+                created_at=utcnow(),
                 password_changed_at=utcnow())
     db.add(user)
     try:
@@ -48,6 +53,12 @@ def create_user(db: Session, settings: Settings, username: str, password: str, *
     audit(db, actor, "user.create", username, {"role": role}, client, commit=False)
     db.commit()
     return user
+
+
+def check_slot_hours(value: float | None) -> None:
+    if value is not None and not (math.isfinite(value) and 0 <= value <= 1e9):
+        raise ValueError("max_slot_hours: a number from 0 to 1e9 (null: the server default, "
+                         "PARALAB_DEFAULT_MAX_SLOT_HOURS)")
 
 
 def set_password(db: Session, settings: Settings, user: User, password: str, *,
@@ -69,6 +80,7 @@ def update_user(db: Session, user: User, changes: dict, *, actor: str,
     before = {k: getattr(user, k) for k in changes}
     if "role" in changes and changes["role"] not in security.ROLES:
         raise ValueError(f"role: one of {', '.join(security.ROLES)}")
+    check_slot_hours(changes.get("max_slot_hours"))
     for k, v in changes.items():
         setattr(user, k, v)
     if changes.get("is_active") is False:

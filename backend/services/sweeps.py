@@ -11,12 +11,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from backend import crud, permissions
+from backend import crud, permissions, quotas
 from backend.core.config import Settings
 from backend.core.identity import Principal
 from backend.errors import Conflict, Forbidden, Invalid
 from backend.models import FINISHED, Sweep
-from backend.services import placement, resume
+from backend.services import placement
 from backend.services import runs as run_service
 from backend.services.sweep_body import member_body, parse
 from jobs.spec import JobSpec, SpecError, parse_spec, to_dict
@@ -58,7 +58,7 @@ def _check_member(db: Session, settings: Settings, body: dict, user: Principal |
         spec = parse_spec(body, max_world_size=settings.max_world_size, require_available=True)
     except SpecError as exc:
         return None, [{**e, "loc": ["body", *e["loc"]]} for e in exc.errors]
-    errors = resume.check(db, settings, spec)
+    errors = run_service.spec_errors(db, settings, spec, user)
     if not errors and user is not None:
         try:
             permissions.check_world_size(user, spec.world_size)
@@ -92,12 +92,10 @@ def submit(db: Session, settings: Settings, body: Any, *, owner: str | Principal
     if not valid:
         raise Invalid(errors=[{**e, "loc": ["body", "members", i, *e["loc"][1:]]}
                               for i, (_, _, errs, _) in enumerate(members) for e in errs])
-    if user is not None and user.max_concurrent_runs is not None:
+    if quotas.needs_lock(db, settings, user):
         run_service.lock_for_limit(db)
-    try:
-        if user is not None:
-            permissions.check_submit_limits(db, user, max(s.world_size for s in valid),
-                                            runs=len(valid))
+    try:  # every valid member counts: the sweep is refused whole, nothing stored
+        quotas.check_submit(db, settings, user, valid)
         sweep = crud.create_sweep(db, name=name, owner=owner, base=base, grid=grid,
                                   tags=tags, notes=notes, members=members)  # commit: unlock
     except Exception:

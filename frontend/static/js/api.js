@@ -33,6 +33,8 @@ const metricsCache = {};
 
 export const api = {
   presets: () => request("GET", "/api/presets"),
+  me: () => request("GET", "/api/auth/me"),
+  limits: (user) => request("GET", `/api/users/${enc(user)}/limits`),
   specFields: () => request("GET", "/api/spec"),
   workers: () => request("GET", "/api/workers"),
   cluster: () => request("GET", "/api/cluster"),

@@ -3,6 +3,7 @@
 // invalid combinations inline before submit.
 import { api, formatErrors } from "./api.js";
 import { $, el, fmtBytes } from "./dom.js";
+import { boundErrors, renderLimits } from "./limits.js";
 import { WHATIF_INPUTS, renderPrediction, whatIfAssumptions } from "./predict.js";
 
 const SECTIONS = [["", "Job"], ["model", "Model"], ["parallel", "Parallel layout"],
@@ -17,6 +18,7 @@ let base = {}; // the preset / cloned spec, to highlight what the user changed
 let timer = null;
 let seq = 0;
 let valid = false;
+let limits = null; // the caller's quotas and usage (GET /api/users/{name}/limits)
 
 const getPath = (obj, path) => path.split(".").reduce((o, k) => (o == null ? o : o[k]), obj);
 function setPath(obj, path, value) {
@@ -188,6 +190,23 @@ function showErrors(errors) {
     : general.join("\n");
 }
 
+// The errors of the prediction plus those of the bounds; true when there are none.
+function showAll(errors) {
+  const all = [...errors, ...boundErrors(limits, (p) => getPath(spec, p) ?? fields[p]?.default)];
+  showErrors(all);
+  return all.length === 0;
+}
+
+async function loadLimits() {
+  try {
+    limits = await api.limits((await api.me()).username);
+  } catch {
+    return; // the form works without them; the server checks the bounds at submit
+  }
+  renderLimits(limits);
+  schedulePredict();
+}
+
 function schedulePredict() {
   clearTimeout(timer);
   $("#pred-status").textContent = "updating…";
@@ -201,9 +220,8 @@ async function predictNow() {
   try {
     const pred = await api.predict(own, assumptions);
     if (mine !== seq) return;
-    valid = true;
+    valid = showAll([]);
     $("#prediction").classList.remove("stale");
-    showErrors([]);
     $("#pred-status").textContent = "";
     renderPrediction(pred, Number($("#device-gb").value) * 1e9);
     renderTraceSize(pred.trace);
@@ -212,16 +230,15 @@ async function predictNow() {
     const detail = e.status === 422 && Array.isArray(e.detail) ? e.detail : [];
     if (detail.length && detail.every((x) => x.loc?.[1] === "assumptions")) {
       // the spec parsed (its errors come first): only the panel's what-if is wrong
-      valid = true;
-      showErrors([]);
+      valid = showAll([]);
       $("#pred-status").textContent = "what-if: " + detail.map((x) =>
         `${x.loc[x.loc.length - 1]} ${x.msg}`).join("; ");
-      $("#submit").disabled = false;
+      $("#submit").disabled = !valid;
       return;
     }
-    valid = e.status !== 422;
+    valid = showAll(e.status === 422 && Array.isArray(e.detail) ? e.detail : []) &&
+      e.status !== 422;
     $("#prediction").classList.add("stale");
-    showErrors(e.status === 422 && Array.isArray(e.detail) ? e.detail : []);
     $("#pred-status").textContent = e.status === 422 ? "fix the highlighted fields"
       : `prediction unavailable: ${e.message}`;
   }
@@ -254,6 +271,7 @@ function usePreset(name) {
   $("#name").value = p.name;
   $("#preset-title").textContent = p.title + (p.available ? "" : " (not available yet)");
   buildForm();
+  if (limits) renderLimits(limits);
   markChanged();
   schedulePredict();
 }
@@ -288,6 +306,7 @@ async function init() {
     $("#notes").value = run.notes || "";
     $("#form-title").textContent = `Clone of ${run.name}`;
     buildForm();
+    if (limits) renderLimits(limits);
     schedulePredict();
   } else {
     const name = params.get("preset") || "ddp";
@@ -300,6 +319,7 @@ async function init() {
     if (q) q.value = params.get("queue");
   }
   $("#new-run").addEventListener("submit", submit);
+  loadLimits();
 }
 
 async function submit(ev) {
