@@ -220,8 +220,8 @@ def _rank_rows(meta: dict, extra_ranks: set) -> list[dict]:
 def _degrees(meta: dict) -> dict:
     for m in meta.values():
         par = (m.get("spec") or {}).get("parallel") or {}
-        if par:
-            return par
+        if par:  # the degrees only (the loader checked the shapes down to `parallel`)
+            return {k: v for k, v in par.items() if type(v) is int}
     return {}
 
 

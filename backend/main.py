@@ -36,17 +36,27 @@ from backend.api.routes import (
     users,
 )
 from backend.api.routes import auth as auth_routes
-from backend.api.schemas import NESTING_RULE
+from backend.api.schemas import NESTING_RULE, TEXT_PATTERN
 from backend.core.config import Settings, get_settings
 from backend.core.db import get_engine, get_sessionmaker
 from backend.core.security import LoginThrottle, check_startup
 from backend.errors import DomainError, MethodNotAllowed, NotFound
+from backend.migrate import schema_behind
 from backend.services.health import RecordRefusedWorkers
 from backend.services.reconcile import reconciler
 from backend.streams import hub
 from jobs.spec import json_schema
 
 log = logging.getLogger(__name__)
+
+
+def _schema_behind(url: str) -> str | None:
+    """backend.migrate.schema_behind, or None when that cannot be told (the database does
+    not answer: the original error stands)."""
+    try:
+        return schema_behind(url)
+    except Exception:  # noqa: BLE001 - only a better message is at stake
+        return None
 FRONTEND = Path(__file__).resolve().parent.parent / "frontend"
 
 
@@ -150,6 +160,22 @@ def declare_errors(schema: dict) -> None:
                                             "content": {"application/json": {"schema": ref}}})
 
 
+def declare_text_rule(schema: dict) -> None:
+    """The text rule deps.check_params enforces on every path and query parameter, stated in
+    the schema of each string one (as SafeStr states it for body fields): a client, or a
+    fuzzer, can then tell a valid request from one the API refuses. (File paths, which have
+    a stricter rule of their own, refuse these characters too: storage.resolve_run_path.)"""
+    for operations in schema["paths"].values():
+        for op in operations.values():
+            for param in op.get("parameters", ()):
+                if param["in"] not in ("path", "query"):
+                    continue
+                sch = param["schema"]
+                for alt in sch.get("anyOf", [sch]):
+                    if alt.get("type") == "string" and "enum" not in alt:
+                        alt.setdefault("pattern", TEXT_PATTERN)
+
+
 def allowed_methods(app: FastAPI, path: str) -> list[str] | None:
     """The methods the OpenAPI schema declares at this path (the `Allow` of a 405; Starlette's
     names only the first matching route's), or None for a path outside the schema."""
@@ -240,6 +266,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(DBAPIError)
     async def _db_error(_request, exc: DBAPIError):
         if not storage.is_disk_full(exc):
+            # a missing table or column: the database lags this code (a `paralab serve`
+            # on a database nobody migrated) - the operator's to fix, said as such
+            behind = await run_in_threadpool(_schema_behind, settings.db_url)
+            if behind:
+                log.error("%s", behind)
+                return JSONResponse({"detail": behind}, 503)
             raise exc
         return _out_of_space(f"the database ({settings.db_url.split('@')[-1]})", exc,
                              local=settings.db_url.startswith("sqlite"))
@@ -278,6 +310,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "application/json"]
             body["schema"] = json_schema()
             declare_errors(schema)
+            declare_text_rule(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -18,6 +18,12 @@ from urllib.parse import unquote
 from backend.errors import Conflict, InsufficientStorage, UnsafePath
 
 _SAFE_PART = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
+# resolve_run_path's rule as the OpenAPI schema states it (a regular expression of JSON
+# Schema's dialect): parts of _SAFE_PART's characters joined by "/", none of them "." or "..".
+_PART = r"(?:[A-Za-z0-9_-][A-Za-z0-9_.-]{0,199}|\.[A-Za-z0-9_-][A-Za-z0-9_.-]{0,198}" \
+        r"|\.\.[A-Za-z0-9_.-]{1,198})"
+FILE_PATH_PATTERN = f"^{_PART}(?:/{_PART})*$"
+_FILE_PATH = re.compile(FILE_PATH_PATTERN.replace("$", r"\Z"))  # ($ would let a "\n" end it)
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 # TEST-ONLY fault injection, like jobs/testbug.py: while the file this names exists, every
 # write of run files and of the database raises OSError(ENOSPC), as a full disk does. Read
@@ -113,6 +119,9 @@ def resolve_run_path(runs_dir: Path, run_id: str, rel: str) -> Path:
         if part in ("..", ".") or not _SAFE_PART.match(part):
             raise UnsafePath(f"path: part {part!r} is not allowed "
                              "(letters, digits, '_', '-', '.'; no '..')")
+    if not _FILE_PATH.match(rel):  # what the schema states: no empty part, no encoding
+        raise UnsafePath("path: must be parts of letters, digits, '_', '-', '.' joined by "
+                         "'/' (no empty part, no '.' or '..' part, nothing %-encoded)")
     base = (runs_dir / run_id).resolve()
     target = (base / Path(*p.parts)).resolve()
     if base not in target.parents:

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 from celery import shared_task
@@ -47,6 +48,8 @@ celery_trace.LOG_SUCCESS = ("Task %(name)s[%(id)s] done in %(runtime)ss; "
                             "the run ended %(return_value)s")
 
 SHUTDOWN = threading.Event()
+# The suffixes of a file being written atomically (renamed when complete): never a run file.
+PARTIAL = (".part", ".tmp")
 _busy = 0
 _busy_lock = threading.Lock()
 
@@ -57,6 +60,13 @@ def worker_host(settings: Settings) -> str:
 
 def worker_name(settings: Settings) -> str:
     return settings.worker_name or f"{settings.queue}@{worker_host(settings)}"
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def _client(settings: Settings) -> BackendClient:
@@ -317,11 +327,13 @@ class JobSupervisor:
         kill_run_processes(self.key)
 
     def _error_text(self, rc: int) -> str:
-        errs = sorted(self.out.glob("error-rank*.txt"))
-        if errs:
-            heads = [p.read_text(errors="replace").split("\n", 1)[0] for p in errs]
-            detail = errs[0].read_text(errors="replace")
-            return "\n".join(heads) + "\n\n" + detail[-20000:]
+        # a rank that died on a full disk leaves its error file empty (or blank): only the
+        # files with words count, else the exit code is all there is
+        texts = [t for t in (_read_text(p) for p in sorted(self.out.glob("error-rank*.txt")))
+                 if t.strip()]
+        if texts:
+            heads = [t.strip().split("\n", 1)[0] for t in texts]
+            return "\n".join(heads) + "\n\n" + texts[0].strip()[-20000:]
         return f"torchrun exited with code {rc}; see the run's log"
 
     def _summary(self) -> dict | None:
@@ -375,8 +387,11 @@ class JobSupervisor:
             self.say(f"columnar trace conversion failed: {type(exc).__name__}: {exc}")
 
     def _upload(self, skip: set[str] | frozenset = frozenset()) -> None:
-        """Every file of the run folder, except the relative paths in `skip`."""
-        files = [self.dir / "spec.json", *sorted(p for p in self.out.rglob("*") if p.is_file())]
+        """Every file of the run folder, except the relative paths in `skip` and the
+        half-written files of an atomic write (`*.part`, `*.tmp`: left behind when a write
+        failed, e.g. on a full disk; the run's files are the ones they would have replaced)."""
+        files = [self.dir / "spec.json", *sorted(
+            p for p in self.out.rglob("*") if p.is_file() and p.suffix not in PARTIAL)]
         for p in files:
             if p.relative_to(self.out if p.is_relative_to(self.out) else self.dir).as_posix() \
                     in skip:

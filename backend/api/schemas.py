@@ -9,9 +9,11 @@ import math
 from datetime import datetime
 from typing import Annotated, Any
 
+from fastapi import Path
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from backend.models import Run
+from backend.storage import FILE_PATH_PATTERN
 from jobs.spec import number_problem, text_problem
 
 # Integer columns: a bound on every integer a client sends, so that none overflows the
@@ -49,6 +51,10 @@ def _json_integer(value: Any) -> Any:
 
 
 JsonInt = Annotated[int, BeforeValidator(_json_integer)]
+# A process's exit code as the runs table holds it (an INTEGER). The bounds go before JsonInt's
+# validator: after it, or as Field(ge=, le=) on `JsonInt | None`, pydantic writes them into the
+# schema as the unknown keywords `ge` / `le`, and the schema said nothing (issue 36, item 9).
+ExitCode = Annotated[int, Field(ge=-(2**31), le=2**31 - 1), *JsonInt.__metadata__]
 
 
 def json_problems(value: Any, loc: tuple = (), depth: int = 0) -> list[tuple[tuple, str]]:
@@ -175,6 +181,19 @@ class FileOut(BaseModel):
     created_at: datetime
 
 
+# A run file's path in the URL (GET / PUT .../files/{path}): the schema states
+# storage.resolve_run_path's rule, which the route enforces (400, not a 422: the rule is the
+# storage's). Documented only, hence json_schema_extra.
+RunFilePath = Annotated[str, Path(
+    description="relative to the run's folder, e.g. trace-rank0.jsonl",
+    json_schema_extra={"pattern": FILE_PATH_PATTERN})]
+
+# A run file as GET .../files/{path} answers it: its bytes, with the media type its name
+# implies (JSON, text, Parquet, ...): declared as any type, not the JSON FastAPI assumes.
+FILE_RESPONSES = {200: {"description": "the file's bytes; the media type its name implies",
+                        "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}}}}
+
+
 class ClaimIn(Input):
     worker: SafeStr = Field(max_length=200)
     task_id: SafeStr | None = Field(None, max_length=200)
@@ -182,15 +201,10 @@ class ClaimIn(Input):
 
 class LogLine(Input):
     seq: JsonInt = Field(ge=0, le=INT32_MAX)  # run_logs.seq is an INTEGER
-    ts: str | None = Field(None, max_length=64, description="ISO 8601")
+    ts: str | None = Field(None, max_length=64, description="ISO 8601, when the line was "
+                           "written; a time that cannot be read or stored is replaced by the "
+                           "time the line arrived, and named in the answer's `rejected`")
     line: str = Field(max_length=65536)
-
-    @field_validator("ts")
-    @classmethod
-    def _iso(cls, v: str | None) -> str | None:
-        if v is not None:
-            datetime.fromisoformat(v)  # ValueError: a 422 naming ts
-        return v
 
     @field_validator("line")
     @classmethod
@@ -202,9 +216,25 @@ class LogBatch(Input):
     lines: list[LogLine] = Field(max_length=10000)
 
 
+class LineProblem(BaseModel):
+    loc: list[str | int] = Field(description='e.g. ["body", "lines", 3, "ts"]')
+    msg: str
+
+
+class LogBatchOut(BaseModel):
+    """The answer to a log batch: it is never refused for what one line holds (the line, or
+    the rest of the batch, would be lost, and the worker would resend it for nothing)."""
+
+    added: int = Field(description="lines stored now (those of a retried batch the backend "
+                                   "already had are not counted)")
+    rejected: list[LineProblem] | None = Field(
+        None, description="what of the added lines could not be stored as sent, and what was "
+                          "stored instead (absent: nothing); final, the worker does not resend")
+
+
 class FinishIn(Input):
     status: str = Field(pattern="^(succeeded|failed|cancelled|timed_out|hung)$")
-    exit_code: JsonInt | None = Field(None, ge=-INT32_MAX - 1, le=INT32_MAX)
+    exit_code: ExitCode | None = None
     error: str | None = Field(None, max_length=200_000)
     summary: WorkerJson | None = None
     provenance: WorkerJson | None = None

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from backend.cli.client import CliError, _auth_headers, _url
 
@@ -28,6 +29,9 @@ def cmd_serve(a) -> int:
         app = create_app(settings)
     except ConfigError as exc:
         raise CliError(str(exc)) from exc
+    from backend.main import _schema_behind
+    if behind := _schema_behind(settings.db_url):  # served anyway: /api/health says so (503)
+        sys.stderr.write(f"paralab serve: {behind}\n")
     uvicorn.run(app, host=host, port=a.port or settings.port,
                 log_level="info", timeout_graceful_shutdown=5)
     return 0

@@ -110,6 +110,64 @@ class Settings(BaseSettings):
     # A token's last_used_at is written at most this often.
     token_touch_s: float = Field(60.0, ge=0)
 
+    # -- bounded work per request (issue 36; docs/security.md, "Limits") ----------------------
+    # (advise, predict, schedules: the search and simulator budgets, the rate limit)
+    # POST /api/advise counts its search before it evaluates any layout and refuses one over a
+    # bound with a 422 naming it (docs/advisor.md "Bounds"): layouts enumerated (pruned ones
+    # included), candidates evaluated (each a spec parsed and predicted), schedule-simulator
+    # actions over the candidates' distinct pipeline simulations.
+    advise_max_layouts: int = Field(200_000, ge=1)
+    advise_max_candidates: int = Field(10_000, ge=1)
+    advise_max_sim_actions: int = Field(1_000_000, ge=1)
+    # The search runs in this many child processes at most (outside the API's event loop and
+    # GIL; a request that finds them all busy gets 503 + Retry-After), each killed past the
+    # wall-clock bound and held to the address-space bound (RLIMIT_AS): a 422 that says so.
+    advise_workers: int = Field(2, ge=1, le=64)
+    advise_timeout_s: float = Field(60.0, gt=0)
+    advise_memory_bytes: int = Field(1 << 30, ge=16 << 20)
+    # Each of the theory's memos (evaluations, simulations), in bytes, least recently used
+    # evicted; None: jobs.theory.bytecache.CACHE_BYTES.
+    advise_cache_bytes: int | None = Field(None, ge=0)
+    # Per user, in a sliding window: advise requests, and the other requests whose cost grows
+    # with the request (POST /api/predict, GET /api/schedules/explore); over it: 429 with
+    # Retry-After. A request refused for a field's rule (422) does not count; an advice
+    # refused by the search budget does.
+    rate_limit_window_s: float = Field(60.0, gt=0)
+    rate_limit_advise: int = Field(10, ge=1)
+    rate_limit_compute: int = Field(120, ge=1)
+
+    # -- placement: no run waits forever ------------------------------------------------------
+    # A multi-host run that the queue's hosts could not hold even when free (too few hosts, or
+    # no worker with nproc_per_node ranks) is skipped by the placer, so it blocks no younger
+    # run; one that stayed so this long (every worker seen meanwhile counted, so a restarting
+    # host does not fail it) is failed with the reason (docs/hosts.md "Placement").
+    gang_unplaceable_timeout_s: float = Field(600.0, gt=0)
+    # /api/health is degraded while a queued run (one-host or multi-host) has waited longer.
+    queue_wait_warn_s: float = Field(3600.0, gt=0)
+
+    # -- streams, logs and the worker channel -------------------------------------------------
+    # The worker channel (/api/internal) runs in threads of its own, this many at once: browser
+    # pages and streams (FastAPI's shared pool of 40) can never take every thread it needs.
+    worker_channel_threads: int = Field(16, ge=1, le=1000)
+    # Streams behind the in-memory buffer read their backlog from the database in pages, at
+    # most this many reads at once across all streams and log downloads (the others wait;
+    # a read is mostly Python, so more at once mostly share the one interpreter lock).
+    stream_replay_reads: int = Field(2, ge=1, le=1000)
+
+    # -- quotas (team mode; shown in the new-run form) ----------------------------------------
+    # backend/quotas.py, docs/security.md "Quotas". Team mode applies these defaults; local
+    # mode (auth none) only those set explicitly. 0: no bound / no limit.
+    # At submit (runs, every sweep member, resumes): runtime.timeout_s at most this, and the
+    # hang watch on with runtime.hang_timeout_s at least this (its 0 = off is refused).
+    # Admins are exempt in team mode.
+    quota_max_timeout_s: float = Field(86400.0, ge=0)
+    quota_min_hang_timeout_s: float = Field(30.0, ge=0)
+    # Slot-hours (world size x hours) per user over this rolling window: finished runs count
+    # what they used inside it, queued and running runs reserve world size x timeout_s.
+    quota_window_s: float = Field(7 * 86400.0, gt=0)
+    # For users without their own max_slot_hours (PATCH /api/users/{name}).
+    default_max_slot_hours: float = Field(500.0, ge=0)
+
     @property
     def worker_alive_s(self) -> float:
         """A worker counts as live while its last heartbeat is this recent: three missed beats

@@ -50,12 +50,14 @@ from backend.crud.runs import (
     heartbeat,
     list_files,
     list_runs,
+    log_page,
     logs_after,
     mark_enqueued,
     new_run_id,
     reap_lost_runs,
     record_file,
     request_cancel,
+    run_status,
     unclaimed_runs,
 )
 from backend.crud.sweeps import (
@@ -95,7 +97,8 @@ __all__ = [
     "create_credential", "create_run", "create_user", "decode_cursor", "delete_run", "finish",
     "get_run", "get_user", "heartbeat", "latest_sweep", "list_audit", "list_files", "list_runs",
     "latest_compute_calibration",
-    "list_tokens", "list_users", "list_workers", "local_user", "logs_after",
+    "list_tokens", "list_users", "list_workers", "local_user", "log_page", "logs_after",
+    "run_status",
     "lookup_credential", "new_run_id", "reap_lost_runs", "record_file", "request_cancel",
     "revoke_credential", "set_password", "collective_sweeps", "update_user", "upsert_worker",
     # the reconciler and health (backend/services/reconcile.py, health.py)

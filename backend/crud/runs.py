@@ -9,12 +9,13 @@ import math
 import re
 import secrets
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy import and_, case, delete, func, null, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, defer
 
+from backend.api.schemas import INT32_MAX
 from backend.models import (
     FINISHED,
     METRIC_COLUMNS,
@@ -97,8 +98,13 @@ def _cursor_value(value, key: str):
         return None
     if col_type is str and isinstance(value, str) and text_problem(value) is None:
         return value
-    if col_type in (int, float) and type(value) in (int, float) and math.isfinite(value) \
-            and (col_type is float or (type(value) is int and abs(value) <= _INT64)):
+    if col_type is float and type(value) in (int, float):
+        # an integer goes to the driver as an integer: one past int64 overflows the bind
+        # (SQLite) or the comparison (PostgreSQL), so it is compared as the float it stands for
+        value = float(value)  # OverflowError past 1e308: not a cursor either
+        if math.isfinite(value):
+            return value
+    if col_type is int and type(value) is int and abs(value) <= _INT64:
         return value
     raise ValueError(f"{_NOT_A_CURSOR} (for sort {key!r})")
 
@@ -216,22 +222,53 @@ def heartbeat(db: Session, run_id: str) -> Run | None:
 
 
 def _rank_of(line: str) -> int | None:
+    """The rank a line's prefix names, or None: a number past run_logs.rank (an INTEGER) is no
+    rank any job has, and the line is kept with none (checked on the digits first: Python
+    refuses to convert more than 4300 of them)."""
     m = _RANK_PREFIX.match(line)
-    return int(m.group(1)) if m else None
+    if m is None or len(m.group(1)) > len(str(INT32_MAX)):
+        return None
+    rank = int(m.group(1))
+    return rank if rank <= INT32_MAX else None
+
+
+def line_time(ts: str | None, now: datetime) -> tuple[datetime, str | None]:
+    """When a worker says a line was written, as both databases hold it, and None; or `now`
+    and why not: a time that is not ISO 8601 (Python's reading: the year 0 of the format is
+    none), or falls outside the years 1-9999 once in UTC, cannot be stored, and refusing the
+    line would lose it."""
+    if not ts:
+        return now, None
+    try:
+        t = datetime.fromisoformat(ts)
+    except ValueError:
+        return now, ("not an ISO 8601 time (YYYY-MM-DDTHH:MM:SS[.ffffff][+HH:MM], years "
+                     "1-9999); the line is stored with the time it arrived")
+    try:
+        if t.tzinfo is not None:
+            t.astimezone(UTC)
+    except OverflowError:
+        return now, ("outside the years 1-9999 once in UTC; the line is stored with the time "
+                     "it arrived")
+    return t, None
 
 
 def append_logs(db: Session, run_id: str, lines: list[dict],
-                out: list | None = None) -> int:
+                out: list | None = None, problems: list | None = None) -> int:
     """Idempotent on (run_id, seq): a worker retrying a batch after a timeout adds nothing,
     even while the first attempt is still being stored (one INSERT ... ON CONFLICT DO NOTHING:
     the database decides which lines are new, atomically, on both dialects). `out` collects
-    the added lines as (seq, rank, line) for the live streams."""
-    rows = {}
-    for x in lines:  # a seq twice in one batch: the first one counts
-        rows.setdefault(int(x["seq"]), {
-            "run_id": run_id, "seq": int(x["seq"]), "rank": _rank_of(x["line"]),
-            "ts": datetime.fromisoformat(x["ts"]) if x.get("ts") else utcnow(),
-            "line": x["line"]})
+    the added lines as (seq, rank, line) for the live streams; `problems`, (index in `lines`,
+    field, why) of each added line stored other than it came (line_time)."""
+    rows, why, now = {}, {}, utcnow()
+    for i, x in enumerate(lines):  # a seq twice in one batch: the first one counts
+        if int(x["seq"]) in rows:
+            continue
+        ts, problem = line_time(x.get("ts"), now)
+        if problem:
+            why[int(x["seq"])] = (i, "ts", problem)
+        rows[int(x["seq"])] = {"run_id": run_id, "seq": int(x["seq"]),
+                               "rank": _rank_of(x["line"]), "ts": ts, "line": x["line"]}
     if not rows:
         return 0
     dialect = {"postgresql": postgresql, "sqlite": sqlite}[db.get_bind().dialect.name]
@@ -243,15 +280,51 @@ def append_logs(db: Session, run_id: str, lines: list[dict],
     db.commit()
     if out is not None:
         out += [(s, rows[s]["rank"], rows[s]["line"]) for s in sorted(added)]
+    if problems is not None:
+        problems += sorted(why[s] for s in added if s in why)
     return len(added)
+
+
+def _rank_match(rank: int):
+    """A rank filter keeps that rank's lines and the lines of no rank (the worker's own)."""
+    return or_(RunLog.rank == rank, RunLog.rank.is_(None))
 
 
 def logs_after(db: Session, run_id: str, after: int = -1, *, rank: int | None = None,
                limit: int = 1000) -> list[RunLog]:
     stmt = select(RunLog).where(RunLog.run_id == run_id, RunLog.seq > after)
     if rank is not None:
-        stmt = stmt.where(or_(RunLog.rank == rank, RunLog.rank.is_(None)))
+        stmt = stmt.where(_rank_match(rank))
     return list(db.scalars(stmt.order_by(RunLog.seq).limit(limit)))
+
+
+def log_page(db: Session, run_id: str, after: int = -1, *, rank: int | None = None,
+             limit: int = 1000) -> list[tuple[int, int | None, str | None]]:
+    """The next `limit` lines after seq `after`, in order, as (seq, rank, line) columns (no
+    ORM objects: streams replay thousands). With `rank`, a line of another rank comes back as
+    (seq, rank, None): a filtered page scans the same rows an unfiltered one does, and its
+    reader's cursor moves to the last row's seq whether any matched (never reading them
+    again), so a filter costs no more than no filter.
+
+    Read as the range (after, after + limit] first: a run's seqs are contiguous (the worker
+    numbers its lines, the backend a multi-host run's) but for a batch never delivered, so
+    that range is nearly always the whole page, a bounded read whatever plan the database
+    picks (PostgreSQL's, for a run newer than its statistics, reads and sorts every line after
+    `after` for an open-ended ORDER BY ... LIMIT: quadratic over a replay). What it misses (a
+    gap, or the end of the log) comes from after the range."""
+    line = RunLog.line if rank is None else case((_rank_match(rank), RunLog.line), else_=null())
+    cols = select(RunLog.seq, RunLog.rank, line).where(RunLog.run_id == run_id)
+    rows = db.execute(cols.where(RunLog.seq > after, RunLog.seq <= after + limit)
+                      .order_by(RunLog.seq)).all()
+    if len(rows) < limit:
+        rows += db.execute(cols.where(RunLog.seq > after + limit).order_by(RunLog.seq)
+                           .limit(limit - len(rows))).all()
+    return [tuple(r) for r in rows]
+
+
+def run_status(db: Session, run_id: str) -> str | None:
+    """The run's status alone (a stream's page reads it beside the lines), None: no run."""
+    return db.scalar(select(Run.status).where(Run.id == run_id))
 
 
 def finish(db: Session, run_id: str, *, status: str, exit_code: int | None, error: str | None,

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from backend import crud, permissions
+from backend import crud, permissions, quotas
 from backend.core.config import Settings
 from backend.core.identity import Principal
 from backend.errors import Conflict, Invalid, Unavailable
@@ -77,11 +77,22 @@ def lock_for_limit(db: Session) -> None:
     """The concurrent-run limit counts the user's active runs, then adds one: two submissions
     at once must not both count the same number. On SQLite the transaction takes the write lock
     before it counts (BEGIN IMMEDIATE: the others wait, busy_timeout, then count again); on
-    PostgreSQL permissions.check_submit_limits locks the user's row (SELECT ... FOR UPDATE).
+    PostgreSQL quotas.check_submit locks the user's row (SELECT ... FOR UPDATE). The same for
+    the slot-hours quota, which counts what the active runs reserve.
     Either lock lasts until create_run commits, or the rollback of a refusal."""
     if db.get_bind().dialect.name == "sqlite":
         db.commit()  # end the reads of this request: BEGIN cannot nest
         db.connection().exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def spec_errors(db: Session, settings: Settings, spec: JobSpec,
+                user: Principal | None) -> list[dict]:
+    """The submit rules past the spec's own, as 422 entries: a resume that can be honoured,
+    hosts that could ever hold the run, the admin's timeout bounds. One list for a run and
+    for each member of a sweep."""
+    return (resume.check(db, settings, spec)
+            + placement.submit_errors(db, settings, spec)  # hosts that can never hold it
+            + quotas.spec_errors(settings, user, spec))  # the admin's timeout bounds
 
 
 def submit(db: Session, settings: Settings, body: dict[str, Any], *,
@@ -102,14 +113,13 @@ def submit(db: Session, settings: Settings, body: dict[str, Any], *,
     except SpecError as exc:
         errors += [{**e, "loc": ["body", *e["loc"]]} for e in exc.errors]
     else:
-        errors += resume.check(db, settings, spec)
+        errors += spec_errors(db, settings, spec, user)
     if errors:
         raise Invalid(errors=errors)
-    if user is not None and user.max_concurrent_runs is not None:
+    if quotas.needs_lock(db, settings, user):
         lock_for_limit(db)
     try:
-        if user is not None:
-            permissions.check_submit_limits(db, user, spec.world_size)
+        quotas.check_submit(db, settings, user, [spec])
         if not force and (refusal := memory_gate(db, settings, spec)):
             raise Invalid(errors=[refusal])
         run = crud.create_run(db, spec, owner=owner, tags=tags, notes=notes)  # commit: unlock

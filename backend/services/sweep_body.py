@@ -15,6 +15,7 @@ import itertools
 import math
 from typing import Any
 
+from backend.api.schemas import json_problems
 from backend.errors import Invalid
 from jobs.spec import deep_merge, text_problem
 
@@ -116,6 +117,13 @@ def parse(body: Any) -> tuple[str, dict, dict | None, list[dict], str | None]:
         errors += _grid_errors(body["grid"])
     else:
         errors += _members_errors(body["members"])
+    # what is stored as it came (base, grid, members: the sweep's own record, and each
+    # invalid member's overrides) must hold on both databases: text without NUL or lone
+    # surrogates, finite numbers (the members' spec rules come later, per member)
+    for part in ("base", "grid", "members"):
+        if isinstance(body.get(part), dict | list):
+            errors += [_err([part, *loc], f"{part}: {rule}", "value_error")
+                       for loc, rule in json_problems(body[part])]
     if errors:
         raise Invalid(errors=errors)
     if has_grid:

@@ -29,7 +29,7 @@ from pathlib import Path
 from jobs import trace_blocks as TB
 
 from . import columnar as C
-from .jsonl import BAD, KEEP, META, TIMED, admit
+from .jsonl import BAD, FIELD_TYPES, KEEP, META, TIMED, admit
 
 _EXACT = 1 << 53
 
@@ -164,6 +164,13 @@ def _pylist(head: dict, kind: str, vals, m: int) -> list:
 
 
 _COLKIND = {C._INT: "i", C._FLOAT: "f", C._STR: "s", C._BOOL: "b"}
+_PYTYPE = {"i": int, "f": float, "s": str, "b": bool}
+
+
+def _kind_is(kind: str, types: tuple) -> bool:
+    """Whether every value of a column of this kind is None or an instance of `types`."""
+    k = kind.lower()
+    return k == "n" or (k in _PYTYPE and issubclass(_PYTYPE[k], types))
 
 
 def _plan(head: dict, keys, cols, vals, rank: int):
@@ -186,6 +193,12 @@ def _plan(head: dict, keys, cols, vals, rank: int):
             return None
         if "mem" in types and "optim" in kinds:
             return None
+        # admit's typed fields (jsonl.FIELD_TYPES): a column of another kind takes the slow
+        # path, where admit decides record by record
+        for t in types & set(TIMED):
+            for k, allowed in FIELD_TYPES[t].items():
+                if k in kinds and not _kind_is(kinds[k], allowed):
+                    return None
     put, extra = {}, []
     for k in keys:
         kind = kinds[k]

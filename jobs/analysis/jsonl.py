@@ -20,6 +20,19 @@ _decode = json.JSONDecoder().raw_decode
 
 KEEP, META, BAD = "keep", "meta", "bad"  # admit's verdicts
 
+# The typed fields of timed records (docs/trace-schema.md) that every reader takes as they
+# come: a record where one has another type (a foreign or damaged writer) is a BAD line, so no
+# figure or page fails on it. None is allowed where a field is optional.
+_NUM, _INT = (int, float), (int,)
+_FIELDS = {"rank": _INT, "step": _INT, "microbatch": _INT}
+FIELD_TYPES = {
+    "span": {**_FIELDS, "name": (str,), "cat": (str,)},
+    "comm": {**_FIELDS, "op": (str,), "axis": (str,), "group": (str,), "seq": _INT,
+             "group_size": _INT, "payload_bytes": _NUM, "bytes_sent": _NUM,
+             "bytes_recv": _NUM, "peer": _INT},
+    "mem": _FIELDS, "instant": {**_FIELDS, "name": (str,)}, "end": _FIELDS,
+}
+
 
 def scan(lines, recs: list) -> tuple[dict | None, int, bool]:
     """Append the records of JSON lines to `recs`, in line order: (the last meta record or
@@ -62,6 +75,10 @@ def admit(r: dict) -> str:
         ts, dur = r.get("ts_ns"), r.get("dur_ns", 0)
         if not (isinstance(ts, int | float) and isinstance(dur, int | float) and dur >= 0):
             return BAD
+        for k, types in FIELD_TYPES[t].items():
+            v = r.get(k)
+            if v is not None and not isinstance(v, types):
+                return BAD
         if t == "mem" and "optim" in r:  # traces written before issue 12 named it `optim`
             r.setdefault("optimizer", r.pop("optim"))
     return KEEP

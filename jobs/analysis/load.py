@@ -66,6 +66,7 @@ def rank_warnings(rank: int, meta: dict, bad: int, empty: bool, end_reasons: lis
     """The loader's warnings of one rank from what they depend on: the file's parse state,
     its meta record and the `reason` of its `end` records in file order (what the columnar
     scale path reads from the Parquet metadata and one query, without the records)."""
+    _check_meta(rank, meta, warnings)
     if empty:
         warnings.append(f"rank {rank}: empty trace file (killed before its first flush)")
         return
@@ -78,6 +79,36 @@ def rank_warnings(rank: int, meta: dict, bad: int, empty: bool, end_reasons: lis
                         "running); its trace stops at the last flush")
     elif end_reasons[-1] not in ("ok", None):
         warnings.append(f"rank {rank}: ended with reason {end_reasons[-1]!r}")
+
+
+# The meta fields every reader takes as they come, and the shape each must have. A trace file
+# is input (a worker uploads it, any client holding the worker credential may): a field of
+# another shape is dropped with a warning, so no page fails on it.
+_META_SHAPES = {"spec": (dict,), "coords": (dict,), "world_size": (int,), "t0_ns": (int,),
+                "clock_error_ns": (int, float), "clock_offset_ns": (int, float),
+                "hostname": (str,), "clock": (str,)}
+
+
+def _check_meta(rank: int, meta: dict, warnings: list[str]) -> None:
+    """Drop the meta fields of the wrong shape (in place), each named in a warning."""
+    bad = [k for k, types in _META_SHAPES.items() if k in meta and meta[k] is not None and (
+        isinstance(meta[k], bool) or not isinstance(meta[k], types))]
+    c = meta.get("coords")
+    if "coords" not in bad and isinstance(c, dict) and not all(
+            type(v) is int for v in c.values()):
+        bad.append("coords")
+    if "world_size" not in bad and isinstance(meta.get("world_size"), int) and \
+            meta["world_size"] < 1:
+        bad.append("world_size")
+    s = meta.get("spec")
+    if "spec" not in bad and isinstance(s, dict) and not all(
+            isinstance(s.get(k, {}), dict) for k in ("model", "parallel", "train", "runtime")):
+        bad.append("spec")
+    for k in bad:
+        del meta[k]
+    if bad:
+        warnings.append(f"rank {rank}: meta field(s) {', '.join(bad)} of the wrong shape "
+                        "ignored")
 
 
 def from_records(per_rank: dict[int, list[dict]], summary: dict | None = None) -> Traces:
@@ -134,9 +165,14 @@ def finish(tr: Traces, out_dir: Path) -> Traces:
     summ = Path(out_dir) / "summary.json"
     if summ.is_file():
         try:
-            tr.summary = json.loads(summ.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+            summary = json.loads(summ.read_text())
+        except (OSError, ValueError) as exc:  # (UnicodeDecodeError is a ValueError)
             tr.warnings.append(f"summary.json unreadable ({exc})")
+        else:
+            if isinstance(summary, dict):
+                tr.summary = summary
+            else:
+                tr.warnings.append("summary.json is not a JSON object: ignored")
     check_ranks(tr)
     return tr
 

@@ -65,6 +65,9 @@ def odd_records() -> list[dict]:
         {"ts_ns": 19, "name": "no type"},
         {"type": "instant", "ts_ns": 20, "name": None, "cat": "c", "async": True},
         {"type": "instant", "ts_ns": 21, "name": "n", "cat": None, "async": None},
+        # a typed field of another type (jsonl.FIELD_TYPES): a bad line either way
+        {"type": "comm", "rank": 0, "ts_ns": 23, "dur_ns": 1, "payload_bytes": "64"},
+        {"type": "span", "rank": 0, "ts_ns": 24, "dur_ns": 1, "step": "0", "name": "s"},
         # lone surrogates (JSON "\\ud800" decodes to one): no UTF-8, so args, escaped
         {"type": "instant", "ts_ns": 22, "name": "\ud800 lone", "cat": "x\udfff", "k": "\ud83d"},
         {"type": "end", "rank": 0, "ts_ns": 500, "reason": "ok", "issued": {"dp": 12},

@@ -9,6 +9,7 @@ from sqlalchemy import text
 from backend import crud
 from backend.api.deps import DbDep, SettingsDep
 from backend.api.schemas import WorkerOut
+from backend.migrate import schema_behind
 from backend.services import health as health_checks
 from jobs.faultspec import EXAMPLES as FAULT_EXAMPLES
 from jobs.spec import SPEC_VERSION, field_docs, presets_table
@@ -25,12 +26,18 @@ def live() -> dict:
 @router.get("/health")
 def health(db: DbDep, settings: SettingsDep) -> JSONResponse:
     """200 with status "ok" or "degraded" (with `problems`, in words); 503 "down" when the
-    database or the broker does not answer."""
+    database or the broker does not answer, or the database is not migrated."""
     checks: dict[str, dict] = {}
     problems: list[str] = []
     try:
         db.execute(text("SELECT 1"))
         checks["database"] = {"ok": True, "url": settings.db_url.split("@")[-1]}
+        # answering is not enough: a `paralab serve` on a database nobody migrated has no
+        # tables, and every other route would fail
+        if behind := schema_behind(settings.db_url):
+            checks["database"] = {"ok": False, "url": checks["database"]["url"],
+                                  "error": behind}
+            problems.append(behind)
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         checks["database"] = {"ok": False, "error": str(exc)}
         problems.append(f"the database does not answer: {exc}")

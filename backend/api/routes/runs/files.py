@@ -7,7 +7,7 @@ from fastapi.responses import FileResponse
 
 from backend import crud
 from backend.api.deps import DbDep, RunDep, SettingsDep
-from backend.api.schemas import FileOut
+from backend.api.schemas import FILE_RESPONSES, FileOut, RunFilePath
 from backend.errors import NotFound
 from backend.storage import resolve_run_path
 
@@ -20,8 +20,9 @@ def list_files(db: DbDep, run: RunDep) -> list[FileOut]:
             for f in crud.list_files(db, run.id)]
 
 
-@router.get("/{run_id}/files/{path:path}")
-def download_file(run: RunDep, settings: SettingsDep, path: str) -> FileResponse:
+@router.get("/{run_id}/files/{path:path}", response_class=FileResponse,
+            responses=FILE_RESPONSES)
+def download_file(run: RunDep, settings: SettingsDep, path: RunFilePath) -> FileResponse:
     target = resolve_run_path(settings.runs_dir, run.id, path)  # UnsafePath: 400
     if not target.is_file():
         raise NotFound(f"no file {path!r} in run {run.id}")

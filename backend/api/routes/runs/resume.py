@@ -33,6 +33,9 @@ def resume_run(
     force: bool = Query(False, description="submit even if predicted memory exceeds what the "
                         "workers report"),
 ) -> RunView:
+    """A new run from the parent's complete checkpoint at `step`. Any member may resume any
+    run, their own or another's (docs/security.md, Roles): the new run is the caller's,
+    within the caller's limits; the parent is only read."""
     spec_body = resume.resume_body(settings, run, body or {})
     child = services.submit(db, settings, spec_body, owner=user, force=force,
                             client=client_address(request))
