@@ -29,7 +29,7 @@ IDS = {
                  "show-all"],
     "/": ["compare-btn", "f-mem-max", "f-owner", "f-status", "f-strategy", "f-tag", "filters",
           "first", "limit", "list-error", "next", "page-info", "prev", "q", "runs"],
-    "/new": ["device-gb", "device-gb-help", "fields", "form-error", "form-title", "name",
+    "/new": ["device-gb", "device-gb-help", "fields", "form-error", "form-title", "limits", "name",
              "new-run", "notes",
              "pred-cards", "pred-comm", "pred-formulas", "pred-links", "pred-links-caption",
              "pred-memory", "pred-status", "pred-trace", "prediction", "preset", "preset-title",
