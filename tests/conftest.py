@@ -202,8 +202,13 @@ class Service:
         self.http.close()
 
     def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}"
-                         for p in sorted(self.tmp.glob("*.log")))
+        """The tail of each process's log, without the access lines of successful GETs (a
+        test polling a run would fill the tail with them and hide what went wrong)."""
+        def tail(p: Path) -> str:
+            lines = [ln for ln in p.read_text(errors="replace").splitlines()
+                     if not ('"GET ' in ln and '" 200' in ln)]
+            return "\n".join(lines)[-6000:]
+        return "\n".join(f"--- {p.name}\n{tail(p)}" for p in sorted(self.tmp.glob("*.log")))
 
     # -- API helpers ------------------------------------------------------------------------------
     def submit(self, body: dict) -> dict:
