@@ -44,6 +44,8 @@ def make_celery(settings: Settings) -> Celery:
         folder = settings.broker_dir
         for sub in ("queue", "processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
+        # kombu's filesystem transport with atomic writes (worker/fs_transport.py)
+        conf["broker_transport"] = "worker.fs_transport:Transport"
         conf["broker_transport_options"] = {
             "data_folder_in": str(folder / "queue"), "data_folder_out": str(folder / "queue"),
             "processed_folder": str(folder / "processed"), "store_processed": False,
