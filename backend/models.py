@@ -87,6 +87,9 @@ class Run(Base):
     dp: Mapped[int] = mapped_column(Integer)
     tp: Mapped[int] = mapped_column(Integer)
     pp: Mapped[int] = mapped_column(Integer)
+    # expert- and context-parallel degrees (migration 0011): the list shows every degree
+    ep: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    cp: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     queue: Mapped[str] = mapped_column(String(64))
     # hosts the run spans (runtime.nnodes; > 1: gang-placed, its nodes in run_nodes)
     nnodes: Mapped[int] = mapped_column(Integer, default=1, server_default="1")

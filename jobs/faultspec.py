@@ -230,7 +230,8 @@ EXAMPLES: dict[str, dict] = {
     "mismatch": {"title": "rank 1 sends a different size at step 2",
                  "fault": {"kind": "mismatch", "ranks": [1], "step": 2, "op": "all_reduce",
                            "mode": "size"}},
-    "slow": {"title": "rank 1 arrives 0.5 s late at every step's first collective",
+    # (the title says the steps it applies to: `steps` 3 from step 1, not every step)
+    "slow": {"title": "rank 1 arrives 0.5 s late at the first collective of steps 1-3",
              "fault": {"kind": "slow", "ranks": [1], "step": 1, "steps": 3, "delay_s": 0.5}},
     "data": {"title": "rank 1 runs out of data after 2 steps",
              "fault": {"kind": "data_exhausted", "ranks": [1], "step": 2}},

@@ -30,6 +30,7 @@ from celery.app import trace as celery_trace
 from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
 from backend.core.config import Settings, get_settings
+from jobs.analysis.diagnose import failure_text
 from jobs.ckpt_index import attempts
 from jobs.spec import parse_spec
 from worker.app import TASK_NAME
@@ -242,7 +243,11 @@ class JobSupervisor:
             diagnosis = post_mortem(self.out, status, self.tail)
             if diagnosis and diagnosis.get("sentence"):
                 self.say(f"diagnosis: {diagnosis['sentence']}")
-                error = f"{diagnosis['sentence']}\n\n{error or ''}".rstrip()
+                # the culprit's words and traceback first, the ranks that only lost their
+                # peer after it, deduplicated (the ranks' own error files, in rank order,
+                # would put a victim's "Connection closed by peer" first)
+                cause = failure_text(diagnosis) if status == "failed" else None
+                error = f"{diagnosis['sentence']}\n\n{cause or error or ''}".rstrip()
         self.say(f"finished: {status} (exit code {rc})")
         return status, error, diagnosis
 

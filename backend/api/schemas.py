@@ -132,6 +132,8 @@ class RunOut(BaseModel):
     dp: int
     tp: int
     pp: int
+    ep: int = 1
+    cp: int = 1
     queue: str
     nnodes: int = 1
     created_at: datetime

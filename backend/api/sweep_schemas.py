@@ -101,3 +101,18 @@ def _calibration(members: list[SweepMemberOut]) -> dict | None:
 class SweepPage(BaseModel):
     items: list[SweepOut]
     next_offset: int | None = Field(None, description="pass as ?offset= for the next page")
+
+
+class SweepCheckMember(BaseModel):
+    index: int
+    overrides: dict[str, Any] = Field(description="deep-merged into the base")
+    errors: list[dict[str, Any]] | None = Field(
+        description="the 422 detail POST /api/runs would answer for this member; null: valid")
+    predicted: dict[str, float | None] | None = None
+
+
+class SweepCheck(BaseModel):
+    """POST /api/sweeps/validate: what POST /api/sweeps would do with the body, stored nowhere."""
+    members: int = Field(description="members the base and grid / member list expand to")
+    valid: int = Field(description="members that would be launched")
+    items: list[SweepCheckMember]

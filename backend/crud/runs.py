@@ -45,7 +45,8 @@ def create_run(db: Session, spec: JobSpec, *, owner: str, tags: list[str], notes
     run = Run(id=new_run_id(), name=spec.name, owner=owner, kind=spec.kind,
               strategy=spec.strategy, spec=spec.to_dict(), spec_version=spec.version,
               world_size=spec.world_size, dp=spec.parallel.dp, tp=spec.parallel.tp,
-              pp=spec.parallel.pp, queue=spec.runtime.queue, nnodes=spec.runtime.nnodes,
+              pp=spec.parallel.pp, ep=spec.parallel.ep, cp=spec.parallel.cp,
+              queue=spec.runtime.queue, nnodes=spec.runtime.nnodes,
               status="queued",
               created_at=utcnow(), cancel_requested=False, notes=notes,
               tags=[RunTag(tag=t) for t in dict.fromkeys(tags)],
@@ -320,6 +321,29 @@ def log_page(db: Session, run_id: str, after: int = -1, *, rank: int | None = No
         rows += db.execute(cols.where(RunLog.seq > after + limit).order_by(RunLog.seq)
                            .limit(limit - len(rows))).all()
     return [tuple(r) for r in rows]
+
+
+# A rank's end-of-step line (jobs/loop.py prints "step N loss ... time ..." after each step)
+_STEP_LINE = re.compile(r"^\[(?:default|rank)\d+\]:step (\d+) ")
+PROGRESS_SCAN = 500  # newest lines read for the last step line (one bounded, indexed read)
+
+
+def last_progress(db: Session, run_id: str) -> dict | None:
+    """The run's last sign of progress, from its log as stored: the newest end-of-step line of
+    any rank ({kind: "step", step, rank, at}), else the newest line a rank wrote (kind "log":
+    it started, no step yet), else None. The run page shows its age (is it stalled?) beside
+    runtime.hang_timeout_s. Reads only the newest PROGRESS_SCAN lines: a traceback longer
+    than that after the last step falls back to "log"."""
+    rows = db.execute(select(RunLog.rank, RunLog.ts, RunLog.line)
+                      .where(RunLog.run_id == run_id, RunLog.rank.is_not(None))
+                      .order_by(RunLog.seq.desc()).limit(PROGRESS_SCAN)).all()
+    for rank, ts, line in rows:
+        m = _STEP_LINE.match(line)
+        if m and len(m.group(1)) < 10:
+            return {"kind": "step", "step": int(m.group(1)), "rank": rank, "at": ts}
+    if rows:
+        return {"kind": "log", "step": None, "rank": rows[0][0], "at": rows[0][1]}
+    return None
 
 
 def run_status(db: Session, run_id: str) -> str | None:

@@ -155,13 +155,24 @@ def _search(settings, *args, **kwargs) -> dict:
         raise Unavailable(f"the search failed: {exc}; try again") from exc
 
 
+def queue_measured(db, queue: str) -> dict:
+    """What the queue has measured, used or not: the page says a ranking at typed figures is
+    against assumed hardware, and offers these instead (issue 37)."""
+    bw, flops = sweep_bandwidth(db, queue), calibration_flops(db, queue)
+    return {"queue": queue, "bandwidth_GBps": bw and bw[0], "bandwidth_source": bw and bw[1],
+            "flops": flops and flops[0], "flops_source": flops and flops[1]}
+
+
 def run_advise(db, body, settings, charge=lambda: None) -> dict:
     """`charge`: counts the request against its user's rate limit (429), called once the
-    fields have passed their rules and before the search."""
+    fields have passed their rules and before the search. The answer carries
+    `queue_measured` (None without `queue`)."""
     cluster = body.cluster.model_dump(exclude_none=True)
+    measured = None
     if body.queue is not None:
         cluster["queue"] = body.queue
         _fill_bandwidth(db, cluster, body.queue)
+        measured = queue_measured(db, body.queue)
     for k in ("intra_GBps", "inter_GBps"):
         if k not in cluster:
             raise Invalid(errors=[{"loc": ["body", "cluster", k], "msg": "field required "
@@ -174,7 +185,8 @@ def run_advise(db, body, settings, charge=lambda: None) -> dict:
     try:
         check_request(body.model, body.global_batch, cluster, body.top, fix)
         charge()
-        return _search(settings, body.model, body.global_batch, cluster, top=body.top,
-                       fix=fix, budget=budget_of(settings))
+        out = _search(settings, body.model, body.global_batch, cluster, top=body.top,
+                      fix=fix, budget=budget_of(settings))
     except SpecError as exc:
         raise Invalid(errors=[_hint(e, hint) for e in exc.errors]) from exc
+    return {**out, "queue_measured": measured}

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from backend import crud
@@ -75,6 +76,28 @@ def wait_reason(q: QueueStats, *, nnodes: int, ranks_per_host: int, ahead: int,
                 f"{waited_s:.0f} s (published {attempts} of {claim_attempts} times; the "
                 "reconciler publishes it again, then fails it with the reason)")
     return f"a slot of queue {name} is free: the worker is about to claim it"
+
+
+def why_queued(db: Session, settings: Settings, run: Run) -> str | None:
+    """The reason the cluster page gives for this one queued run (None: it is not queued):
+    the placer's for a multi-host run, else wait_reason over its queue's live workers and
+    the one-host runs queued before it. The run page shows it (GET /api/runs/{id})."""
+    if run.status != "queued":
+        return None
+    nnodes, per_host = _runtime(run)
+    if nnodes > 1:
+        return placement.why_waiting(db, settings, run)
+    now = utcnow()
+    stats = queue_stats(crud.list_workers(db, seen_within_s=settings.worker_alive_s))
+    ahead = db.scalar(select(func.count()).select_from(Run).where(
+        Run.status == "queued", Run.cancel_requested.is_(False), Run.nnodes == 1,
+        Run.queue == run.queue, Run.created_at < run.created_at)) or 0
+    waited = (now - run.created_at).total_seconds()
+    return wait_reason(stats.get(run.queue) or QueueStats(run.queue), nnodes=1,
+                       ranks_per_host=per_host, ahead=ahead, waited_s=waited,
+                       attempts=run.enqueue_attempts,
+                       claim_timeout_s=settings.queue_claim_timeout_s,
+                       claim_attempts=settings.queue_claim_attempts)
 
 
 def queue_stats(workers: Iterable[Worker]) -> dict[str, QueueStats]:

@@ -69,13 +69,10 @@ def _check_member(db: Session, settings: Settings, body: dict, user: Principal |
     return (None, errors) if errors else (spec, None)
 
 
-def submit(db: Session, settings: Settings, body: Any, *, owner: str | Principal,
-           force: bool = False, client: str | None = None) -> Sweep:
-    """Invalid (422) when the body breaks a rule or no member is valid (each member's errors
-    under ["body", "members", i, ...]); nothing is stored then. Otherwise the sweep, with the
-    invalid members kept with their errors."""
-    user = owner if isinstance(owner, Principal) else None
-    owner = user.username if user else owner
+def _expand(db: Session, settings: Settings, body: Any, user: Principal | None, force: bool):
+    """(name, base, grid, tags, notes, [(overrides, spec, errors, predicted)]): every check
+    of a submission but the quotas. Invalid (422) on a broken rule or when no member is
+    valid (each member's errors under ["body", "members", i, ...])."""
     if user is not None:
         permissions.require_submit(user)
     body = dict(body) if isinstance(body, dict) else body
@@ -88,10 +85,36 @@ def submit(db: Session, settings: Settings, body: Any, *, owner: str | Principal
     for o in overrides:
         spec, errs = _check_member(db, settings, member_body(name, base, o, queue), user, force)
         members.append((o, spec, errs, predicted(spec, cluster) if spec else None))
-    valid = [spec for _, spec, _, _ in members if spec is not None]
-    if not valid:
+    if not any(spec is not None for _, spec, _, _ in members):
         raise Invalid(errors=[{**e, "loc": ["body", "members", i, *e["loc"][1:]]}
                               for i, (_, _, errs, _) in enumerate(members) for e in errs])
+    return name, base, grid, tags, notes, members
+
+
+def validate(db: Session, settings: Settings, body: Any, *, owner: str | Principal,
+             force: bool = False) -> dict:
+    """What submit would answer, stored nowhere (the sweep builder's check before launch):
+    the same 422 / 403 refusals, else each member's overrides and errors and the counts."""
+    user = owner if isinstance(owner, Principal) else None
+    _, _, _, _, _, members = _expand(db, settings, body, user, force)
+    try:
+        quotas.check_submit(db, settings, user, [s for _, s, _, _ in members if s is not None])
+    finally:
+        db.rollback()
+    return {"members": len(members), "valid": sum(s is not None for _, s, _, _ in members),
+            "items": [{"index": i, "overrides": o, "errors": errs, "predicted": pred}
+                      for i, (o, _, errs, pred) in enumerate(members)]}
+
+
+def submit(db: Session, settings: Settings, body: Any, *, owner: str | Principal,
+           force: bool = False, client: str | None = None) -> Sweep:
+    """Invalid (422) when the body breaks a rule or no member is valid (each member's errors
+    under ["body", "members", i, ...]); nothing is stored then. Otherwise the sweep, with the
+    invalid members kept with their errors."""
+    user = owner if isinstance(owner, Principal) else None
+    owner = user.username if user else owner
+    name, base, grid, tags, notes, members = _expand(db, settings, body, user, force)
+    valid = [spec for _, spec, _, _ in members if spec is not None]
     if quotas.needs_lock(db, settings, user):
         run_service.lock_for_limit(db)
     try:  # every valid member counts: the sweep is refused whole, nothing stored

@@ -11,14 +11,16 @@ import json
 import math
 from collections import defaultdict
 
+from . import labels as L
 from . import memory as M
 from . import moe as MOE
 from . import predicted as P
 from . import rules
 from . import stragglers as SG
 
-SCHEMA = 4  # 2: headline/ranks/bandwidth tables, bubble_s in step_rank, rules; 3: MoE tables;
-# 4: bounded tracing (throughput `traced`, untraced steps from `scalars`, run.trace)
+SCHEMA = 5  # 2: headline/ranks/bandwidth tables, bubble_s in step_rank, rules; 3: MoE tables;
+# 4: bounded tracing (throughput `traced`, untraced steps from `scalars`, run.trace); 5: one
+# peak memory (memory `total` rows, buffers included), throughput without unfinished steps
 TABLES = ("headline", "step_rank", "ranks", "throughput", "stragglers", "straggler_ranks",
           "collectives",
           "bandwidth", "axis_bytes", "links", "placement", "memory", "stage_bubbles",
@@ -80,9 +82,10 @@ def step_aggregates(step_rank: list[dict], throughput: list[dict],
         "straggler": SG.straggler_of_run(stragglers)}
 
 
-def headline(tables: dict, agg: dict, pred: dict | None, pp: int, peak: int | None) -> dict:
+def headline(tables: dict, agg: dict, pred: dict | None, pp: int,
+             spec_dict: dict | None = None) -> dict:
     """The run's figures: `agg` (step_aggregates) for the per-step tables, the small tables
-    read here."""
+    read here (peak memory from the memory table's `total` rows: memory.peak_bytes)."""
     step_time, tokens = agg["step_time_s"], agg["tokens"]
     sent: dict[int, float] = defaultdict(float)
     for r in tables["axis_bytes"]:
@@ -99,7 +102,8 @@ def headline(tables: dict, agg: dict, pred: dict | None, pp: int, peak: int | No
         "steady_steps": agg["steady_steps"],
         "step_time_s": step_time,
         "tokens_per_s": tokens / step_time if tokens and step_time else None,
-        "peak_memory_bytes": peak,
+        "throughput_unit": L.rate_unit(spec_dict),
+        "peak_memory_bytes": M.peak_bytes(tables["memory"]),
         "bubble_fraction": mean("measured_idle_fraction"),
         "bubble_simulated_fraction": mean("simulated"),
         "bubble_closed_form": mean("closed_form"),

@@ -189,7 +189,10 @@ def diagnose(out_dir, *, status: str, exit_codes: dict[int, int] | None = None) 
     nonfinite = {r: f["nonfinite"] for r, f in flights.items() if f.get("nonfinite")}
     sentence, waited_for = _sentence(flights, groups, left, nonfinite, summ, by_key, status)
     for x in left:
-        for k in ("t", "raised", "peer_error"):
+        # lost_peer: the rank only reports a peer's failure (a victim, not a cause): the run
+        # page lists these after the rank that failed first, grouped by what they said
+        x["lost_peer"] = x.pop("peer_error", False)
+        for k in ("t", "raised"):
             x.pop(k, None)
     return {"status": status, "sentence": sentence, "waited_for": waited_for,
             "ranks": ranks, "groups": groups, "left": left, "nonfinite": nonfinite,
@@ -310,6 +313,40 @@ def _hang_sentence(flights, groups, summ, by_key):
     if st:
         s += f"; rank {root} is in `{st['func']}` at {st['file']}:{st['line']}"
     return s, root
+
+
+# the peer address a victim's message names ("[127.0.0.1]:20714"), different on each rank
+PEER_ADDRESS = re.compile(r"\[[^\]\s]*\]:\d+|\b\d{1,3}(?:\.\d{1,3}){3}:\d+\b")
+
+
+def failure_text(d: dict) -> str | None:
+    """A failed run's error text from its diagnosis, the cause first: the rank that failed
+    first, its words and its traceback; then the other failed ranks, one line per distinct
+    message, those that only lost their peer (left[].lost_peer) last and said as such
+    ("ranks 0, 2 lost their peer: RuntimeError: ... Connection closed by peer"). None when no
+    rank failed (a hang: the sentence says it all)."""
+    left, errors = d.get("left") or [], d.get("errors") or {}
+    if not left:
+        return None
+    first = left[0]
+    words = first["last_words"] or f"exit code {first['exit_code']}"
+    out = [f"rank {first['rank']}: {words}"]
+    tb = errors.get(first["rank"], errors.get(str(first["rank"])))
+    if tb and tb.strip():  # (its error file's first line is that same "rank N: ..." line)
+        tb = tb.strip()
+        out = [tb[-20000:]] if _error_line(tb) == first["last_words"] else out + ["", tb[-20000:]]
+    causes: dict[str, list[int]] = {}
+    lost: dict[str, list[int]] = {}
+    for x in left[1:]:
+        words = str(x["last_words"] or f"exit code {x['exit_code']}")
+        if x.get("lost_peer"):  # each victim names its own peer's address: one line for all
+            lost.setdefault(PEER_ADDRESS.sub("[…]", words), []).append(x["rank"])
+        else:
+            causes.setdefault(words, []).append(x["rank"])
+    tail = [f"{ranks_text(rs)}: {w}" for w, rs in causes.items()] + \
+        [f"{ranks_text(rs)} lost {'its' if len(rs) == 1 else 'their'} peer: {w}"
+         for w, rs in lost.items()]
+    return "\n".join(out + ([""] + tail if tail else []))
 
 
 def write_diagnosis(out_dir, **kw) -> dict:

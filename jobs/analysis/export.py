@@ -241,12 +241,13 @@ def rows_to_csv(rows: list[dict]) -> str:
     return "".join(iter_csv([rows], list(cols)))
 
 
-def iter_csv(batches, cols: list[str]):
-    """CSV text chunk by chunk: the header `cols`, then each batch of rows (dicts), so a table
-    of millions of rows streams without being whole in memory."""
+def iter_csv(batches, cols: list[str], header: list[str] | None = None):
+    """CSV text chunk by chunk: the header (`header`, default `cols`: labels.csv_header names
+    an analysis table's), then each batch of rows (dicts), so a table of millions of rows
+    streams without being whole in memory."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow([csv_cell(c) for c in cols])
+    w.writerow([csv_cell(c) for c in header or cols])
     for rows in batches:
         for r in rows:
             w.writerow([csv_cell(r.get(c)) for c in cols])
@@ -267,6 +268,11 @@ def iter_json_rows(batches):
     yield "]"
 
 
-def tables_to_csv(tables: dict, name: str) -> str:
-    """One analysis table as CSV. KeyError for an unknown table."""
-    return rows_to_csv(tables[name])
+def tables_to_csv(tables: dict, name: str, unit: str | None = None) -> str:
+    """One analysis table as CSV, its header labelled by labels.csv_header (`unit`: the
+    headline's throughput_unit). KeyError for an unknown table."""
+    from .labels import csv_header
+    cols: dict[str, None] = {}
+    for r in tables[name]:
+        cols.update(dict.fromkeys(r))
+    return "".join(iter_csv([tables[name]], list(cols), csv_header(name, list(cols), unit)))

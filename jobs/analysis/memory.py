@@ -7,6 +7,12 @@ the data-parallel `comm_buffers`); where the trace's samples carry no model stat
 (`source` says which). Predicted: jobs.theory (see predicted.py). `formula_bytes` is the seeds'
 formula on the measured Ψ (summary.json `formula_check`, data-parallel strategies), which a
 reference engine matches exactly; `padding_elems` is the shard padding (ZeRO), reported apart.
+
+Peak memory has one definition (issue 37): a rank's peak is the sum of every component's peak,
+model state + activations + transient buffers (the `total` row of each rank), the sum the run
+page's chart stacks and jobs.theory predicts (`memory.per_rank_bytes`, seed 003: "实际峰值受
+聚合粒度、预取与通信缓冲影响"); the run's `peak_memory_bytes` is the largest rank's `total`
+(peak_bytes). The card, the runs list, compare, the CSV and the chart all read those rows.
 Standard library only.
 """
 
@@ -18,7 +24,9 @@ from .load import Traces
 STATE = ("params", "grads", "optimizer")
 EXTRA = ("activations", "recv_buffers", "gathered_unit", "comm_buffers")
 TRANSIENT = ("recv_buffers", "gathered_unit", "comm_buffers")
+PARTS = STATE + EXTRA  # what a rank's peak (`total`) sums
 MEASURED_KEY = {"gathered_unit": "gathered_peak"}  # the trace's name for the component
+TOTAL = "total"
 
 
 def measured(tr: Traces, rank: int, peaks: dict[int, dict] | None = None) -> tuple[dict, str]:
@@ -86,6 +94,7 @@ def memory_table(tr: Traces, spec, pred: dict | None,
         formula = _formula(tr.summary, rank)
         layout = (_summary_rank(tr.summary, rank) or {}).get("layout") or {}
         pad = layout.get("padding_elems")
+        start = len(rows)
         for comp in STATE + EXTRA:
             m = peak.get(comp)
             p = want.get(comp) if comp in STATE else extra.get(comp)
@@ -109,19 +118,35 @@ def memory_table(tr: Traces, spec, pred: dict | None,
                          "error_pct": _err(sum(ms), p), "formula_bytes": f,
                          "deviation_bytes": sum(ms) - f if f is not None else None,
                          "padding_elems": pad, "source": source})
+        total = _total_row(rows[start:])
+        if total is not None:
+            rows.append({"rank": rank, "coords": coords, **total, "padding_elems": pad,
+                         "source": source})
     return rows
 
 
-def peak_bytes(tr: Traces) -> int | None:
-    """Max over ranks of model state + activations (+ ZeRO-3 gathered parameters): the largest
-    single sample where samples carry model state, else the sum of the rank's peaks."""
-    best = None
-    for rank, recs in tr.ranks.items():
-        sums = [sum(int(r.get(k) or 0) for k in STATE + ("activations", "gathered"))
-                for r in recs if r.get("type") == "mem" and any(k in r for k in STATE)]
-        if not sums:
-            peak, _ = measured(tr, rank)
-            sums = [sum(peak.get(k, 0) for k in STATE + ("activations",))] if peak else []
-        if sums:
-            best = max(sums) if best is None else max(best, max(sums))
-    return best
+def _total_row(rows: list[dict]) -> dict | None:
+    """The rank's peak memory (`rows`: the rank's rows): Σ over its component rows (model
+    state, activations, transient buffers) of measured and of predicted bytes. None without a
+    measured component."""
+    parts = [r for r in rows if r["component"] in PARTS]
+    if not any(r["measured_bytes"] is not None for r in parts):
+        return None
+    m = sum(r["measured_bytes"] or 0 for r in parts)
+    preds = [r["predicted_bytes"] for r in parts if r["predicted_bytes"] is not None]
+    p = sum(preds) if preds else None
+    return {"component": TOTAL, "kind": "peak (every component)", "measured_bytes": m,
+            "predicted_bytes": p, "error_pct": _err(m, p), "formula_bytes": None,
+            "deviation_bytes": None}
+
+
+def rank_peaks(rows: list[dict]) -> dict[int, int]:
+    """rank -> its peak memory (the `total` rows of the memory table)."""
+    return {r["rank"]: r["measured_bytes"] for r in rows
+            if r["component"] == TOTAL and r["measured_bytes"] is not None}
+
+
+def peak_bytes(rows: list[dict]) -> int | None:
+    """The run's peak memory (`headline.peak_memory_bytes`): the largest rank's peak, read from
+    the memory table so that every page shows the figure its chart stacks."""
+    return max(rank_peaks(rows).values(), default=None)

@@ -21,8 +21,13 @@ STRAGGLER_MIN_STEP_SHARE = 0.5
 RULES = {
     "steady_steps": f"aggregates cover steps >= {WARMUP_STEPS} (step 0 is warm-up: allocator, "
                     "connection set-up, lazy optimizer state); with a single step, that step",
-    "step_time": "per step: the slowest rank's `step` span; run figure: the median over the "
-                 "steady steps",
+    "step_time": "per step every rank finished (a cancelled or live run's half-done last step "
+                 "is not a step): the slowest rank's `step` span; run figure: the median over "
+                 "the steady steps",
+    "peak_memory": "per rank: the sum of every component's peak (params, grads, optimizer, "
+                   "activations, pipeline receive buffers, ZeRO-3's gathered unit, collective "
+                   "buffers), what the memory chart stacks and the theory predicts; run figure: "
+                   "the busiest rank's",
     "overlap": "100 * |compute ∩ comm| / |comm|, summed over the steady steps and every rank "
                "(share of communication hidden under compute); blocking collectives are never "
                "compute",

@@ -91,17 +91,13 @@ def analyze(tr: Traces, spec=None, vec=None, out_dir: Path | None = None) -> dic
     t["all_to_all"] = _safe(tr, "all_to_all", lambda: MOE.all_to_all_table(tr), [])
     scalars = _safe(tr, "scalars", lambda: S.scalar_rows(tr), [])
     t["throughput"] = _safe(tr, "throughput", lambda: S.throughput_table(
-        t["step_rank"], spec_dict, tr.summary, scalars), [])
+        t["step_rank"], spec_dict, tr.summary, scalars, tr.warnings), [])
     trace = _safe(tr, "trace coverage", lambda: S.trace_coverage(tr, t["step_rank"], scalars),
                   {})
-    vpeak = _safe(tr, "peak memory", lambda: _vec_or(vec, lambda: V.peak_bytes(vec),
-                                                              tr.warnings), None)
-    peak = vpeak[0] if vpeak and vpeak[1] else _safe(tr, "peak memory",
-                                                     lambda: M.peak_bytes(tr), None)
     pp = sp.parallel.pp if sp is not None else max(
         [tr.coords(r).get("pp", 0) for r in tr.ranks] or [0]) + 1
     headline = _safe(tr, "headline", lambda: A.headline(t, A.step_aggregates(
-        t["step_rank"], t["throughput"], t["stragglers"]), pred, pp, peak), {})
+        t["step_rank"], t["throughput"], t["stragglers"]), pred, pp, spec_dict), {})
     return A.result(tr, sp, spec_dict, t, headline, trace)
 
 

@@ -346,8 +346,7 @@ def analyze_columnar(out_dir: Path, spec=None, con=None, live=None) -> dict:
     t["placement"] = A.safe(w, "placement", lambda: LK.placement_table(tr, sp), [])
     # the records only MoE tables read; none (no scan) where axis_sums saw none
     rare = sparse(con, tr, RARE if sums is None or sums["rare"] else None)
-    mem = A.safe(w, "memory peaks", lambda: V.mem_scan(con), None)  # one scan, two readers
-    peaks = mem["peaks"] if mem is not None else None
+    peaks = A.safe(w, "memory peaks", lambda: V.mem_peaks(con), None)
     mem_tr = rare if peaks is not None else sparse(con, tr, "type IN ('mem', 'moe')")
     t["memory"] = A.safe(w, "memory", lambda: M.memory_table(mem_tr, sp, pred, peaks), [])
     t["stage_bubbles"] = A.safe(w, "stage_bubbles", lambda: PL.stage_bubbles_table(
@@ -355,11 +354,8 @@ def analyze_columnar(out_dir: Path, spec=None, con=None, live=None) -> dict:
     t["expert_load"] = A.safe(w, "expert_load", lambda: MOE.expert_load_table(rare), [])
     t["all_to_all"] = A.safe(w, "all_to_all", lambda: MOE.all_to_all_table(rare), [])
     sizes["throughput"] = A.safe(w, "throughput", lambda: SS.write_throughput(
-        con, sr, spec_dict, tr.summary, path["throughput"]), 0)
+        con, sr, spec_dict, tr.summary, path["throughput"], w), 0)
     trace = A.safe(w, "trace coverage", lambda: SS.trace_coverage(con, sr), {})
-    vpeak = A.safe(w, "peak memory", lambda: V.peak_bytes(con, mem), None)
-    peak = vpeak[0] if vpeak and vpeak[1] else A.safe(
-        w, "peak memory", lambda: M.peak_bytes(sparse(con, tr, "type = 'mem'")), None)
     pp = sp.parallel.pp if sp is not None else 1
     strides: dict[str, int] = {}
     big = {n: _arrow(path[n]) if sizes.get(n) else None for n in BIG if n != "collectives"}
@@ -369,7 +365,7 @@ def analyze_columnar(out_dir: Path, spec=None, con=None, live=None) -> dict:
             name, coll_sample if name == "collectives" else big[name], sizes.get(name), tr)
     agg = A.safe(w, "headline", lambda: step_aggregates(
         big["step_rank"], big["throughput"], big["stragglers"]), None)
-    headline = A.safe(w, "headline", lambda: A.headline(t, agg, pred, pp, peak), {}) \
+    headline = A.safe(w, "headline", lambda: A.headline(t, agg, pred, pp, spec_dict), {}) \
         if agg is not None else {}
     for name in BIG:  # a table analysis.json holds whole needs no file
         if strides[name] == 1:

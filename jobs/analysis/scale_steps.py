@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from jobs.trace_schedule import compact_ranges
 
+from . import finished as F
 from . import rules
 from . import steps as S
 from . import vec_steps as VS
@@ -143,9 +144,11 @@ FROM t WHERE type = 'scalars' AND step >= 0 ORDER BY step, rank
 """
 
 
-def write_throughput(con, sr, spec: dict | None, summary: dict | None, path: Path) -> int:
+def write_throughput(con, sr, spec: dict | None, summary: dict | None, path: Path,
+                     warnings: list[str] | None = None) -> int:
     """steps.throughput_table to `path` (by step); the row count (0: no file)."""
     sc = con.execute(_SCALARS).fetchnumpy()
+    bad = F.unfinished_steps(_marks(sc, sr), warnings)
     sc_step = np.asarray(sc["step"], np.int64)
     tr_step = _col(sr, "step", np.int64)
     traced = np.unique(tr_step)
@@ -156,11 +159,16 @@ def write_throughput(con, sr, spec: dict | None, summary: dict | None, path: Pat
     steps_all = np.concatenate([tr_step, sc_step[extra]])
     vals = np.concatenate([t_s, np.ma.getdata(sc["step_s"]).astype(float)[extra]])
     losses = list((summary or {}).get("loss") or [])
-    if not losses:
+    first = 0  # the first step losses[] covers
+    if losses:  # loss[i] is global step start_step + i (steps.throughput: one step axis)
+        first = int((summary or {}).get("start_step") or 0)
+        losses = [None] * first + losses
+    else:
         traced_l = _traced_losses(sc if len(sc_step) else None, sr)
         losses = [traced_l.get(s) for s in range(max(traced_l) + 1)] if traced_l else []
     tokens = S.tokens_per_step(spec)
-    keys = np.union1d(np.unique(steps_all), np.arange(len(losses), dtype=np.int64))
+    keys = np.union1d(np.unique(steps_all), np.arange(first, len(losses), dtype=np.int64))
+    keys = keys[~np.isin(keys, np.asarray(sorted(bad), np.int64))]  # not steps
     if not len(keys):
         return 0
     u, inv = np.unique(steps_all, return_inverse=True)
@@ -188,6 +196,16 @@ def write_throughput(con, sr, spec: dict | None, summary: dict | None, path: Pat
         "traced": pa.array(np.isin(keys, traced), pa.bool_())})
     pq.write_table(table, path)
     return table.num_rows
+
+
+def _marks(sc, sr):
+    """finished.step_marks of the columns: the step_rank rows', then the scalars'."""
+    yield from zip(_col(sr, "step", np.int64).tolist(), _col(sr, "rank", np.int64).tolist(),
+                   _col(sr, "has_step_span", bool).tolist(), strict=True)
+    numeric = np.ma.filled(np.ma.asarray(sc["numeric_s"]), False).astype(bool) \
+        & ~np.ma.getmaskarray(sc["step_s"])
+    yield from zip(np.asarray(sc["step"], np.int64).tolist(),
+                   np.asarray(sc["rank"], np.int64).tolist(), numeric.tolist(), strict=True)
 
 
 def _traced_losses(sc, sr) -> dict[int, float]:

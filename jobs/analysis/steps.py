@@ -31,6 +31,7 @@ from collections import defaultdict
 
 from jobs.trace_schedule import compact_ranges
 
+from . import finished as F
 from . import intervals as iv
 from . import rules
 from .load import Traces
@@ -239,10 +240,13 @@ def trace_coverage(tr: Traces, step_rows: list[dict], scalars: list[dict]) -> di
 
 
 def throughput_table(step_rows: list[dict], spec: dict | None, summary: dict | None,
-                     scalars: list[dict] | None = None) -> list:
+                     scalars: list[dict] | None = None,
+                     warnings: list[str] | None = None) -> list:
     """Per step: step time (slowest rank's step span; on an untraced step the slowest rank's
     `scalars` step time), tokens/s, loss (summary.json's, else from the traces: a cancelled
-    or live run), `traced` (the step has detailed records)."""
+    or live run), `traced` (the step has detailed records). Steps not every rank finished
+    are left out (unfinished_steps)."""
+    bad = F.unfinished_steps(F.step_marks(step_rows, scalars), warnings)
     by_step: dict[int, list[float]] = defaultdict(list)
     for r in step_rows:
         by_step[r["step"]].append(r["step_s"])
@@ -251,12 +255,17 @@ def throughput_table(step_rows: list[dict], spec: dict | None, summary: dict | N
         if r["step"] not in traced_set and isinstance(r.get("step_s"), int | float):
             by_step[r["step"]].append(r["step_s"])
     losses = (summary or {}).get("loss") or []
-    if not losses:
+    first = 0  # the first step losses[] covers
+    if losses:  # summary's loss[i] is global step start_step + i (a resumed run's own steps):
+        # numbered as the step times are, so every chart of the run shares one step axis
+        first = int((summary or {}).get("start_step") or 0)
+        losses = [None] * first + list(losses)
+    else:
         traced = traced_losses(scalars or step_rows)
         losses = [traced.get(s) for s in range(max(traced) + 1)] if traced else []
     tokens = tokens_per_step(spec)
     rows = []
-    for step in sorted(set(by_step) | set(range(len(losses)))):
+    for step in sorted((set(by_step) | set(range(first, len(losses)))) - bad):
         t = max(by_step[step]) if by_step.get(step) else None
         loss = losses[step] if step < len(losses) else None
         rows.append({"step": step, "step_s": t, "ranks": len(by_step.get(step, [])),

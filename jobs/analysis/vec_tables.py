@@ -6,7 +6,6 @@ test_columnar.py compares them) without loading records into Python:
     step_rank_table    steps.step_rank_table (vec_steps.py), for runs without pipeline actions
     axis_bytes_table   collectives.axis_bytes_table
     mem_peaks          memory.measured (trace samples; the summary fallback stays in Python)
-    peak_bytes         memory.peak_bytes, where every rank's samples carry model state
 
 The collectives' instances are np_coll.py's (numpy over one step range at a time). Definitions
 are not restated: the steady steps are rules.steady; SQL only groups, orders and sums. Floating
@@ -121,45 +120,19 @@ def axis_bytes_table(con, tr: Traces, out_dir: Path, sums: dict | None = None
 
 def _mem_cols(con) -> list[str]:
     have = {d[0] for d in con.execute("SELECT * FROM t LIMIT 0").description}
-    return [k for k in M.STATE + M.EXTRA + ("gathered",) if M.MEASURED_KEY.get(k, k) in have]
+    return [k for k in M.PARTS if M.MEASURED_KEY.get(k, k) in have]
 
 
-def mem_scan(con) -> dict:
-    """One scan of the `mem` samples, what mem_peaks and peak_bytes read: {"peaks": rank ->
-    {component: peak} (None: a component hides in args), "best": rank -> largest model-state
-    sample total (None: no state column, or a summed field hides in args)}."""
-    cols = _mem_cols(con)
-    comps = [k for k in cols if k != "gathered"]
-    peaks_ok = not in_args(con, "mem", [M.MEASURED_KEY.get(k, k) for k in M.STATE + M.EXTRA])
-    state = [k for k in M.STATE if k in cols]
-    best_ok = bool(state) and not in_args(con, "mem", M.STATE + ("activations", "gathered"))
+def mem_peaks(con) -> dict[int, dict] | None:
+    """rank -> {component: peak} over the trace's `mem` samples (memory.measured's trace
+    part: a rank without model-state samples goes through its summary fallback); None when a
+    component hides in args. The run's peak memory is summed from these in the memory table
+    (memory.peak_bytes), on both paths."""
+    comps = _mem_cols(con)
+    if in_args(con, "mem", [M.MEASURED_KEY.get(k, k) for k in M.PARTS]):
+        return None
     sel = [f'max("{M.MEASURED_KEY.get(k, k)}")' for k in comps]
-    if best_ok:
-        total = " + ".join(f'coalesce("{k}", 0)' for k in M.STATE + ("activations", "gathered")
-                           if k in cols)
-        anyst = " OR ".join(f'"{k}" IS NOT NULL' for k in state)
-        sel.append(f"max(CASE WHEN {anyst} THEN {total} END)")
     rows = con.execute(f"SELECT rank, {', '.join(sel)} FROM t WHERE type = 'mem' "
                        "GROUP BY rank").fetchall() if sel else []
-    peaks = {rank: {k: max(0, int(v)) for k, v in zip(comps, vals, strict=False)
-                    if v is not None} for rank, *vals in rows}
-    best = {rank: vals[-1] for rank, *vals in rows if vals[-1] is not None}
-    return {"peaks": peaks if peaks_ok else None, "best": best if best_ok else None}
-
-
-def mem_peaks(con, scan: dict | None = None) -> dict[int, dict] | None:
-    """rank -> {component: peak} over the trace's `mem` samples (memory.measured's trace
-    part: a rank without model-state samples goes through its summary fallback). `scan`:
-    mem_scan(con), when computed already."""
-    return (scan or mem_scan(con))["peaks"]
-
-
-def peak_bytes(con, scan: dict | None = None) -> tuple[int | None, bool]:
-    """(memory.peak_bytes' largest sample, whether every rank with records has model-state
-    samples): when not, the caller takes the Python path (its per-rank summary fallback).
-    `scan`: mem_scan(con), when computed already."""
-    best = (scan or mem_scan(con))["best"]
-    if best is None:
-        return None, False
-    ranks_all = con.execute("SELECT count(DISTINCT rank) FROM t").fetchall()[0][0]
-    return (int(max(best.values())) if best else None), len(best) == ranks_all
+    return {rank: {k: max(0, int(v)) for k, v in zip(comps, vals, strict=False)
+                   if v is not None} for rank, *vals in rows}

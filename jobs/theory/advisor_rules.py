@@ -1,7 +1,11 @@
 """The advisor's explanations: seed 004's rules of thumb checked per candidate, why a candidate
-ranks where it does, and what rules out its neighbours (docs/advisor.md). Standard library."""
+ranks where it does, and what rules out its neighbours (docs/advisor.md). Standard library.
+Figures read in scaled units (jobs.units, the dashboard's rule): a small model's step is
+microseconds, and "8.192e-09 s" or "0.000137 GB" told a user nothing (issue 37)."""
 
 from __future__ import annotations
+
+from jobs.units import fmt
 
 GB = 1e9
 MAX_TP_RULE = 8  # seed 004: "张量并行 ... 一台机器内的 GPU，最多 8"
@@ -22,9 +26,17 @@ def label(lay: dict) -> str:
 def memory_reason(ev: dict, c: dict) -> str:
     comps = ev["memory_components"]
     big = max(comps, key=comps.get)
-    return (f"memory: {ev['memory_bytes'] / GB:.2f} GB per rank > device "
-            f"{c['device_memory_bytes'] / GB:.2f} GB (largest part: {big} "
-            f"{comps[big] / GB:.2f} GB)")
+    return (f"memory: {fmt(ev['memory_bytes'], 'B')} per rank > device "
+            f"{fmt(c['device_memory_bytes'], 'B')} (largest part: {big} "
+            f"{fmt(comps[big], 'B')})")
+
+
+def _s(v: float) -> str:
+    return fmt(v, "s")
+
+
+def _gbps(v: float) -> str:
+    return fmt(v * GB, "B/s")
 
 
 def _rule(name: str, status: str, why: str) -> dict:
@@ -41,17 +53,17 @@ def rules(r: dict, c: dict) -> list[dict]:
         out.append(_rule("tp-inside-host", "n/a", "no tensor parallelism"))
     elif links["tp"] == "intra" and tp <= MAX_TP_RULE:
         out.append(_rule("tp-inside-host", "follows", f"tp = {tp} <= {MAX_TP_RULE}, its groups "
-                         f"stay inside one host (intra link {c['intra_GBps']:g} GB/s)"))
+                         f"stay inside one host (intra link {_gbps(c['intra_GBps'])})"))
     else:
         why = (f"tp = {tp} spans hosts: its per-layer all-reduces run on the inter-host link "
-               f"({c['inter_GBps']:g} GB/s), {comm['tp']:.3g} s per step"
+               f"({_gbps(c['inter_GBps'])}), {_s(comm['tp'])} per step"
                if links["tp"] == "inter" else f"tp = {tp} > {MAX_TP_RULE}")
         out.append(_rule("tp-inside-host", "breaks", why))
     ep = lay["ep"]
     if ep > 1:  # seed 004: "tensor / expert parallel up to the GPUs of one machine, at most 8"
         inside = links.get("ep") == "intra" and ep <= MAX_TP_RULE
         out.append(_rule("ep-inside-host", "follows" if inside else "breaks",
-                         f"ep = {ep}: its all-to-alls ({comm.get('ep', 0.0):.3g} s per step) "
+                         f"ep = {ep}: its all-to-alls ({_s(comm.get('ep', 0.0))} per step) "
                          + ("stay inside one host" if inside else
                             f"run on the {links.get('ep')} link" +
                             (f" (ep > {MAX_TP_RULE})" if ep > MAX_TP_RULE else ""))))
@@ -59,7 +71,7 @@ def rules(r: dict, c: dict) -> list[dict]:
         out.append(_rule("pp-across-hosts", "n/a", "one host"))
     elif lay["pp"] > 1 and links["pp"] == "inter" and links["tp"] == "intra":
         out.append(_rule("pp-across-hosts", "follows", f"pp = {lay['pp']} crosses hosts: only "
-                         f"stage-boundary activations ({comm['pp']:.3g} s per step) use the "
+                         f"stage-boundary activations ({_s(comm['pp'])} per step) use the "
                          "inter-host link"))
     elif lay["pp"] > 1:
         out.append(_rule("pp-across-hosts", "breaks", f"pp = {lay['pp']} stays inside a host "
@@ -68,18 +80,18 @@ def rules(r: dict, c: dict) -> list[dict]:
     else:
         out.append(_rule("pp-across-hosts", "breaks" if links["dp"] == "inter" else "n/a",
                          "no pipeline: the model fits with tp / ZeRO alone; dp crosses hosts "
-                         f"({comm['dp']:.3g} s of dp traffic per step)"))
+                         f"({_s(comm['dp'])} of dp traffic per step)"))
     z = lay["zero_stage"]
     if z == 3:
         link = links["dp"]
         status = "follows" if link == "intra" or c["inter_GBps"] >= c["intra_GBps"] / 4 \
             else "breaks"
         out.append(_rule("zero3-or-pp-by-bandwidth", status, f"ZeRO-3 moves 1.5x DDP's bytes "
-                         f"on the {link} link ({comm['dp']:.3g} s per step); seed 004: ZeRO-3 "
+                         f"on the {link} link ({_s(comm['dp'])} per step); rule of thumb: ZeRO-3 "
                          "instead of PP only where the bandwidth allows"))
     elif lay["pp"] > 1:
         out.append(_rule("zero3-or-pp-by-bandwidth", "follows", f"pipeline instead of ZeRO-3: "
-                         f"bubble {p['bubble_s']:.3g} s against ZeRO-3's extra gathers"))
+                         f"bubble {_s(p['bubble_s'])} against ZeRO-3's extra gathers"))
     else:
         out.append(_rule("zero3-or-pp-by-bandwidth", "n/a", "neither PP nor ZeRO-3 needed"))
     out.append(_rule("dp-for-the-rest", "follows", f"dp = {lay['dp']}: the devices left after "
@@ -113,18 +125,19 @@ def terms(p: dict) -> dict:
 def why(r: dict, best: dict, c: dict) -> list[str]:
     p = r["predicted"]
     t = terms(p)
-    axes = ", ".join(f"{a} {v:.3g} s ({p['links'][a]})" for a, v in p["comm_s"].items() if v)
-    head = (f"step {p['step_s']:.4g} s = compute {t['compute_s']:.4g} + bubble "
-            f"{t['bubble_s']:.4g} + exposed comm {t['comm_s']:.4g}" +
-            (f" [{axes}]" if axes else "") + f"; memory {p['memory_bytes'] / GB:.3g} GB of "
-            f"{c['device_memory_bytes'] / GB:.3g} GB")
+    axes = ", ".join(f"{a} {_s(v)} ({p['links'][a]})" for a, v in p["comm_s"].items() if v)
+    head = (f"step {_s(p['step_s'])} = compute {_s(t['compute_s'])} + bubble "
+            f"{_s(t['bubble_s'])} + exposed comm {_s(t['comm_s'])}" +
+            (f" [{axes}]" if axes else "") + f"; memory {fmt(p['memory_bytes'], 'B')} of "
+            f"{fmt(c['device_memory_bytes'], 'B')}")
     if r is best or r["label"] == best["label"]:
         return [head, "fastest predicted layout that fits"]
     bt = terms(best["predicted"])
     diff = {k: t[k] - bt[k] for k in TERMS}
     worst = max(diff, key=diff.get)
-    return [head, f"{p['step_s'] - best['predicted']['step_s']:+.4g} s against #1 "
-            f"({best['label']}), mostly {worst.removesuffix('_s')} ({diff[worst]:+.4g} s)"]
+    gap = p["step_s"] - best["predicted"]["step_s"]
+    return [head, f"{'+' if gap >= 0 else ''}{_s(gap)} against #1 ({best['label']}), mostly "
+            f"{worst.removesuffix('_s')} ({'+' if diff[worst] >= 0 else ''}{_s(diff[worst])})"]
 
 
 def _neighbour_layouts(lay: dict):
@@ -170,7 +183,7 @@ def neighbours(lay: dict, status: dict) -> list[dict]:
         if kind == "fits":
             if mine and mine[0] == "fits" and val > mine[1]:
                 out.append({"change": change, "label": label(other), "status": "slower",
-                            "reason": f"{val:.4g} s predicted"})
+                            "reason": f"{_s(val)} predicted"})
             continue
         out.append({"change": change, "label": label(other), "status": kind, "reason": val})
     return out
@@ -182,14 +195,14 @@ def conventions(m: dict, c: dict) -> dict:
                    "x (t_forward + t_backward_input + t_backward_weight) "
                    "(jobs.theory.predict, step.per_rank_compute_s)")
     else:
-        compute = (f"compute from FLOPs at {c['flops']:g} FLOP/s per device, "
+        compute = (f"compute from FLOPs at {fmt(c['flops'], 'FLOP/s')} per device, "
                    f"{c.get('flops_source', 'given')} (jobs.theory.compute.training_flops), "
                    "split evenly over dp*tp*pp devices")
     return {"compute": compute,
             "step": "step = busy compute + pipeline bubble (schedule simulator) + Σ_axis comm "
                     "time on its link, no overlap of comm with compute (an upper bound of the "
                     "lower bounds)",
-            "bandwidth": f"intra {c['intra_GBps']:g} GB/s, inter {c['inter_GBps']:g} GB/s, "
+            "bandwidth": f"intra {_gbps(c['intra_GBps'])}, inter {_gbps(c['inter_GBps'])}, "
                          f"{c.get('bandwidth_source', 'given')} (busbw, jobs/theory/links.py)",
             "precision": "fp32 (model parallelism runs in fp32 only)",
             "memory": "jobs.theory.predict per_rank_bytes (busiest rank) <= device memory"}

@@ -109,7 +109,6 @@ def test_vectorised_tables_equal_the_python_ones(tmp_path, monkeypatch):
     assert V.axis_bytes_table(con, mt, run) == C.axis_bytes_table(tr)
     peaks = V.mem_peaks(con)
     assert {r: (peaks[r], "trace") for r in peaks} == {r: M.measured(tr, r) for r in tr.ranks}
-    assert V.peak_bytes(con) == (M.peak_bytes(tr), True)
 
 
 def test_point_to_point_runs_keep_the_python_matching(tmp_path):

@@ -44,8 +44,9 @@ def test_advise_page_table_bars_errors_and_sweep_body(backend, page):
     assert names[:2] == ["compute", "bubble"]
     expect(page.locator("#advise-counts")).to_contain_text("layouts considered")
     expect(page.locator("#advise-conventions")).to_contain_text("configured times")
-    steps = [float(t.split()[0]) for t in page.locator(
-        "#advise-table tbody tr td:nth-child(3)").all_text_contents()]
+    # the cells read in scaled units; their data-s holds the seconds
+    steps = [float(s) for s in page.locator("#advise-table tbody tr td:nth-child(3)")
+             .evaluate_all("tds => tds.map(td => td.dataset.s)")]
     assert steps == sorted(steps)
     shot(page, "advise")
 
@@ -59,6 +60,10 @@ def test_advise_page_table_bars_errors_and_sweep_body(backend, page):
     page.route("**/api/sweeps", fake)
     page.fill("#launch-k", "3")
     page.fill("#launch-name", "adv <b>x</b>")
+    # the typed bandwidths are assumed hardware: the first click warns, the second launches
+    page.click("#launch-go")
+    expect(page.locator("#launch-warning")).to_contain_text("ASSUMED 2.00 GB/s intra-host")
+    assert sent == []
     page.click("#launch-go")
     expect(page.locator("#launch-status")).to_contain_text("sw-1")
     body = sent[0]
@@ -82,8 +87,8 @@ def test_advise_page_table_bars_errors_and_sweep_body(backend, page):
     got = backend.http.get(f"/api/sweeps/{sweep_id}").json()
     assert got["name"] == "adv <b>x</b>" and len(got["members"]) == 3, got
     # each member stored the advisor's breakdown at the page's cluster: the calibration
-    steps = [float(t.split()[0]) for t in page.locator(
-        "#advise-table tbody tr td:nth-child(3)").all_text_contents()][:3]
+    steps = [float(s) for s in page.locator("#advise-table tbody tr td:nth-child(3)")
+             .evaluate_all("tds => tds.map(td => td.dataset.s)")][:3]
     assert [m["predicted"]["step_time_s"] for m in got["members"]] == pytest.approx(
         steps, rel=0.01)
     assert got["calibration"]["n"] == 0 and len(got["calibration"]["rows"]) == 3

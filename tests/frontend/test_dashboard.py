@@ -64,7 +64,7 @@ def test_submit_from_form_reaches_succeeded_live(svc, pp_run, page):
     page.fill("#f-train-steps", "3")
     page.fill("#f-runtime-queue", svc.queue)  # the GPU host: this service's worker
     page.wait_for_selector("#pred-memory[data-ready='1']")
-    expect(page.locator("[data-card='memory per rank'] .value")).not_to_have_text("")
+    expect(page.locator("[data-card='peak memory per rank'] .value")).not_to_have_text("")
     # An invalid combination is explained inline and blocks submit ...
     page.fill("#f-parallel-dp", "3")
     expect(page.locator("[data-section-msg='parallel']")).to_contain_text("dp*tp*pp")

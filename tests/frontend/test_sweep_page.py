@@ -53,7 +53,12 @@ def test_sweep_page_table_sort_plot_reason_and_escaping(svc, sweep, page):
     plot = page.locator("#sweep-parcoords[data-ready='1']")
     expect(plot).to_have_count(1)
     dims = plot.evaluate("d => d.data[0].dimensions.map(x => x.label)")
-    assert dims[0] == "parallel.zero_stage" and "peak mem / rank (pred.)" in dims
+    # readable labels with units, a tick per value typed, never "null" (issue 37 item 9)
+    assert dims[0] == "zero stage (parallel)", dims
+    assert any(d.startswith("peak mem / rank, predicted (") and d.endswith("B)") for d in dims)
+    ticks = plot.evaluate("d => d.data[0].dimensions[0].ticktext")
+    assert ticks == ["0", "2", "3"]
+    assert "null" not in page.locator("#sweep-parcoords").text_content()
     assert plot.evaluate("d => d.data[0].type") == "parcoords"
     assert page.locator("#sweep-parcoords .parcoords").count() > 0  # drawn, not only data
     expect(page.locator("#sweep-cancel")).to_be_visible()

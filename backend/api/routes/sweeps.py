@@ -8,7 +8,7 @@ from fastapi import APIRouter, Body, Query, Request
 
 from backend import crud
 from backend.api.deps import CheckedParams, DbDep, SettingsDep, UserDep
-from backend.api.sweep_schemas import SweepOut, SweepPage
+from backend.api.sweep_schemas import SweepCheck, SweepOut, SweepPage
 from backend.core.identity import client_address
 from backend.errors import NotFound
 from backend.services import sweeps as service
@@ -48,6 +48,18 @@ def submit_sweep(
     s = service.submit(db, settings, body, owner=user, force=force,
                        client=client_address(request))
     return SweepOut.of(s, user)
+
+
+@router.post("/validate", response_model=SweepCheck)
+def validate_sweep(
+    db: DbDep, settings: SettingsDep, user: UserDep,
+    body: Annotated[dict[str, Any], Body(examples=[_EXAMPLE])],
+    force: bool = Query(False, description="as for POST /api/sweeps"),
+) -> SweepCheck:
+    """A dry run of POST /api/sweeps (the sweep builder on /sweeps calls it before launch): the
+    same checks and the same 422 / 403 refusals, nothing stored; otherwise the member count,
+    how many are valid, and each member's overrides and errors."""
+    return SweepCheck(**service.validate(db, settings, body, owner=user, force=force))
 
 
 @router.get("", response_model=SweepPage)

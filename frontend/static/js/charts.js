@@ -4,8 +4,28 @@ export const Plotly = window.Plotly;
 export const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948",
   "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
 export const COMPONENT_COLORS = { params: "#4e79a7", grads: "#f28e2b", optimizer: "#59a14f",
-  optimizer: "#59a14f", activations: "#e15759", gathered: "#b07aa1", gathered_peak: "#b07aa1",
+  activations: "#e15759", gathered: "#b07aa1", gathered_peak: "#b07aa1",
   gathered_unit: "#b07aa1", buffers: "#76b7b2", recv_buffers: "#76b7b2", comm_buffers: "#edc948" };
+
+// A colour means one thing on every page and every run (issue 37): a mesh axis keeps its
+// colour whichever axes a run has and in whatever order its table lists them (dp is never
+// blue on one run and orange on the next). A name outside the map gets a colour from its
+// letters, so it too is the same on every page.
+export const AXIS_COLORS = { dp: "#4e79a7", tp: "#f28e2b", pp: "#59a14f", ep: "#e15759",
+  edp: "#b07aa1", cp: "#76b7b2", sp: "#9c755f", all: "#79706e" };
+const SPARE = ["#edc948", "#ff9da7", "#bab0ac", "#17becf", "#8c564b", "#bcbd22"];
+
+export function colorOf(name, map = AXIS_COLORS) {
+  if (name in map) return map[name];
+  let h = 0;
+  for (const ch of String(name)) h = (h * 31 + ch.codePointAt(0)) >>> 0;
+  return SPARE[h % SPARE.length];
+}
+
+// the collective op of a series (bandwidth curves): a marker shape per op, the colour its axis
+export const OP_SYMBOLS = { all_reduce: "circle", reduce_scatter: "square", all_gather: "diamond",
+  broadcast: "triangle-up", reduce: "triangle-down", all_to_all: "x", send_recv: "cross",
+  send: "cross", recv: "cross" };
 
 export function layout(title, xTitle, yTitle, extra = {}) {
   return {

@@ -2,7 +2,7 @@
 // sweep, and the per-rank step-time breakdown with the straggler marked. Every value is a cell
 // of the run's analysis tables (axis_bytes, bandwidth, ranks) or its headline.
 import { table, headlineOf, rule, stepsLabel } from "./analysis.js";
-import { COMPONENT_COLORS, PALETTE, emptyChart, layout, plot } from "./charts.js";
+import { COMPONENT_COLORS, OP_SYMBOLS, colorOf, emptyChart, layout, plot } from "./charts.js";
 import { $, el, esc, fmtBytes, fmtPct, fmtSeconds } from "./dom.js";
 import { axisUnit, fmt, logAxis } from "./units.js";
 
@@ -22,11 +22,13 @@ export function busbwTraces(rows, prefix = "", dash = "solid") {
     if (!groups.has(key)) groups.set(key, []);
     groups.get(key).push(c);
   }
-  return [...groups.entries()].map(([key, pts], i) => {
+  return [...groups.entries()].map(([key, pts]) => {
     pts.sort((a, b) => a.payload_bytes - b.payload_bytes);
+    // colour by mesh axis, marker by op: the same on every run (charts.js AXIS_COLORS)
     return { type: "scatter", mode: "lines+markers", name: esc(prefix + key),
       x: pts.map((p) => p.payload_bytes), y: pts.map((p) => p.busbw_GBps * 1e9),
-      line: { dash, color: PALETTE[i % PALETTE.length] },
+      line: { dash, color: colorOf(pts[0].axis) },
+      marker: { symbol: OP_SYMBOLS[pts[0].op] || "circle" },
       text: pts.map((p) => `${esc(prefix + key)}<br>${fmtBytes(p.payload_bytes)} → ` +
         `${fmt(p.busbw_GBps * 1e9, "B/s")}<br>${p.instances} instances, median transfer ` +
         `${fmtSeconds(p.duration_median_s)}`),
@@ -60,8 +62,8 @@ export async function mountComm(analysis, sweep) {
   if (axes.length) {
     const per = (r, ax) => axisRows.find((x) => x.rank === r && x.axis === ax)?.bytes_sent_per_step ?? 0;
     const u = axisUnit(ranks.flatMap((r) => axes.map((ax) => per(r, ax))), "B");
-    await plot($("#comm-axis"), axes.map((ax, i) => ({
-      type: "bar", name: esc(ax), x: ranks.map((r) => `rank ${r}`), marker: { color: PALETTE[i] },
+    await plot($("#comm-axis"), axes.map((ax) => ({
+      type: "bar", name: esc(ax), x: ranks.map((r) => `rank ${r}`), marker: { color: colorOf(ax) },
       y: ranks.map((r) => per(r, ax) / u.div),
       text: ranks.map((r) => `${esc(ax)} rank ${r}: ${fmtBytes(per(r, ax))} per step`),
       textposition: "none", hovertemplate: "%{text}<extra></extra>" })),

@@ -6,8 +6,9 @@
 import { headlineOf, stepsLabel, table } from "./analysis.js";
 import { api } from "./api.js";
 import { COMPONENT_COLORS, emptyChart, layout, plot } from "./charts.js";
+import { FIGURES, NOISE_RULE, delta, noiseOf, verdict } from "./compare_figures.js";
 import { $, degrees, el, esc, statusBadge } from "./dom.js";
-import { axisUnit, fmt, logAxis } from "./units.js";
+import { axisUnit, fmt, logAxis, rateUnit } from "./units.js";
 
 // run colours: no chart on this page uses these for anything else
 export const RUN_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
@@ -63,48 +64,26 @@ function diffTable(runs) {
     el("tbody", {}, ...rows));
 }
 
-// The key figures: [key, label, unit, better ("low" | "high"), value(run, analysis)]
-const duration = (r) => (r.started_at && r.finished_at
-  ? (new Date(r.finished_at) - new Date(r.started_at)) / 1000 : null);
-const finalLoss = (a) => {
-  const rows = table(a, "throughput").filter((x) => x.loss !== null);
-  return rows.length ? rows[rows.length - 1].loss : null;
-};
-export const FIGURES = [
-  ["step_time_s", "step time (median)", "s", "low", (r, h) => h.step_time_s],
-  ["tokens_per_s", "throughput", "tok/s", "high", (r, h) => h.tokens_per_s],
-  ["peak_memory_bytes", "peak memory (busiest rank)", "B", "low", (r, h) => h.peak_memory_bytes],
-  ["exposed_comm_s", "exposed comm per step", "s", "low", (r, h) => h.exposed_comm_s],
-  ["bubble_fraction", "pipeline bubble", "%", "low",
-    (r, h) => (h.bubble_fraction === null || h.bubble_fraction === undefined ? null
-      : 100 * h.bubble_fraction)],
-  ["overlap_pct", "comm hidden under compute", "%", "high", (r, h) => h.overlap_pct],
-  ["comm_bytes_per_rank", "bytes sent per step (busiest rank)", "B", "low",
-    (r, h) => h.comm_bytes_per_rank],
-  ["final_loss", "final loss", "", "low", (r, h, a) => finalLoss(a)],
-  ["duration_s", "run duration", "s", "low", (r) => duration(r)],
-];
-
-// "6.0× slower" / "−43 %" / "same": the run's value against the baseline's
-export function delta(v, base, unit, better) {
-  if (v === null || v === undefined || base === null || base === undefined) return ["", ""];
-  if (unit === "%") {
-    const d = v - base;
-    if (Math.abs(d) < 0.05) return ["same", ""];
-    const good = better === "low" ? d < 0 : d > 0;
-    return [`${d > 0 ? "+" : "−"}${fmt(Math.abs(d), "")} points`, good ? "good" : "bad"];
-  }
-  if (base === 0) return v === 0 ? ["same", ""] : ["", ""];
-  const ratio = v / base;
-  if (Math.abs(ratio - 1) < 0.005) return ["same", ""];
-  const good = better === "low" ? ratio < 1 : ratio > 1;
-  const word = { s: ratio > 1 ? "slower" : "faster", "tok/s": ratio > 1 ? "faster" : "slower" }[unit];
-  if (word && (ratio >= 1.5 || ratio <= 1 / 1.5)) {
-    const x = ratio >= 1 ? ratio : 1 / ratio;
-    return [`${fmt(x, "", { trim: true })}× ${word}`, good ? "good" : "bad"];
-  }
-  const pct = 100 * (ratio - 1);
-  return [`${pct > 0 ? "+" : "−"}${fmt(Math.abs(pct), "%")}`, good ? "good" : "bad"];
+// One row per figure: the verdict first (each run against the baseline: better / worse / same
+// within noise, coloured, naming both runs), then each run's value with its delta.
+function verdictCell(runs, analyses, vals, baseIdx, unit, better, key) {
+  const cell = el("td", { class: "verdicts" });
+  vals.forEach((v, i) => {
+    if (i === baseIdx || v === null || v === undefined) return;
+    const base = vals[baseIdx];
+    if (base === null || base === undefined) return;
+    const [noise, rule] = noiseOf(key, analyses[i], analyses[baseIdx], v, base);
+    const [word, limit] = verdict(v, base, better, noise);
+    const winner = word === "same" ? "" : runs[word === "better" ? i : baseIdx].id;
+    const text = word === "same" ? `same as ${label(runs[baseIdx])} within noise`
+      : `${word} than ${label(runs[baseIdx])}`;
+    cell.append(el("div", { class: `verdict ${word}`, dataset: { run: runs[i].id, winner,
+      verdict: word }, title: `noise: ±${fmt(limit, unit)} (${noise === null ? "no per-step "
+      + "spread: 0.5 % rounding only" : rule})` },
+    el("span", { class: "swatch", style: `background:${RUN_COLORS[i]}` }),
+    el("strong", { text: label(runs[i]) }), ` ${text}`));
+  });
+  return cell;
 }
 
 function keyTable(runs, analyses, baseIdx) {
@@ -112,22 +91,32 @@ function keyTable(runs, analyses, baseIdx) {
   const rows = FIGURES.map(([key, name, unit, better, get]) => {
     const vals = runs.map((r, i) => get(r, heads[i], analyses[i]));
     if (vals.every((v) => v === null || v === undefined)) return null;
-    return el("tr", { dataset: { figure: key } }, el("td", { text: name }),
+    const vcell = verdictCell(runs, analyses, vals, baseIdx, unit, better, key);
+    return el("tr", { dataset: { figure: key } }, el("td", { text: name }), vcell,
       ...vals.map((v, i) => {
-        const [text, cls] = i === baseIdx ? ["baseline", ""] : delta(v, vals[baseIdx], unit, better);
+        const same = vcell.querySelector(`[data-run="${CSS.escape(runs[i].id)}"]`)
+          ?.dataset.verdict === "same";
+        const [text, cls] = i === baseIdx ? ["baseline", ""]
+          : delta(v, vals[baseIdx], unit, better, key, same);
         return el("td", { class: "num", dataset: { value: v ?? "" } },
-          el("div", { text: fmt(v, unit) }),
-          el("div", { class: `delta ${cls}`, text }));
+          el("div", { text: fmt(v, unit === "tok/s" ? rateUnit(heads[i]) : unit) }),
+          el("div", { class: `delta ${cls}`, text: same && text !== "same"
+            ? `${text} (within noise)` : text }));
       }));
   }).filter(Boolean);
   const steps = heads.map((h) => stepsLabel(h));
+  $("#cmp-caption").textContent = "Medians and means over each run's steady steps ("
+    + runs.map((r, i) => `${r.name}: ${steps[i]}`).join("; ") + "); verdicts and deltas "
+    + `against the baseline, ${label(runs[baseIdx])}.`;
+  $("#cmp-noise p").textContent = NOISE_RULE;
   $("#cmp-table").replaceChildren(
-    el("caption", { class: "muted", text: "Medians and means over each run's steady steps " +
-      `(${[...new Set(steps)].join("; ")}); deltas against the baseline.` }),
-    el("thead", {}, el("tr", {}, el("th", { text: "figure" }), ...runs.map((r, i) =>
-      el("th", { class: "num" }, el("span", { class: "swatch", style: `background:${RUN_COLORS[i]}` }),
-        el("a", { href: `/runs/${encodeURIComponent(r.id)}`, text: label(r) }), " ",
-        statusBadge(r.status))))),
+    el("thead", {}, el("tr", {}, el("th", { text: "figure" }),
+      el("th", { text: "verdict (against the baseline)" }), ...runs.map((r, i) =>
+        el("th", { class: "num", dataset: { run: r.id } },
+          el("span", { class: "swatch", style: `background:${RUN_COLORS[i]}` }),
+          el("a", { href: `/runs/${encodeURIComponent(r.id)}`, text: label(r) }), " ",
+          statusBadge(r.status),
+          el("div", { class: "muted steps", text: steps[i] }))))),
     el("tbody", {}, ...rows));
 }
 
@@ -259,7 +248,8 @@ async function timelines(runs, analyses, names) {
   await plot(div, traces, layout("One steady step of each run, from its start (shared axis)",
     u.title("time since the step began"), "", {
       yaxis: { tickvals, ticktext, autorange: "reversed", zeroline: false, fixedrange: true },
-      margin: { l: 260, r: 10, t: 45, b: 60 }, legend: { orientation: "h", y: -0.25 } }));
+      margin: { l: Math.min(260, Math.round(div.clientWidth * 0.4)) || 260, r: 10, t: 45, b: 60 },
+      legend: { orientation: "h", y: -0.25 } }));
   div.dataset.runs = String(data.filter(Boolean).length);
 }
 
@@ -274,9 +264,18 @@ async function init() {
     $("#compare-error").textContent = "Pick 2 to 4 runs on the Runs page, or enter their IDs.";
     return;
   }
-  let runs;
-  try { runs = await Promise.all(ids.map((id) => api.run(id))); } catch (e) {
-    $("#compare-error").textContent = e.message;
+  // an id that fails is named inline; the others still compare
+  const got = await Promise.allSettled(ids.map((id) => api.run(id)));
+  $("#compare-error").replaceChildren(...got.map((g, i) => (g.status === "rejected"
+    ? el("div", { class: "bad-id", dataset: { badId: ids[i] },
+      text: `${ids[i]}: ${g.reason?.status === 404 ? "no such run" : g.reason?.message}` })
+    : null)).filter(Boolean));
+  const runs = got.filter((g) => g.status === "fulfilled").map((g) => g.value);
+  ids.splice(0, ids.length, ...runs.map((r) => r.id));
+  if (runs.length < 2) {
+    $("#compare-error").append(el("div", { text: runs.length
+      ? `Only ${label(runs[0])} was found: pick at least one more run to compare with.`
+      : "None of these runs was found." }));
     return;
   }
   const analyses = await Promise.all(runs.map((r) => api.metrics(r.id).catch(() => null)));

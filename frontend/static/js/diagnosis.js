@@ -4,7 +4,8 @@
 // (diagnosis.json). Also what the run was given on purpose (spec.faults), its restart attempts,
 // the run it resumed from, and its complete checkpoints with a Resume button.
 import { api } from "./api.js";
-import { $, el, fmtBytes } from "./dom.js";
+import { el, fmtBytes } from "./dom.js";
+import { diagnosisFile, plain, WENT_WRONG } from "./health.js";
 
 // "all_reduce #57 (4.0 KB float32)" from a collective record of the flight file
 export function collText(c) {
@@ -31,7 +32,7 @@ function rankTable(rows) {
     "where"].map((t) => el("th", { text: t })));
   return el("table", { class: "data compact", id: "diagnosis-ranks" }, el("thead", {}, head),
     el("tbody", {}, ...rows.map((r) => el("tr", { dataset: { rank: String(r.rank) } },
-      el("td", { text: String(r.rank) }), el("td", { text: String(r.state ?? "–") }),
+      el("td", { text: String(r.rank) }), el("td", { text: plain(r.state ?? "–") }),
       el("td", { text: r.step === undefined || r.step === null ? "–" : String(r.step) }),
       el("td", { class: "pre", text: groupCells(r.groups) }),
       el("td", { class: "pre", text: String(r.stack ?? "–") })))));
@@ -49,18 +50,18 @@ function mismatchList(groups) {
     el("ul", { id: "diagnosis-mismatch" }, ...items)) : null;
 }
 
+// The ranks' tracebacks in the diagnosis' order (the rank that failed first, then the ranks
+// that only lost their peer), then every rank's stack
 async function stacks(run) {
-  let full = null;
-  try {
-    const r = await fetch(api.fileUrl(run.id, "diagnosis.json"));
-    if (r.ok) full = await r.json();
-  } catch { full = null; }
+  const full = await diagnosisFile(run);
   const texts = { ...(full?.errors || {}), ...(full?.stacks || {}) };
   const keys = Object.keys(full?.stacks || {});
-  const errs = Object.keys(full?.errors || {});
+  const order = (run.summary?.diagnosis?.left || []).map((x) => String(x.rank));
+  const rankOf = (r) => (order.includes(r) ? order.indexOf(r) : order.length + Number(r));
+  const errs = Object.keys(full?.errors || {}).sort((a, b) => rankOf(a) - rankOf(b));
   if (!keys.length && !errs.length) return null;
   const block = (title, text) => el("details", {}, el("summary", { text: title }),
-    el("pre", { class: "log", text: String(text) }));
+    el("pre", { class: "log", text: plain(text) }));
   return el("div", { id: "diagnosis-stacks" }, el("h3", { text: "Stacks and tracebacks" }),
     ...errs.map((r) => block(`rank ${r}: traceback`, full.errors[r])),
     ...keys.map((r) => block(`rank ${r}: stack when stopped`, texts[r])));
@@ -72,8 +73,8 @@ export async function mountDiagnosis(run, box) {
   const attempts = run.summary?.attempts || [];
   const parts = [];
   if (d?.sentence) {
-    parts.push(el("p", { id: "diagnosis-sentence", class: "diagnosis", role: "alert",
-      text: d.sentence }));
+    parts.push(el("p", { id: "diagnosis-sentence", class: "diagnosis",
+      text: plain(d.sentence) }));
     if (Array.isArray(d.ranks) && d.ranks.length) parts.push(rankTable(d.ranks));
     const mm = mismatchList(d.groups);
     if (mm) parts.push(mm);
@@ -99,7 +100,13 @@ export async function mountDiagnosis(run, box) {
     if (s) parts.push(s);
   }
   box.replaceChildren(...parts);
-  box.closest("section").hidden = parts.length === 0;
+  const section = box.closest("section");
+  section.hidden = parts.length === 0;
+  // a run that did not go wrong (a resumed or restarted run that succeeded, a run with a
+  // fault that did no harm) shows its lineage, attempts and faults, not "What went wrong"
+  const title = section.querySelector("#diagnosis-title");
+  if (title) title.textContent = WENT_WRONG.includes(run.status) ? "What went wrong"
+    : "Lineage, attempts and faults";
 }
 
 // Complete checkpoints (every rank's shard and the commit marker) and the Resume button: it

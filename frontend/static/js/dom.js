@@ -43,6 +43,15 @@ export function degrees(r) {
   return `dp${r.dp}·tp${r.tp}·pp${r.pp}`;
 }
 
+// Every degree of a run (the run page and the list): ep and cp only when they are used (> 1),
+// from the run's columns, else its spec (an older server's answer)
+export function allDegrees(r) {
+  const par = r.spec?.parallel || {};
+  const extra = ["ep", "cp"].map((k) => [k, Number(r[k] ?? par[k] ?? 1)])
+    .filter(([, v]) => v > 1).map(([k, v]) => `·${k}${v}`).join("");
+  return degrees(r) + extra;
+}
+
 export function showError(target, e) {
   target.replaceChildren(el("p", { class: "error", role: "alert", text: e?.message || String(e) }));
 }

@@ -10,115 +10,10 @@ import { stepsLabel } from "./analysis.js";
 import { api } from "./api.js";
 import { Plotly } from "./charts.js";
 import { $, el, esc, fmtPct } from "./dom.js";
+import { idleTrace, lineType, segmentTraces, theoryTraces } from "./gantt_traces.js";
 import { axisUnit, fmt } from "./units.js";
 
-// category -> colour; each colour used once (the legend and the tests rely on it)
-export const CATEGORIES = {
-  forward: "#4e79a7", backward: "#f28e2b", "backward (input)": "#ffbe7d",
-  "backward (weight)": "#b6992d", "forward.layer": "#a0cbe8", "backward.layer": "#d4a6c8",
-  optimizer: "#59a14f", "other compute": "#9aa3b2", grad_sync: "#79706e", wait_grads: "#d7b5a6",
-  all_reduce: "#e15759", reduce_scatter: "#76b7b2", all_gather: "#b07aa1", broadcast: "#9c755f",
-  reduce: "#ff9da7", all_to_all: "#17becf", send: "#1f3b73", recv: "#006d2c",
-  "other comm": "#636363", "many spans": "#2b2b2b", idle: "#fbd3d0",
-};
-const DEPTH_W = [14, 8, 5, 3]; // line width by nesting depth in a lane
-const COMM_W = 8;
-
-export function categoryOf(name, channel) {
-  if (channel === "compute") return name in CATEGORIES ? name : "other compute";
-  if (channel === "sync") return name in CATEGORIES ? name : "grad_sync";
-  return name in CATEGORIES ? name : "other comm";
-}
-
-// WebGL pays a fixed cost per draw (a context, shaders: about 0.4 s in a browser without a
-// GPU, docs/benchmarks.md) that SVG does not; SVG's cost grows with the points. Below this many
-// segments and idle gaps SVG draws first; above, WebGL.
-const SVG_MAX = 3000;
-
-function lineType(data) {
-  return data.returned + data.idle.t0.length <= SVG_MAX ? "scatter" : "scattergl";
-}
-
-function segmentTraces(data, query) {
-  const s = data.segments;
-  const lanes = data.lanes;
-  const groups = new Map();
-  for (let i = 0; i < s.t0.length; i++) {
-    const lane = lanes[s.lane[i]];
-    const name = data.keys[s.key[i]] ?? "?";
-    const merged = s.n[i] > 1;
-    const cat = merged ? "many spans" : categoryOf(name, lane.channel);
-    const depth = lane.channel === "compute" ? s.depth[i] : 0;
-    const hit = !query || name.toLowerCase().includes(query);
-    const gk = `${cat}|${depth}|${hit}`;
-    let g = groups.get(gk);
-    if (!g) {
-      g = { cat, depth, hit, x: [], y: [], custom: [],
-        width: lane.channel === "compute" ? DEPTH_W[depth] : COMM_W };
-      groups.set(gk, g);
-    }
-    const y = lane.y;
-    g.x.push(s.t0[i], (s.t0[i] + s.t1[i]) / 2, s.t1[i], null);
-    g.y.push(y, y, y, null);
-    g.custom.push(i, i, i, null);
-  }
-  const seen = new Set();
-  return [...groups.values()].sort((a, b) => a.depth - b.depth).map((g) => {
-    const first = !seen.has(g.cat);
-    seen.add(g.cat);
-    return { type: lineType(data), mode: "lines", name: esc(g.cat), x: g.x, y: g.y,
-      customdata: g.custom, line: { color: CATEGORIES[g.cat], width: g.width },
-      opacity: g.hit ? 1 : 0.15, legendgroup: g.cat, showlegend: first,
-      hovertemplate: "%{text}<extra></extra>", text: g.custom.map((i) => (i === null ? null
-        : hoverText(data, i))) };
-  });
-}
-
-function hoverText(data, i) {
-  const s = data.segments;
-  const name = esc(data.keys[s.key[i]] ?? "?");
-  const dur = (s.t1[i] - s.t0[i]) / 1e3;
-  return `${s.n[i] > 1 ? `${s.n[i]} spans merged (longest: ${name})` : name}` +
-    `${s.mb[i] >= 0 ? ` · mb ${s.mb[i]}` : ""} · step ${s.step[i]} · rank ${s.rank[i]}<br>` +
-    `${fmt(dur, "s")}${s.bytes[i] ? ` · ${fmt(s.bytes[i], "B")}` : ""}`;
-}
-
-function idleTrace(data) {
-  const x = [];
-  const y = [];
-  const compute = new Map(data.lanes.filter((l) => l.channel === "compute").map((l) => [l.rank, l.y]));
-  const d = data.idle;
-  for (let i = 0; i < d.t0.length; i++) {
-    const yy = compute.get(d.rank[i]) ?? 0;
-    x.push(d.t0[i], d.t1[i], null);
-    y.push(yy, yy, null);
-  }
-  return { type: lineType(data), mode: "lines", name: "idle", x, y, hoverinfo: "skip",
-    line: { color: CATEGORIES.idle, width: DEPTH_W[0] + 4 }, legendgroup: "idle" };
-}
-
-const THEORY_CAT = { F: "forward", B: "backward (input)", W: "backward (weight)", BW: "backward" };
-
-function theoryTraces(theory, base, type) {
-  const groups = new Map();
-  theory.rows.forEach((row, i) => {
-    const y = base + i;
-    for (const s of row.spans) {
-      const cat = THEORY_CAT[s.kind] || "other compute";
-      let g = groups.get(cat);
-      if (!g) { g = { cat, x: [], y: [], text: [] }; groups.set(cat, g); }
-      const t = `simulated ${s.kind}${s.mb}${s.chunk ? ` chunk ${s.chunk}` : ""} · pp${row.pp}<br>` +
-        `${fmt((s.t1_ms - s.t0_ms) / 1e3, "s")}`;
-      g.x.push(s.t0_ms, (s.t0_ms + s.t1_ms) / 2, s.t1_ms, null);
-      g.y.push(y, y, y, null);
-      g.text.push(t, t, t, null);
-    }
-  });
-  return [...groups.values()].map((g) => ({
-    type, mode: "lines", name: esc(g.cat), x: g.x, y: g.y, text: g.text,
-    line: { color: CATEGORIES[g.cat], width: DEPTH_W[1] + 3 }, legendgroup: g.cat,
-    showlegend: false, hovertemplate: "%{text}<extra></extra>", meta: "theory" }));
-}
+export { CATEGORIES, categoryOf } from "./gantt_traces.js";
 
 export class Gantt {
   constructor(div, runId, info, headline) {
@@ -130,6 +25,29 @@ export class Gantt {
     this.data = null;
     this.pending = null;
     this.query = "";
+  }
+
+  // The header's measured bubble is the headline's bubble_fraction, the figure the bubble card
+  // shows: the run page hands every new analysis (live refreshes, the final one) to both, so
+  // the two never disagree until a reload.
+  setHeadline(headline) {
+    this.headline = headline || {};
+    if (this.data) this.renderInfo();
+  }
+
+  renderInfo() {
+    const data = this.data;
+    const theory = data.theory;
+    const h = this.headline;
+    this.div.dataset.measuredBubble = h?.bubble_fraction === null || h?.bubble_fraction ===
+      undefined ? "" : String(h.bubble_fraction);
+    this.info.textContent = `${fmt(data.total_spans, "", { trim: true })} spans in view, ` +
+      `${fmt(data.returned, "", { trim: true })} drawn` +
+      (data.lod.merged ? ` (merged below ${fmt(data.lod.bucket_ms / 1e3, "s")})` : "") +
+      (theory ? ` · bubble: measured ${fmtPct(h?.bubble_fraction, true)}, ` +
+        `simulated ${fmtPct(theory.bubble_fraction, true)} (${stepsLabel(h)}` +
+        " stage times)" : "") +
+      ` · ${fmt(this.drawS, "s")} to draw`;
   }
 
   async load(params = {}) {
@@ -160,18 +78,26 @@ export class Gantt {
       traces.push(...theoryTraces(theory, base, lineType(data)));
       theory.rows.forEach((r, i) => { tickvals.push(base + i); ticktext.push(esc(`simulated pp${r.pp}`)); });
     }
-    // time axis: one unit for the window (ms from the trace start, drawn in its own unit)
+    // time axis: ms from the trace start, drawn in the unit of the largest time on view (a
+    // window at 49.3 s reads "49.3 s", never "49.3k ms"); no SI suffix on the ticks
     const w = data.window;
-    this.exportLink(range || [w.t0_ms, w.t1_ms]);
-    const u = axisUnit([(w.t1_ms - w.t0_ms) / 1e3], "s");
+    const view = range || [w.t0_ms, w.t1_ms];
+    this.exportLink(view);
+    const u = axisUnit([Math.max(Math.abs(view[0]), Math.abs(view[1])) / 1e3], "s");
     this.msPerUnit = u.div * 1e3;
     for (const t of traces) t.x = t.x.map((v) => (v === null ? null : v / this.msPerUnit));
     const height = Math.max(340, Math.min(1100, 26 * tickvals.length + 150));
+    // the title at the figure's top, the legend between it and the plot: the top margin grows
+    // with the legend's rows (about 130 px an entry), so the legend never covers the title
+    const entries = traces.filter((t) => t.showlegend !== false).length;
+    const perRow = Math.max(1, Math.floor(((this.div.clientWidth || 1000) - 20) / 130));
+    const top = 38 + 22 * Math.ceil(entries / perRow);
     const layout = {
       title: { text: `Timeline per rank and lane${this.step !== null ? ` — step ${this.step}` : ""}`,
-        font: { size: 15 } },
-      height, margin: { l: 170, r: 10, t: 70, b: 50 }, hovermode: "closest",
+        font: { size: 15 }, yref: "container", y: 1, yanchor: "top", pad: { t: 8 } },
+      height, margin: { l: 170, r: 10, t: top, b: 50 }, hovermode: "closest",
       xaxis: { title: { text: u.title("time since trace start") }, zeroline: false,
+        exponentformat: "none",
         range: (range || [w.t0_ms, w.t1_ms]).map((v) => v / this.msPerUnit) },
       yaxis: { tickvals, ticktext, zeroline: false, fixedrange: true,
         range: [Math.max(...tickvals, 0) + 0.8, -0.8], tickfont: { size: 11 } },
@@ -193,13 +119,8 @@ export class Gantt {
         d.segments = String(data.returned);
         d.ready = "1";
         d.simulatedBubble = theory ? String(theory.bubble_fraction) : "";
-        this.info.textContent = `${data.total_spans.toLocaleString()} spans in view, ` +
-          `${data.returned.toLocaleString()} drawn` +
-          (data.lod.merged ? ` (merged below ${fmt(data.lod.bucket_ms / 1e3, "s")})` : "") +
-          (theory ? ` · bubble: measured ${fmtPct(this.headline?.bubble_fraction, true)}, ` +
-            `simulated ${fmtPct(theory.bubble_fraction, true)} (${stepsLabel(this.headline)}` +
-            " stage times)" : "") +
-          ` · ${Math.round(performance.now() - t0)} ms to draw`;
+        this.drawS = (performance.now() - t0) / 1e3;
+        this.renderInfo();
         if (!this.bound) this.bindEvents();
       });
   }

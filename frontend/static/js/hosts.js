@@ -5,6 +5,7 @@
 // bound of the clock alignment). Every server string reaches the page through textContent.
 import { table } from "./analysis.js";
 import { el, fmtDate } from "./dom.js";
+import { fmt } from "./units.js";
 
 const dash = (v) => (v === null || v === undefined || v === "" ? "–" : String(v));
 
@@ -32,7 +33,7 @@ function ranksTable(rows) {
     el("td", { text: dash(r.node_rank) }), el("td", { text: dash(r.local_rank) }),
     el("td", { text: dash(r.pp) }), el("td", { text: dash(r.dp) }), el("td", { text: dash(r.tp) }),
     el("td", { text: r.clock_error_ns === null || r.clock_error_ns === undefined ? "–"
-      : `±${(Number(r.clock_error_ns) / 1000).toFixed(1)} µs` })))));
+      : `±${fmt(Number(r.clock_error_ns) / 1e9, "s")}` })))));
 }
 
 export function mountHosts(run, analysis, section, box) {

@@ -2,6 +2,9 @@
 // analysis' memory table (jobs/analysis/memory.py). Transient components (pipeline receive
 // buffers, ZeRO-3's gathered unit, data-parallel collective buffers: row kind "transient")
 // are hatched and labelled as such; the table lists every rank x component with its kind.
+// A rank's peak is the analysis' `total` row (every component summed, buffers included: the
+// one definition of peak memory, jobs/analysis/memory.py), the figure the card, the runs list
+// and compare show as "peak memory"; the bars stack to it.
 import { table } from "./analysis.js";
 import { COMPONENT_COLORS, emptyChart, layout, plot } from "./charts.js";
 import { el, esc, fmtBytes, fmtPct } from "./dom.js";
@@ -11,7 +14,16 @@ import { axisUnit } from "./units.js";
 const AGGREGATES = new Set(["model_state", "total"]);
 const parts = (rows) => rows.filter((r) => !AGGREGATES.has(r.component));
 
+// Per rank {rank, measured, predicted, hasPred}: the `total` rows; an analysis stored before
+// they existed (schema < 5) is summed here by the same rule.
 export function memoryTotals(rows) {
+  const stored = rows.filter((r) => r.component === "total");
+  if (stored.length) {
+    return stored.map((r) => ({ rank: r.rank, measured: r.measured_bytes || 0,
+      predicted: r.predicted_bytes || 0,
+      hasPred: r.predicted_bytes !== null && r.predicted_bytes !== undefined }))
+      .sort((a, b) => a.rank - b.rank);
+  }
   const by = new Map();
   for (const r of parts(rows)) {
     const t = by.get(r.rank) || { rank: r.rank, measured: 0, predicted: 0, hasPred: false };
@@ -57,9 +69,11 @@ export async function mountMemory(analysis, div, tableEl) {
       : "", showarrow: false, yanchor: "bottom", font: { size: 11 },
   }));
   const lay = layout("Peak memory per rank: measured vs predicted (error above)", "rank",
-    ax.title("memory"), { barmode: "stack", annotations });
+    ax.title("peak memory"), { barmode: "stack", annotations });
   await plot(div, traces, lay);
   div.dataset.ranks = String(ranks.length);
+  // the busiest rank's stacked total: the headline's peak_memory_bytes (tests compare them)
+  div.dataset.peakBytes = String(Math.max(...totals.map((t) => t.measured)));
   if (tableEl) {
     tableEl.replaceChildren(el("thead", {}, el("tr", {}, ...["rank", "component", "kind",
       "measured", "predicted", "error"].map((h) => el("th", { text: h })))),

@@ -19,6 +19,19 @@ let timer = null;
 let seq = 0;
 let valid = false;
 let limits = null; // the caller's quotas and usage (GET /api/users/{name}/limits)
+let ready = false; // the spec's fields, presets and the starting spec are loaded
+// The inputs that are on the page before the form has loaded and that the load fills (name,
+// tags, notes, device memory): a user types into them while the preset is still on its way
+// (1-6 s on a busy host), so one the user edited is never overwritten by what loads later,
+// nor by a preset picked afterwards (issue 37). "Edited" is a value other than the one the
+// page last put there (else the HTML's own): that also holds for what was typed before this
+// module ran, which no event listener of it could have seen.
+const filled = {};
+function setUnlessTouched(id, value) {
+  const node = $(`#${id}`);
+  if (node.value !== (filled[id] ?? node.defaultValue)) return; // the user's
+  node.value = filled[id] = String(value);
+}
 
 const getPath = (obj, path) => path.split(".").reduce((o, k) => (o == null ? o : o[k]), obj);
 function setPath(obj, path, value) {
@@ -268,7 +281,7 @@ function usePreset(name) {
   if (!p) return;
   spec = structuredClone(p.spec);
   base = structuredClone(p.spec);
-  $("#name").value = p.name;
+  setUnlessTouched("name", p.name);
   $("#preset-title").textContent = p.title + (p.available ? "" : " (not available yet)");
   buildForm();
   if (limits) renderLimits(limits);
@@ -278,13 +291,15 @@ function usePreset(name) {
 
 async function init() {
   const params = new URLSearchParams(location.search);
+  // first: a submit (Enter) before the form has loaded must not send the page's native GET
+  $("#new-run").addEventListener("submit", submit);
   const [doc, pres, workers] = await Promise.all([api.specFields(), api.presets(),
     api.workers().catch(() => [])]);
   fields = doc.fields;
   faultExamples = doc.fault_examples || {};
   presets = pres;
   const mem = workers.flatMap((w) => w.devices || []).map((d) => d.memory_bytes).find(Boolean);
-  if (mem) $("#device-gb").value = (mem / 1e9).toFixed(1);
+  if (mem) setUnlessTouched("device-gb", (mem / 1e9).toFixed(1));
   const sel = $("#preset");
   sel.append(el("option", { value: "", text: "— custom —" }));
   for (const p of presets) {
@@ -301,9 +316,9 @@ async function init() {
     spec = structuredClone(run.spec);
     base = structuredClone(run.spec);
     sel.value = "";
-    $("#name").value = `${run.name} (clone)`;
-    $("#tags").value = run.tags.join(", ");
-    $("#notes").value = run.notes || "";
+    setUnlessTouched("name", `${run.name} (clone)`);
+    setUnlessTouched("tags", run.tags.join(", "));
+    setUnlessTouched("notes", run.notes || "");
     $("#form-title").textContent = `Clone of ${run.name}`;
     buildForm();
     if (limits) renderLimits(limits);
@@ -318,12 +333,14 @@ async function init() {
     const q = $("#f-runtime-queue");
     if (q) q.value = params.get("queue");
   }
-  $("#new-run").addEventListener("submit", submit);
+  ready = true;
+  $("#form-loading").hidden = true;
   loadLimits();
 }
 
 async function submit(ev) {
   ev.preventDefault();
+  if (!ready) return; // Enter in the name field before the form has loaded: nothing to send
   const btn = $("#submit");
   btn.disabled = true;
   const body = { ...spec, name: $("#name").value.trim() || "run",
@@ -339,4 +356,7 @@ async function submit(ev) {
   }
 }
 
-init().catch((e) => { $("#form-error").textContent = e.message; });
+init().catch((e) => {
+  $("#form-loading").hidden = true;
+  $("#form-error").textContent = e.message;
+});

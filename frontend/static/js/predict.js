@@ -32,14 +32,18 @@ function formulaRows(pred) {
 }
 
 // comm.links: each mesh axis's bytes per rank per step, the link its groups cross (intra- or
-// inter-host) and the time on that link's bus bandwidth (jobs/theory/links.py).
+// inter-host) and the time on that link's bus bandwidth (jobs/theory/links.py). Without a
+// what-if figure the busbw is a nominal GPU link's (NVLink 900 GB/s, InfiniBand 50 GB/s):
+// the cell says "assumed", as it is no host's measured link (issue 37).
+const assumedLink = (r) => String(r.bandwidth_source || "").startsWith("default");
 function linkRows(links) {
   return (links?.per_axis || []).filter((r) => r.group_size > 1).map((r) =>
     el("tr", { dataset: { axis: r.axis, link: r.link }, title: r.bandwidth_source },
       el("td", { text: r.axis }), el("td", { text: r.link }),
       el("td", { class: "num", text: `${r.groups_crossing} of ${r.groups}` }),
       el("td", { class: "num", text: fmtBytes(r.bytes_per_rank) }),
-      el("td", { class: "num", text: fmt(r.busbw_GBps * 1e9, "B/s") }),
+      el("td", { class: "num", dataset: { assumed: assumedLink(r) ? "1" : "0" },
+        text: fmt(r.busbw_GBps * 1e9, "B/s") + (assumedLink(r) ? " (assumed)" : "") }),
       el("td", { class: "num", text: fmtSeconds(r.time_s) })));
 }
 
@@ -61,9 +65,11 @@ export function renderLinks(links) {
   const tbl = $("#pred-links");
   if (!tbl) return;
   const rows = linkRows(links);
+  const assumed = (links?.per_axis || []).some((r) => r.group_size > 1 && assumedLink(r));
   $("#pred-links-caption").textContent = links
     ? `${links.nnodes} host${links.nnodes > 1 ? "s" : ""} × ${links.nproc_per_node} ranks; ` +
-      links.convention : "";
+      links.convention + (assumed ? "; busbw (assumed): a nominal GPU link's, not this " +
+        "host's — set intra / inter GB/s above to your measured figures" : "") : "";
   tbl.querySelector("tbody").replaceChildren(...rows);
   tbl.hidden = !rows.length;
 }
@@ -75,7 +81,7 @@ export function renderPrediction(pred, deviceBytes) {
   const comm = pred.comm;
   const pipe = pred.pipeline;
   const cards = [
-    card("memory per rank", fmtBytes(perRank),
+    card("peak memory per rank", fmtBytes(perRank),
       deviceBytes > 0 ? `${fmtPct((100 * perRank) / deviceBytes)} of ${fmtBytes(deviceBytes)}`
         : null, over),
     comm ? card("comm per step (rank)", fmtBytes(comm.bytes_per_rank),

@@ -2,11 +2,14 @@
 // and the charts (Gantt, memory, communication, curves) once the run has a trace.
 import { headlineOf, rule, stepsLabel } from "./analysis.js";
 import { api } from "./api.js";
+import { emptyChart } from "./charts.js";
 import { mountComm } from "./comm.js";
 import { mountCurves } from "./curves.js";
 import { mountDiagnosis, mountResume } from "./diagnosis.js";
-import { $, degrees, el, fmtBytes, fmtDate, fmtPct, fmtSeconds, statusBadge } from "./dom.js";
+import { $, allDegrees, el, fmtBytes, fmtDate, fmtPct, fmtSeconds, statusBadge } from "./dom.js";
 import { mountGantt } from "./gantt.js";
+import { fmtThroughput } from "./units.js";
+import { createHealth, plain, WENT_WRONG } from "./health.js";
 import { mountHosts } from "./hosts.js";
 import { mountMemory } from "./memory.js";
 import { mountMoe } from "./moe.js";
@@ -26,17 +29,26 @@ let liveAgain = false;
 let liveUpdates = 0;
 let reportAwaited = false;
 const LIVE_MIN_GAP_MS = 1000;
+const health = createHealth($("#run-health"));
+const POLL_MS = 5000; // a queued or running run's wait reason and last progress, refetched
+// the chart boxes that show a placeholder until the run's first figures arrive
+// (the timeline's is its info line: gantt.js draws into #gantt with Plotly directly)
+const CHART_BOXES = ["#memory-chart", "#comm-axis", "#loss-chart", "#throughput-chart"];
+let placeholder = null;
 
 function renderHead() {
   document.title = `${run.name} · paralab`;
   $("#run-title").textContent = run.name;
   $("#run-status").replaceChildren(statusBadge(run.status));
-  $("#run-meta").textContent = [`${run.id}`, run.strategy, `${degrees(run)} = ${run.world_size} ranks`,
+  $("#run-meta").textContent = [`${run.id}`, run.strategy, `${allDegrees(run)} = ${run.world_size} ranks`,
     `owner ${run.owner}`, `queue ${run.queue}`, (run.nnodes || 1) > 1 ? `on ${run.nnodes} hosts`
       : run.worker_host ? `on ${run.worker_host}` : null,
     `created ${fmtDate(run.created_at)}`, run.finished_at ? `finished ${fmtDate(run.finished_at)}`
       : null, run.tags.length ? `tags: ${run.tags.join(", ")}` : null].filter(Boolean).join(" · ");
-  $("#run-error").textContent = run.error || "";
+  // a run that went wrong tells its cause in the health block (the culprit first); the raw
+  // error text, which lists every rank in rank order, is not repeated above it
+  $("#run-error").textContent = WENT_WRONG.includes(run.status) ? "" : plain(run.error || "");
+  health.render(run, { stepTimeS: headlineOf(analysis).step_time_s });
   $("#run-sweep").hidden = !run.sweep_id;
   if (run.sweep_id) {
     $("#run-sweep-link").textContent = run.sweep_id;
@@ -97,11 +109,33 @@ function renderTableSampling() {
     `${Number(files[n].stride)}th`).join(" · ") + "; the CSV downloads hold every row.";
 }
 
+// A benchmark run (kind collective_bench / compute_bench) has no training figures: its cards
+// say what it measured, from its summary, instead of seven empty training cards.
+function benchCards() {
+  const s = run.summary || {};
+  const sizes = Array.isArray(s.sizes) ? s.sizes : [];
+  const ops = Array.isArray(s.ops) ? s.ops : run.spec?.collective?.ops || [];
+  const cards = run.kind === "collective_bench" ? [
+    card("ops", "collectives", ops.join(", "), ops.join(", ") || "–",
+      (s.algorithms || run.spec?.collective?.algorithms || []).join(", ")),
+    card("sizes", "sizes", sizes.length, sizes.length ? `${sizes.length} sizes` : "–",
+      sizes.length ? `${fmtBytes(Math.min(...sizes))} – ${fmtBytes(Math.max(...sizes))}` : ""),
+    card("all_correct", "results checked", s.all_correct ?? "", s.all_correct === undefined
+      ? "–" : s.all_correct ? "all correct" : "wrong results", s.check === false ? "not checked"
+      : "each result compared with the expected sum"),
+  ] : [];
+  cards.push(card("wall_s", "wall time", s.wall_s ?? "", fmtSeconds(s.wall_s), run.kind));
+  $("#cards").replaceChildren(...cards);
+  $("#cards").dataset.kind = run.kind;
+}
+
 function renderCards() {
   renderTraceCoverage();
   renderTableSampling();
+  if (run.kind !== "train") { benchCards(); return; }
   const a = analysis;
   const h = headlineOf(a);
+  if (gantt) gantt.setHeadline(h); // the timeline header's bubble is this card's figure
   const steps = a ? stepsLabel(h) : "no trace yet";
   const tok = h.tokens_per_s;
   const strag = h.straggler_rank;
@@ -111,10 +145,10 @@ function renderCards() {
   $("#cards").replaceChildren(
     card("step_time_s", "step time", h.step_time_s, fmtSeconds(h.step_time_s),
       `median of ${steps}`, rule(a, "step_time")),
-    card("tokens_per_s", "throughput", tok, tok ? `${Math.round(tok).toLocaleString()} tok/s` : "–",
+    card("tokens_per_s", "throughput", tok, fmtThroughput(tok, h),
       steps),
     card("peak_memory_bytes", "peak memory", h.peak_memory_bytes, fmtBytes(h.peak_memory_bytes),
-      "busiest rank, model state + activations"),
+      "busiest rank, every component incl. buffers"),
     card("bubble_fraction", "bubble", h.bubble_fraction, fmtPct(h.bubble_fraction, true),
       bubbleSub, rule(a, "bubble")),
     card("overlap_pct", "overlap", h.overlap_pct, fmtPct(h.overlap_pct),
@@ -155,7 +189,7 @@ async function renderDownloads() {
 }
 
 function appendLog(line) {
-  logLines.push(line);
+  logLines.push(plain(line)); // (emoji draw as boxes; the log download keeps them)
   if (logLines.length > 5000) logLines = logLines.slice(-4000);
   const pre = $("#log");
   const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 20;
@@ -177,7 +211,11 @@ function connect() {
     if (!flush) flush = setTimeout(() => { buffer.forEach(appendLog); buffer = []; flush = null; }, 100);
   };
   stream.addEventListener("status", async (ev) => {
-    if (ev.data !== run.status) { run = await api.run(run.id); renderHead(); }
+    if (ev.data !== run.status) {
+      run = await api.run(run.id);
+      renderHead();
+      if (!FINISHED.includes(run.status) && !analysis) showPlaceholders();
+    }
   });
   stream.addEventListener("end", async () => {
     stream.close();
@@ -210,8 +248,9 @@ async function loadCharts() {
       mountMemory(analysis, $("#memory-chart"), $("#memory-table")),
       mountComm(analysis, analysis.bandwidth_vs_sweep ? await sweepOf(analysis) : null),
       mountMoe(analysis, $("#moe-section")),
-      mountCurves(analysis, $("#loss-chart"), $("#throughput-chart"))]);
+      mountCurves(analysis, $("#loss-chart"), $("#throughput-chart"), await parentCurve())]);
   }
+  settlePlaceholders();
   // which analysis the page drew: "final" (stored when the run ended) or "partial" (the
   // traces so far); a stopped run is drawn again once its final analysis is in
   document.body.dataset.analysis = analysis ? (analysis.partial ? "partial" : "final") : "none";
@@ -254,7 +293,8 @@ async function refreshLive() {
     if (chartsLoaded || !a) return;
     analysis = a;
     renderCards();
-    await Promise.allSettled([mountCurves(a, $("#loss-chart"), $("#throughput-chart")),
+    await Promise.allSettled([mountCurves(a, $("#loss-chart"), $("#throughput-chart"),
+      await parentCurve()),
       mountMemory(a, $("#memory-chart"), $("#memory-table")), mountComm(a, null),
       mountMoe(a, $("#moe-section"))]);
     const steps = (await api.ganttSteps(run.id)).steps.map((x) => x.step);
@@ -269,6 +309,7 @@ async function refreshLive() {
         await gantt.load();
       }
     }
+    settlePlaceholders();
     liveUpdates += 1;
     document.body.dataset.liveUpdates = String(liveUpdates);
   } catch (e) {
@@ -279,6 +320,63 @@ async function refreshLive() {
       if (liveAgain) { liveAgain = false; refreshLive(); }
     }, LIVE_MIN_GAP_MS);
   }
+}
+
+// Until its first figures arrive, each chart of a queued or running run says what it waits for
+// (the page opened with empty boxes for the seconds before the first step's traces)
+function showPlaceholders() {
+  placeholder = run.status === "queued" ? "waiting for the run to start…"
+    : "waiting for the first step…";
+  for (const sel of CHART_BOXES) {
+    const div = $(sel);
+    if (div && !div.dataset.ready) emptyChart(div, placeholder);
+  }
+  if (!$("#gantt-info").textContent) $("#gantt-info").textContent = placeholder;
+}
+
+// once figures were drawn, a box its chart did not use no longer waits: say so
+function settlePlaceholders() {
+  if (!placeholder) return;
+  for (const sel of CHART_BOXES) {
+    const div = $(sel);
+    if (div && div.classList.contains("empty") && div.textContent === placeholder) {
+      div.textContent = FINISHED.includes(run.status) ? "nothing recorded for this chart"
+        : "nothing for this chart yet";
+    }
+  }
+}
+
+// A queued or running run's first screen is refetched: the reason it waits, or the age of
+// its last progress (health.js counts the seconds in between)
+function pollHealth() {
+  setTimeout(async () => {
+    if (FINISHED.includes(run.status)) return;
+    try {
+      const fresh = await api.run(run.id);
+      if (fresh.status !== run.status) {
+        run = fresh;
+        renderHead();
+        if (!FINISHED.includes(run.status) && !analysis) showPlaceholders();
+      } else {
+        run = fresh;
+        health.render(run, { stepTimeS: headlineOf(analysis).step_time_s });
+      }
+    } catch { /* the next poll tries again */ }
+    pollHealth();
+  }, document.hidden ? POLL_MS * 3 : POLL_MS);
+}
+
+// A resumed run's parent: its name and per-step losses, drawn dashed under this run's loss
+// (fetched once; null when the run has no parent or the parent has no analysis)
+let parentOnce = null;
+function parentCurve() {
+  if (!run.parent_id) return Promise.resolve(null);
+  if (!parentOnce) {
+    parentOnce = Promise.all([api.run(run.parent_id), api.metrics(run.parent_id)])
+      .then(([p, a]) => (a ? { name: p.name, id: p.id, analysis: a } : null))
+      .catch(() => null);
+  }
+  return parentOnce;
 }
 
 async function sweepOf(a) {
@@ -303,7 +401,7 @@ async function init() {
   });
   connect();
   if (FINISHED.includes(run.status)) loadCharts();
-  else goLive();
+  else { showPlaceholders(); goLive(); pollHealth(); }
 }
 
 init();

@@ -1,8 +1,8 @@
 // The runs page: the shared history with filters, text search, sort, cursor paging, selection
 // for compare and cancel. Filters and sort live in the URL, so a filtered view can be shared.
 import { api } from "./api.js";
-import { $, degrees, el, fmtBytes, fmtDate, fmtPct, fmtSeconds, statusBadge } from "./dom.js";
-import { fmt, parseQuantity } from "./units.js";
+import { $, allDegrees, el, fmtBytes, fmtDate, fmtPct, fmtSeconds, statusBadge } from "./dom.js";
+import { fmt, parseQuantity, rateUnit } from "./units.js";
 
 const tbody = $("#runs tbody");
 const selected = new Map(); // id -> name
@@ -15,6 +15,11 @@ const state = {
   limit: Number(params.get("limit")) || 50,
 };
 let cursors = [null]; // cursor of each page visited; the last one is the current page
+// Sorting by a performance figure ranks succeeded runs only (unless a status is picked): a
+// failed, hung, cancelled or timed-out run's figures cover the part that ran, and would sit
+// among the good runs' (a hung run's step time, a crash's short duration). The note says so.
+const PERFORMANCE = new Set(["step_time_s", "tokens_per_s", "peak_memory_bytes", "exposed_comm_s",
+  "bubble_fraction", "overlap_pct", "final_loss", "duration_s"]);
 let nextCursor = null;
 
 function syncUrl() {
@@ -57,9 +62,9 @@ function row(r) {
   }
   const tr = el("tr", { dataset: { runId: r.id, status: r.status } },
     cell(check), cell(el("span", {}, name, el("span", { class: "muted id", text: ` ${r.id}` }))),
-    cell(statusBadge(r.status)), cell(r.strategy), cell(`${degrees(r)} (${r.world_size})`),
+    cell(statusBadge(r.status)), cell(r.strategy), cell(`${allDegrees(r)} (${r.world_size})`),
     cell(r.owner), cell(tags), cell(fmtSeconds(r.step_time_s), "num"),
-    cell(fmt(r.tokens_per_s, "tok/s"), "num"), cell(fmtBytes(r.peak_memory_bytes), "num"),
+    cell(fmt(r.tokens_per_s, rateUnit(r.metrics)), "num"), cell(fmtBytes(r.peak_memory_bytes), "num"),
     cell(fmtSeconds(r.exposed_comm_s), "num"), cell(fmtPct(r.bubble_fraction, true), "num"),
     cell(fmtPct(r.overlap_pct), "num"), cell(fmt(r.final_loss, "", { sig: 4 }), "num"),
     cell(fmtSeconds(r.duration_s), "num"), cell(fmtDate(r.created_at)), actions);
@@ -74,9 +79,27 @@ function updateCompare() {
   btn.title = "select 2 to 4 runs";
 }
 
+// the status the list asks for: the one picked, else "succeeded" under a performance sort
+function sortNote(query) {
+  const key = state.sort.replace("-", "");
+  let note = $("#sort-note");
+  if (!note) {
+    note = el("p", { id: "sort-note", class: "muted" });
+    $("#runs").closest(".table-wrap").before(note);
+  }
+  const only = PERFORMANCE.has(key) && !state.status;
+  if (only) query.status = "succeeded";
+  const th = document.querySelector(`th[data-sort="${key}"]`);
+  note.hidden = !only;
+  note.textContent = only ? `Sorted by ${(th?.textContent || key).toLowerCase()}: succeeded ` +
+    "runs only (a failed, hung or cancelled run's figures cover only the part that ran); " +
+    "pick a status to list others." : "";
+  return query;
+}
+
 async function load() {
   const cursor = cursors[cursors.length - 1];
-  const query = { ...state, cursor };
+  const query = sortNote({ ...state, cursor });
   const t0 = performance.now();
   try {
     const page = await api.runs(query);

@@ -1,6 +1,8 @@
-// The sweeps list (/sweeps): newest first, filtered by text and status (GET /api/sweeps).
+// The sweeps page (/sweeps): the sweep builder (sweep_builder.js), then the list, newest first,
+// filtered by text and status (GET /api/sweeps).
 import { api } from "./api.js";
 import { $, el, fmtDate, statusBadge } from "./dom.js";
+import { mountBuilder } from "./sweep_builder.js";
 
 const counts = (c) => Object.entries(c).filter(([k]) => k !== "total")
   .map(([k, n]) => `${n} ${k}`).join(", ") + ` (of ${c.total})`;
@@ -22,3 +24,4 @@ async function load() {
 
 $("#sweeps-filters").addEventListener("submit", (ev) => { ev.preventDefault(); load(); });
 load();
+mountBuilder();

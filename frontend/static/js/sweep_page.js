@@ -5,7 +5,7 @@
 import { api } from "./api.js";
 import { emptyChart, plot } from "./charts.js";
 import { $, el, esc, fmtDate, statusBadge } from "./dom.js";
-import { fmt, fmtBytes, fmtPct, fmtTime } from "./units.js";
+import { axisUnit, fmt, fmtBytes, fmtPct, fmtTime } from "./units.js";
 
 const sweepId = decodeURIComponent(location.pathname.split("/").pop());
 const state = { sort: "index", dir: 1, sweep: null };
@@ -82,37 +82,64 @@ function renderTable() {
   $("#sweep-members").replaceChildren(el("thead", {}, head), el("tbody", {}, body));
 }
 
-// a parcoords dimension; text values become categories (ticks carry their escaped names)
-function dimension(label, values) {
-  if (values.every((v) => typeof v === "number")) return { label: esc(label), values };
-  const cats = [...new Set(values.map((v) => JSON.stringify(v)))].sort();
-  return { label: esc(label), values: values.map((v) => cats.indexOf(JSON.stringify(v))),
-    tickvals: cats.map((_, i) => i), ticktext: cats.map(esc) };
+// "parallel.zero_stage" -> "zero stage (parallel)": the axis names a field as a person would
+export function readable(path) {
+  const parts = path.split(".");
+  const leaf = parts.pop().replace(/_/g, " ");
+  return parts.length ? `${leaf} (${parts.join(" ")})` : leaf;
 }
+
+// A parcoords dimension of a varied field: a tick per value, labelled as typed; a member that
+// leaves the field to the base reads "base" (never "null"). Text is escaped for Plotly.
+function fieldDimension(label, values) {
+  const shown = values.map((v) => (v === null || v === undefined ? "base"
+    : typeof v === "string" ? v : JSON.stringify(v)));
+  const nums = values.every((v) => typeof v === "number");
+  const cats = nums ? [...new Set(values)].sort((x, y) => x - y)
+    : [...new Set(shown)].sort();
+  if (nums && cats.length > 12) return { label: esc(label), values };
+  return { label: esc(label), values: nums ? values : shown.map((v) => cats.indexOf(v)),
+    tickvals: nums ? cats : cats.map((_, i) => i),
+    ticktext: (nums ? cats.map((v) => String(v)) : cats).map(esc),
+    range: nums ? [Math.min(...cats), Math.max(...cats)] : [0, Math.max(cats.length - 1, 1)] };
+}
+
+// A measured or predicted figure, in one unit chosen for its values ("step time (ms)")
+function figureDimension(label, values, unit) {
+  const u = axisUnit(values, unit);
+  return { label: esc(u.title(label)), values: values.map((v) => v / u.div), tickformat: ".3~g" };
+}
+
+const FIGURE_DIMS = [["step_time_s", "step time", "s"], ["tokens_per_s", "throughput", "tok/s"],
+  ["peak_memory_bytes", "peak mem / rank", "B"], ["exposed_comm_s", "exposed comm", "s"]];
 
 async function renderPlot() {
   const div = $("#sweep-parcoords");
   const launched = state.sweep.members.filter((m) => m.run_id);
-  const figures = ["step_time_s", "tokens_per_s", "peak_memory_bytes", "exposed_comm_s"];
   const done = launched.filter((m) => meas("step_time_s")(m) !== null);
   const rows = done.length ? done : launched;
   if (!rows.length) { emptyChart(div, "no launched member"); return; }
   const flat = rows.map((m) => leaves(m.overrides));
   const keys = [...new Set(flat.flatMap(Object.keys))].filter((k) => new Set(flat.map((f) =>
     JSON.stringify(f[k] ?? null))).size > 1);
-  const dims = keys.map((k) => dimension(k, flat.map((f) => f[k] ?? null)));
-  dims.push(dimension("peak mem / rank (pred.)", rows.map((m) => pred("peak_memory_bytes")(m)
-    ?? 0)));
-  for (const f of figures) {
-    const vals = rows.map((m) => meas(f)(m));
-    if (vals.every((v) => v !== null)) dims.push(dimension(f, vals));
+  const dims = keys.map((k) => fieldDimension(readable(k), flat.map((f) => f[k] ?? null)));
+  const predMem = rows.map((m) => pred("peak_memory_bytes")(m));
+  if (predMem.every((v) => v !== null)) {
+    dims.push(figureDimension("peak mem / rank, predicted", predMem, "B"));
   }
-  const color = rows.map((m) => meas("step_time_s")(m) ?? 0);
-  await plot(div, [{ type: "parcoords", dimensions: dims,
-    line: { color, colorscale: "Viridis", showscale: done.length > 0,
-      colorbar: { title: { text: "step time (s)" } } } }],
-  { title: { text: done.length ? "Members with measured figures" :
-    "Members (measured figures appear as runs finish)" }, margin: { l: 80, r: 80, t: 80 } });
+  for (const [f, label, unit] of FIGURE_DIMS) {
+    const vals = rows.map((m) => meas(f)(m));
+    if (vals.every((v) => v !== null)) dims.push(figureDimension(label, vals, unit));
+  }
+  const steps = rows.map((m) => meas("step_time_s")(m) ?? 0);
+  const su = axisUnit(steps, "s");
+  await plot(div, [{ type: "parcoords", dimensions: dims, labelangle: 0,
+    labelfont: { size: 12 }, tickfont: { size: 11 },
+    line: { color: steps.map((v) => v / su.div), colorscale: "Viridis",
+      showscale: done.length > 0, colorbar: { title: { text: su.title("step time") } } } }],
+  { title: { text: done.length ? "Members with measured figures (colour: step time)" :
+    "Members (measured figures appear as runs finish)" },
+  margin: { l: 110, r: 130, t: 90, b: 30 } });
 }
 
 const ms = (v) => (v === null || v === undefined ? "–" : fmtTime(v));
@@ -127,10 +154,17 @@ function renderCalibration() {
   const sec = $("#sweep-calibration");
   sec.hidden = !cal;
   if (!cal) return;
-  $("#calib-spearman").textContent = cal.spearman === null
-    ? `Spearman's rank correlation: not yet (${cal.n} of the members measured; 3 needed)`
-    : `Spearman's rank correlation, predicted vs measured step time, over ${cal.n} members: `
-      + cal.spearman.toFixed(3);
+  // "not yet" only where waiting helps: a sweep of 2 never reaches the 3 the rank
+  // correlation needs, and equal step times make it undefined however many there are
+  $("#calib-spearman").textContent = cal.spearman !== null
+    ? `Spearman's rank correlation, predicted vs measured step time, over ${cal.n} members: `
+      + cal.spearman.toFixed(3)
+    : cal.rows.length < 3 ? `Spearman's rank correlation needs ≥ 3 members; this sweep has ` +
+      `${cal.rows.length}: the ranking is compared term by term only`
+      : cal.n < 3 ? `Spearman's rank correlation: not yet (${cal.n} of ${cal.rows.length} ` +
+        "members measured; 3 needed)"
+        : "Spearman's rank correlation: undefined (the predicted or the measured step times " +
+          "are all equal)";
   const th = (t) => el("th", {}, t);
   $("#calib-terms").replaceChildren(
     el("thead", {}, el("tr", {}, ["term", "members", "mean error (pred − meas)",

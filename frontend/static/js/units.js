@@ -59,6 +59,20 @@ export const fmtRate = (v, unit = "B/s") => fmt(v, unit);
 export const fmtPct = (x, isFraction = false) =>
   (x === null || x === undefined ? DASH : fmt(isFraction ? x * 100 : x, "%"));
 
+// What a run's throughput counts per second, by model kind: "tok/s" for a language model,
+// "samples/s" for the mlp (its "tokens" per step are samples). `src`: an analysis headline or
+// a run's metrics (their `throughput_unit`, jobs/analysis/labels.py rate_unit, the one rule the
+// CSV headers follow too), a spec (model.arch) or an arch name. Unknown: "tok/s", the word
+// analyses before issue 37 used.
+export function rateUnit(src) {
+  if (typeof src === "string") return src === "gpt" ? "tok/s" : "samples/s";
+  if (src?.throughput_unit) return src.throughput_unit;
+  if (src?.model?.arch) return rateUnit(src.model.arch);
+  return "tok/s";
+}
+// a throughput in its unit, scaled like every other figure (3.88 ktok/s, never "3,875 tok/s")
+export const fmtThroughput = (v, src) => fmt(v, rateUnit(src));
+
 // Linear axis: the one unit the data is drawn in. {div, unit, title(label)}: plot value / div.
 export function axisUnit(values, unit) {
   const finite = values.map(Number).filter(Number.isFinite);

@@ -22,6 +22,7 @@ from backend.storage import resolve_run_path
 from jobs.analysis import PERFETTO_FILE, TABLES, scale, tables_to_csv
 from jobs.analysis.export import iter_csv, iter_json_rows, iter_perfetto_json
 from jobs.analysis.history import bandwidth_vs_sweep
+from jobs.analysis.labels import csv_header
 
 router = APIRouter(prefix="/api/runs", tags=["analysis"])
 
@@ -142,19 +143,21 @@ def export_run(run: RunDep, settings: SettingsDep,
         raise _bad_query("table", "required for format=csv: " + _TABLE_DOC)
     analysis = load_analysis(settings, run)
     tables = dict(analysis.get("tables") or {})
+    unit = (analysis.get("headline") or {}).get("throughput_unit")  # the CSV headers' labels
     if table in (analysis.get("table_files") or {}):  # whole, not analysis.json's sample:
         run_dir = settings.runs_dir / run.id  # streamed a row group at a time
         batches = scale.iter_table_rows(run_dir, table)
         if format == "csv":
-            body, media, ext = iter_csv(batches, scale.table_header(run_dir, table)), \
+            cols = scale.table_header(run_dir, table)
+            body, media, ext = iter_csv(batches, cols, csv_header(table, cols, unit)), \
                 "text/csv", "csv"
         else:
             body, media, ext = iter_json_rows(batches), "application/json", "json"
         return StreamingResponse(body, media_type=media, headers={
             "Content-Disposition": f'attachment; filename="paralab-{run.id}-{table}.{ext}"'})
     if format == "csv":
-        body, media, name = tables_to_csv({table: tables.get(table, [])}, table), "text/csv", \
-            f"paralab-{run.id}-{table}.csv"
+        body, media, name = tables_to_csv({table: tables.get(table, [])}, table, unit), \
+            "text/csv", f"paralab-{run.id}-{table}.csv"
     elif table is not None:
         body, media, name = json.dumps(tables.get(table, [])), "application/json", \
             f"paralab-{run.id}-{table}.json"

@@ -13,9 +13,10 @@ from backend import crud, permissions, services
 from backend.api.deps import DbDep, RunDep, SettingsDep, UserDep
 from backend.api.schemas import Input, RunOut, SafeStr
 from backend.core.identity import Principal, client_address
+from backend.crud.runs import last_progress
 from backend.errors import Invalid
-from backend.models import METRIC_COLUMNS, Run
-from backend.services import placement
+from backend.models import METRIC_COLUMNS, Run, utcnow
+from backend.services import cluster, placement
 from jobs.faultspec import describe_all
 from jobs.spec import number_problem
 
@@ -35,6 +36,12 @@ class RunView(RunOut):
     placement_wait: str | None = Field(None, description="why a queued multi-host run is not "
                                        "placed yet: which hosts, what is missing")
     sweep_id: str | None = Field(None, description="the sweep this run is a member of")
+    wait_reason: str | None = Field(None, description="why a queued run has not started: the "
+                                    "reason the cluster page gives (GET /api/runs/{id} only)")
+    progress: dict[str, Any] | None = Field(
+        None, description="the run's last sign of progress (GET /api/runs/{id} only): {kind: "
+        "'step' (a rank's end-of-step line) or 'log' (a rank's last line, no step yet), step, "
+        "rank, at, age_s: seconds from `at` to now, or to finished_at once it ended}")
 
 
 class RunViewPage(BaseModel):
@@ -146,6 +153,15 @@ def get_run(db: DbDep, run: RunDep, user: UserDep, settings: SettingsDep) -> Run
     out = view(db, user, run)
     if run.nnodes > 1 and run.status == "queued":
         out.placement_wait = placement.why_waiting(db, settings, run)
+    out.wait_reason = cluster.why_queued(db, settings, run)
+    if run.status != "queued":
+        # the page's "last progress N s ago": the age is the server's (the browser's clock
+        # may differ); a finished run's is measured to when it ended (how long it stalled)
+        p = last_progress(db, run.id)
+        if p is not None:
+            end = run.finished_at or utcnow()
+            p["age_s"] = round(max((end - p["at"]).total_seconds(), 0.0), 1)
+            out.progress = p
     return out
 
 
