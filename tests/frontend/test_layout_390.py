@@ -148,3 +148,20 @@ def test_the_nav_is_a_menu_at_390_and_a_bar_at_1280(svc, browser):
         expect(page.locator("header nav a[aria-current='page']")).to_have_text("Cluster")
     finally:
         ctx.close()
+
+
+def test_a_run_without_a_trace_says_so_in_short_boxes(svc, examples, browser):
+    """A finished run that left no trace: each chart box says so in a short box instead of
+    360 px of blank (at 390 px that was screens of nothing between the headings)."""
+    ctx = browser.new_context(viewport={"width": 390, "height": 844})
+    page = ctx.new_page()
+    try:
+        page.goto(svc.url + examples["/runs/{run_id}"])
+        expect(page.locator("body[data-charts-ready='1']")).to_have_count(1)
+        for sel in ("#memory-chart", "#comm-axis", "#comm-overlap", "#loss-chart",
+                    "#throughput-chart"):
+            box = page.locator(sel)
+            expect(box).to_have_text("no trace for this run")
+            assert box.bounding_box()["height"] < 120, sel
+    finally:
+        ctx.close()

@@ -23,10 +23,10 @@ CRASH = {"preset": "ddp", "name": "crash on rank 1", **TINY,
          "train": {"steps": 4, "global_batch": 9},
          "faults": [{"kind": "crash", "ranks": [1], "step": 2}]}
 
-# Rank 1 never enters step 3's all_reduce; the worker stops the run 30 s after the last
+# Rank 1 never enters step 3's all_reduce; the worker stops the run 45 s after the last
 # progress: time for the page (Plotly is slow to load on a busy machine) to show the age and
 # the countdown while the run still goes.
-HANG_S = 30
+HANG_S = 45
 HUNG = {"preset": "dp-allreduce", "name": "hangs at step 3", **TINY,
         "train": {"steps": 5, "global_batch": 8, "optimizer": "sgd"},
         "runtime": {"hang_timeout_s": HANG_S},
@@ -49,10 +49,15 @@ def test_a_crashed_run_leads_with_the_rank_that_failed_first(svc, page):
     run = _finished(svc, rid, "failed")
     left = run["summary"]["diagnosis"]["left"]
     assert left[0]["rank"] == 1 and not left[0]["lost_peer"]
-    assert sorted(x["rank"] for x in left if x["lost_peer"]) == [0, 2]
+    # which peers saw the connection close before torchrun stopped them is timing (on a busy
+    # machine one may be stopped first): at least one did, and no other rank is blamed
+    victims = sorted(x["rank"] for x in left if x["lost_peer"])
+    assert victims and set(victims) <= {0, 2}, left
+    phrase = ("ranks 0, 2 lost their peer" if victims == [0, 2]
+              else f"rank {victims[0]} lost its peer")
     # the stored error text leads the same way: the culprit's traceback before the victims
     err = run["error"]
-    assert err.index("InjectedCrash") < err.index("ranks 0, 2 lost their peer")
+    assert err.index("InjectedCrash") < err.index(phrase)
     assert err.count("closed by peer") == 1
 
     page.goto(f"{svc.url}/runs/{rid}")
@@ -69,9 +74,9 @@ def test_a_crashed_run_leads_with_the_rank_that_failed_first(svc, page):
     expect(tb.locator("pre")).to_contain_text("InjectedCrash")
     assert "InjectedCrash" in page.locator("pre").first.inner_text()
     # the victims after it, once, grouped
-    victims = page.locator("#run-victims li")
-    expect(victims).to_have_count(1)
-    expect(victims.first).to_contain_text("ranks 0, 2 lost their peer")
+    lost = page.locator("#run-victims li", has_text="lost")
+    expect(lost).to_have_count(1)
+    expect(lost.first).to_contain_text(phrase)
     head = page.locator("#run-head").inner_text()
     assert head.count("closed by peer") == 1, head
     for box in ("#run-meta", "#cards"):

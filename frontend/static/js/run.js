@@ -33,7 +33,8 @@ const health = createHealth($("#run-health"));
 const POLL_MS = 5000; // a queued or running run's wait reason and last progress, refetched
 // the chart boxes that show a placeholder until the run's first figures arrive
 // (the timeline's is its info line: gantt.js draws into #gantt with Plotly directly)
-const CHART_BOXES = ["#memory-chart", "#comm-axis", "#loss-chart", "#throughput-chart"];
+const CHART_BOXES = ["#memory-chart", "#comm-axis", "#comm-busbw", "#comm-overlap", "#loss-chart",
+  "#throughput-chart"];
 let placeholder = null;
 
 function renderHead() {
@@ -334,15 +335,18 @@ function showPlaceholders() {
   if (!$("#gantt-info").textContent) $("#gantt-info").textContent = placeholder;
 }
 
-// once figures were drawn, a box its chart did not use no longer waits: say so
+// once figures were drawn, a box its chart did not use no longer waits: say so; and a box
+// nothing was drawn in (a run that left no trace) says so in a short box, not 360 px of blank
 function settlePlaceholders() {
-  if (!placeholder) return;
+  const none = FINISHED.includes(run.status) ? "nothing recorded for this chart"
+    : "nothing for this chart yet";
   for (const sel of CHART_BOXES) {
     const div = $(sel);
-    if (div && div.classList.contains("empty") && div.textContent === placeholder) {
-      div.textContent = FINISHED.includes(run.status) ? "nothing recorded for this chart"
-        : "nothing for this chart yet";
-    }
+    if (!div || div.dataset.ready) continue;
+    const waiting = placeholder && div.classList.contains("empty") && div.textContent === placeholder;
+    const blank = !div.classList.contains("empty") && !div.childElementCount && !div.textContent;
+    if (waiting || blank) emptyChart(div, analysis || !FINISHED.includes(run.status) ? none
+      : "no trace for this run");
   }
 }
 
