@@ -291,6 +291,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(collective_sweeps.router)
     app.include_router(advise.router)
     app.include_router(sweeps.router)
+    app.include_router(sweeps.checks)
     app.include_router(schedules.router)
     app.include_router(auth_routes.router)
     app.include_router(users.router)

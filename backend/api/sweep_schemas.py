@@ -112,7 +112,7 @@ class SweepCheckMember(BaseModel):
 
 
 class SweepCheck(BaseModel):
-    """POST /api/sweeps/validate: what POST /api/sweeps would do with the body, stored nowhere."""
+    """POST /api/sweep-checks: what POST /api/sweeps would do with the body, stored nowhere."""
     members: int = Field(description="members the base and grid / member list expand to")
     valid: int = Field(description="members that would be launched")
     items: list[SweepCheckMember]

@@ -51,6 +51,7 @@ ALLOWED = {
                                               "PARALAB_PASSWORD_MIN_LENGTH",
     # a sweep's members and an advice's model are whole specs: POST /api/runs's rules
     ("ST202", "POST /api/sweeps"): "each member is a spec: dp*tp*pp = world size, ...",
+    ("ST202", "POST /api/sweep-checks"): "POST /api/sweeps's rules (its dry run)",
     ("ST202", "POST /api/advise"): "the model is a spec and the cluster must hold it",
 }
 

@@ -15,6 +15,9 @@ from backend.services import sweeps as service
 from backend.services.sweep_body import MAX_MEMBERS
 
 router = APIRouter(prefix="/api/sweeps", tags=["sweeps"], dependencies=[CheckedParams])
+# The dry run has a path of its own: under /api/sweeps, "/validate" would also match
+# GET /api/sweeps/{sweep_id} (an OPTIONS answer advertising a GET the schema does not have)
+checks = APIRouter(prefix="/api/sweep-checks", tags=["sweeps"], dependencies=[CheckedParams])
 
 _DESCRIPTION = (
     "A group of runs from one submission. `base`: a job spec or {\"preset\": NAME, "
@@ -50,7 +53,7 @@ def submit_sweep(
     return SweepOut.of(s, user)
 
 
-@router.post("/validate", response_model=SweepCheck)
+@checks.post("", response_model=SweepCheck)
 def validate_sweep(
     db: DbDep, settings: SettingsDep, user: UserDep,
     body: Annotated[dict[str, Any], Body(examples=[_EXAMPLE])],

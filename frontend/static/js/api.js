@@ -55,7 +55,7 @@ export const api = {
   sweeps: (params = {}) => request("GET", "/api/sweeps" + qs(params)),
   sweep: (id) => request("GET", `/api/sweeps/${enc(id)}`),
   submitSweep: (body) => request("POST", "/api/sweeps", body),
-  validateSweep: (body) => request("POST", "/api/sweeps/validate", body),
+  validateSweep: (body) => request("POST", "/api/sweep-checks", body),
   cancelSweep: (id) => request("POST", `/api/sweeps/${enc(id)}/cancel`),
   advise: (body) => request("POST", "/api/advise", body),
   schedules: () => request("GET", "/api/schedules"),

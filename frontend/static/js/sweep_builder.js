@@ -1,7 +1,7 @@
 // The sweep builder on /sweeps: a base (a preset, or an existing run's spec) and grid axes, each
 // a spec field picked from the spec's own field list (GET /api/spec: the list the new-run form
 // is built from) with its values. The member count and the server's verdict on every member
-// (POST /api/sweeps/validate: POST /api/sweeps's checks, nothing stored) show before launch;
+// (POST /api/sweep-checks: POST /api/sweeps's checks, nothing stored) show before launch;
 // launching submits the same body and opens the sweep's page.
 import { api, formatErrors } from "./api.js";
 import { $, el } from "./dom.js";
