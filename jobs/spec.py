@@ -75,9 +75,14 @@ class ModelSpec:
     experts: int = _f(0, "mixture of experts (gpt): experts per MoE block replacing the dense "
                       "MLP; 0 = dense (jobs/models/moe.py)", ge=0, le=1024)
     top_k: int = _f(1, "MoE: experts each token is routed to", ge=1, le=1024)
-    capacity_factor: float = _f(0.0, "MoE: expert capacity per sequence is "
-                                "ceil(capacity_factor * seq_len * top_k / experts) tokens, "
-                                "the rest dropped; 0 = no dropping", ge=0.0, le=1024.0)
+    capacity_factor: float = _f(0.0, "MoE: expert capacity per capacity group of N tokens is "
+                                "ceil(capacity_factor * N * top_k / experts) assignments, the "
+                                "rest dropped (later tokens of a choice level first); 0 = no "
+                                "dropping", ge=0.0, le=1024.0)
+    capacity_scope: str = _f("rank", "MoE: the capacity group: 'rank' = the tokens a rank "
+                             "routes per micro-batch (Switch / GShard / DeepSpeed / "
+                             "Megatron-Core), 'sequence' = each sequence on its own",
+                             choices=("rank", "sequence"))
     aux_loss_coef: float = _f(0.0, "MoE: weight of the Switch / GShard load-balancing loss",
                               ge=0.0, le=100.0)
     router_bias: str = _f("", "MoE: constant biases added to router logits, 'EXPERT:BIAS' "
@@ -679,7 +684,8 @@ def _moe_checks(s: JobSpec) -> list[dict]:
     """Mixture of experts and expert parallelism (jobs/models/moe.py, jobs/parallel/expert.py)."""
     e: list[dict] = []
     m, p, t = s.model, s.parallel, s.train
-    moe_fields = ("top_k", "capacity_factor", "aux_loss_coef", "router_bias", "shared_expert")
+    moe_fields = ("top_k", "capacity_factor", "capacity_scope", "aux_loss_coef", "router_bias",
+                  "shared_expert")
     if not m.experts:
         dflt = ModelSpec()
         e += [_err(("model", f), "needs model.experts > 0") for f in moe_fields

@@ -62,3 +62,7 @@ class AdviseIn(Input):
                                   "latest compute calibration")
     top: JsonInt = Field(20, ge=1, le=500, description="candidates returned")
     fix: AdviseFix | None = Field(None, description="degrees the search keeps fixed")
+    compare_to: list[dict[str, Any]] | None = Field(
+        None, max_length=16, description="layouts to place in the ranking ({tp, pp, dp, "
+        "micro_batch_size, pp_schedule?, virtual_stages?, zero_stage?, "
+        "activation_checkpointing?, cp?, ep?}; jobs.theory.advisor_input checks each)")

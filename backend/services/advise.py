@@ -183,10 +183,10 @@ def run_advise(db, body, settings, charge=lambda: None) -> dict:
     fix = body.fix.model_dump(exclude_none=True) if body.fix is not None else None
     configure_caches(cache_bytes(settings))  # this process's memos (sweeps' evaluate_spec)
     try:
-        check_request(body.model, body.global_batch, cluster, body.top, fix)
+        check_request(body.model, body.global_batch, cluster, body.top, fix, body.compare_to)
         charge()
         out = _search(settings, body.model, body.global_batch, cluster, top=body.top,
-                      fix=fix, budget=budget_of(settings))
+                      fix=fix, budget=budget_of(settings), compare_to=body.compare_to)
     except SpecError as exc:
         raise Invalid(errors=[_hint(e, hint) for e in exc.errors]) from exc
     return {**out, "queue_measured": measured}

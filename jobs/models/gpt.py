@@ -120,7 +120,8 @@ def moe_settings(m) -> dict | None:
     from jobs.spec import parse_router_bias
     return {"experts": m.experts, "top_k": m.top_k, "capacity_factor": m.capacity_factor,
             "aux_loss_coef": m.aux_loss_coef, "router_bias": parse_router_bias(m.router_bias),
-            "shared_expert": m.shared_expert}
+            "shared_expert": m.shared_expert,
+            "capacity_scope": getattr(m, "capacity_scope", "rank")}
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -8,15 +8,22 @@ Routing (per token): logits = router(x) + router_bias; probabilities = softmax o
 the top_k experts by probability, ties to the lower expert index (a stable sort), gate weights =
 the chosen probabilities, renormalised over the k choices when top_k > 1.
 
-Groups are sequences (GShard's "group"): capacity and the auxiliary loss are computed per
-sequence, so a sample's routing, drops and loss term do not depend on which other samples share
-its rank or micro-batch, and every data / expert-parallel layout matches the single process.
+Capacity groups (`capacity_scope`, GShard's "group"):
+  "rank" (default; Switch Transformer, GShard, DeepSpeed, Megatron-Core): the group is the tokens
+         one rank routes in one forward, its micro-batch of b sequences, N = b * seq_len tokens.
+         `capacity_group` (sequences per group; None = the whole forward input) lets a single
+         process route a global batch in the groups the ranks of a layout would route
+         (tests/support/gate.py sets it to the layout's micro-batch size).
+  "sequence": every sequence is its own group, N = seq_len (a sample's drops do not depend on
+         which samples share its rank; paralab's rule before issue 38).
 
-Capacity (capacity_factor > 0): each expert takes at most C = ceil(capacity_factor * seq_len *
-top_k / experts) assignments per sequence. Priority (GShard): every token's first choice before
-any token's second choice, ..., and within one choice level the earlier position first; the
-assignments beyond C are dropped (that expert contributes nothing to that token; the residual
-connection carries it). Dropped counts are in `stats`.
+Capacity (capacity_factor > 0): each expert takes at most C = ceil(capacity_factor * N * top_k /
+experts) assignments per group (Megatron-Core's get_capacity; jobs.theory.moe.expert_capacity).
+Drop rule, by order (GShard's priority, Megatron-Core's drop_policy "position"): every token's
+first choice before any token's second choice, ..., and within one choice level the earlier
+token of the group first (flat order: sequence, then position); the assignments beyond C are
+dropped (that expert contributes nothing to that token; the residual connection carries it).
+Dropped counts are in `stats`. The auxiliary loss stays per sequence in both scopes.
 
 Auxiliary load-balancing loss (Switch Transformer eq. 4, GShard's top-k form), per sequence:
 aux = E * sum_e f_e * P_e, with f_e = (assignments routed to e before dropping) / (S * top_k)
@@ -35,6 +42,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from jobs.theory.moe import CAPACITY_SCOPES
 from jobs.theory.moe import expert_capacity as capacity  # the one definition of C
 
 
@@ -75,9 +83,14 @@ class _AuxLoss(torch.autograd.Function):
 
 class MoE(nn.Module):
     def __init__(self, hidden: int, *, experts: int, top_k: int, capacity_factor: float,
-                 aux_loss_coef: float, router_bias: dict, shared_expert: bool, make_mlp):
+                 aux_loss_coef: float, router_bias: dict, shared_expert: bool, make_mlp,
+                 capacity_scope: str = "rank"):
         super().__init__()
+        if capacity_scope not in CAPACITY_SCOPES:
+            raise ValueError(f"capacity_scope {capacity_scope!r} not in {CAPACITY_SCOPES}")
         self.n_experts, self.top_k, self.capacity_factor = experts, top_k, capacity_factor
+        self.capacity_scope = capacity_scope
+        self.capacity_group: int | None = None  # rank scope: sequences per group (None: all)
         self.aux_loss_coef = aux_loss_coef
         self.aux_grad_scale = 1.0  # set by the composition: the loss's micro-batch factor
         self.router = nn.Linear(hidden, experts, bias=False)
@@ -98,11 +111,16 @@ class MoE(nn.Module):
         if k > 1:
             gate = gate / gate.sum(-1, keepdim=True)
         onehot = F.one_hot(choice, e)  # (b, s, k, E)
-        cap = capacity(self.capacity_factor, s, k, e)
+        g = 1 if self.capacity_scope == "sequence" else (self.capacity_group or b)
+        if b % g:
+            raise ValueError(f"{b} sequences do not split into capacity groups of {g}")
+        n = g * s  # tokens per group
+        cap = capacity(self.capacity_factor, n, k, e)
         if cap:  # queue position of each assignment in its expert, choice-major (GShard)
-            pri = onehot.transpose(1, 2).reshape(b, k * s, e)
-            pos = (pri.cumsum(1) * pri).reshape(b, k, s, e).transpose(1, 2).sum(-1)
-            keep = pos <= cap  # (b, s, k)
+            grp = onehot.reshape(b // g, n, k, e)
+            pri = grp.transpose(1, 2).reshape(b // g, k * n, e)
+            pos = (pri.cumsum(1) * pri).reshape(b // g, k, n, e).transpose(1, 2).sum(-1)
+            keep = (pos <= cap).reshape(b, s, k)
         else:
             keep = torch.ones_like(choice, dtype=torch.bool)
         routed_per_seq = onehot.sum(dim=(1, 2))  # (b, E)

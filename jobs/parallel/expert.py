@@ -8,7 +8,8 @@ Groups, carved out of the DP group (dp_idx = position in it):
     expert-DP group   dp_idx % ep equal: the dp/ep ranks holding the same experts
 
 Per MoE block (jobs/models/moe.py): the router runs locally on this rank's tokens (capacity and
-drops decided there, per sequence, exactly as in the single process); the kept assignments,
+drops decided there, over the rank's micro-batch or per sequence by model.capacity_scope, as a
+single process routing the same groups decides them); the kept assignments,
 sorted by expert and so by destination rank, go out by one uneven all-to-all (`dispatch`,
 after an all-to-all of the per-expert counts), each local expert runs on the rows it received
 from every source, and a second all-to-all (`combine`) brings the outputs back in send order;

@@ -1,7 +1,7 @@
 """The advisor: every layout of a model on a cluster that the service accepts and that fits in
 device memory, ranked by predicted step time (docs/advisor.md).
 
-advise(model, global_batch, cluster, top=20, fix=None, budget=None) -> dict
+advise(model, global_batch, cluster, top=20, fix=None, budget=None, compare_to=None) -> dict
     model    {"preset": NAME, ...field overrides} or explicit fields of jobs.spec.ModelSpec
              (arch, layers, hidden, heads, seq_len, vocab; timed: t_forward, t_backward_input,
              t_backward_weight)
@@ -11,7 +11,12 @@ advise(model, global_batch, cluster, top=20, fix=None, budget=None) -> dict
     fix      {"tp", "pp", "microbatches", "zero_stage", "cp", "ep"}: only layouts with these
              degrees are searched (each optional)
     budget   jobs.theory.budget.Budget: the search is counted first and refused (SpecError,
-             type search_budget) when it is over a bound, before any layout is evaluated
+             type search_budget) when it is over a bound, before any layout is evaluated; the
+             second pass (smaller micro-batches where none of the searched counts fits,
+             memory_first) is counted before it runs and skipped, said so, when over a bound
+    compare_to  [{tp, pp, dp, micro_batch_size, pp_schedule?, virtual_stages?, zero_stage?,
+             activation_checkpointing?, cp?, ep?}]: layouts placed in the ranking (answer's
+             `compare_to`: breakdown and rank, or the reason they do not fit)
 Every candidate is a spec dict validated by jobs.spec.parse_spec (require_available, as at
 submit) and predicted by jobs.theory.predict; the compute term is jobs.theory.compute's.
 Invalid input raises SpecError naming the field. Standard library only.
@@ -195,44 +200,130 @@ def evaluate_spec(spec: dict, cluster: dict) -> dict:
     return R.terms(ev)
 
 
+# micro-batch sizes tried, memory first, for a layout none of whose searched counts fits
+SMALL_MICRO = (4, 2, 1)
+
+
+def _shape_key(lay: dict) -> tuple:
+    return tuple(sorted((k, v) for k, v in lay.items() if k != "microbatches"))
+
+
+def memory_first(m: dict, batch: int, shapes: dict, tried: dict, asked=()):
+    """Yield (layout, pruned | None): the second pass of the search (docs/advisor.md
+    "Micro-batch sizes"). `shapes`: layout shape (all but the micro-batch count) -> (a layout
+    of it the first pass enumerated, whether any of its counts fit). For every shape that did
+    not fit at any count the first pass evaluated (or had all of them pruned), the counts of
+    micro-batch size 4, 2 and 1 (per data-parallel replica) that give smaller micro-batches
+    than the first pass evaluated (activation memory falls with the micro-batch, the model
+    states do not); for every shape,
+    the counts a request asks for (compare_to) that the first pass did not try."""
+    for key, (lay, fits) in shapes.items():
+        replica = batch // (lay["dp"] // lay["cp"])
+        small = set() if fits else {replica // b for b in SMALL_MICRO if replica % b == 0}
+        counts = {c for c in small if c > max(tried[key], default=0)} | set(asked)
+        for mb in sorted(counts - set(tried[key])):
+            new = {**lay, "microbatches": mb}
+            yield new, _pruned(m, batch, new)
+
+
+def _compare_variants(m: dict, lay: dict):
+    """The full layouts of one compare_to entry: what it leaves out, every value."""
+    dp = lay["dp"]
+    zeros = (lay["zero_stage"],) if "zero_stage" in lay else (range(4) if dp > 1 else (0,))
+    ckpts = (lay["activation_checkpointing"],) if "activation_checkpointing" in lay else \
+        ((False, True) if m["arch"] == "gpt" else (False,))
+    sched = lay.get("pp_schedule", "1f1b")
+    for zero in zeros:
+        for ck in ckpts:
+            full = {"dp": dp, "tp": lay["tp"], "pp": lay["pp"], "zero_stage": zero,
+                    "pp_schedule": sched, "virtual_stages": lay.get("virtual_stages", 1),
+                    "microbatches": lay["microbatches"], "activation_checkpointing": ck,
+                    "cp": lay.get("cp", 1), "ep": lay.get("ep", 1)}
+            if (full["cp"] > 1 or full["ep"] > 1) and (ck or zero == 3):
+                continue
+            yield full, None
+
+
+def _total(*sizes) -> dict:
+    return {k: sum(sz[k] for sz in sizes) for k in ("layouts", "candidates", "sim_actions")} | {
+        "complete": all(sz["complete"] for sz in sizes)}
+
+
 def advise(model, global_batch, cluster, *, top: int = 20, fix=None,
-           budget: Budget | None = None) -> dict:
-    m, c, fixed = check_request(model, global_batch, cluster, top, fix)
+           budget: Budget | None = None, compare_to=None) -> dict:
+    m, c, fixed, compare = check_request(model, global_batch, cluster, top, fix,
+                                         compare_to or [])
     space = (m, global_batch, c["hosts"], c["devices_per_host"], fixed)
     size = search_size(enumerate_layouts(*space), budget)
+    asked = [[(lay, _pruned(m, global_batch, lay)) for lay, _ in _compare_variants(m, cl)]
+             for cl in compare]
+    asked_size = search_size((x for v in asked for x in v), budget)
     if budget is not None:
-        budget.check(size)  # before any layout is evaluated
+        budget.check(_total(size, asked_size))  # before any layout is evaluated
     counts = {"considered": 0, "pruned": {}, "invalid": {}, "not_fitting": 0, "fitting": 0}
-    rows, status = [], {}
-    for lay, pruned in enumerate_layouts(*space):
+    rows, status, tried, shapes = [], {}, {}, {}
+
+    def place(lay, pruned, counts):
         counts["considered"] += 1
         key = R.label(lay)
         if pruned:
             counts["pruned"][pruned] = counts["pruned"].get(pruned, 0) + 1
             status[key] = ("divisibility", pruned)
-            continue
+            return None
         spec = spec_of(m, global_batch, c, lay)
         ev = _evaluate(json.dumps(spec, sort_keys=True), c["intra_GBps"], c["inter_GBps"],
                        c.get("flops"))
         if "invalid" in ev:
             counts["invalid"][ev["invalid"]] = counts["invalid"].get(ev["invalid"], 0) + 1
             status[key] = ("invalid", ev["invalid"])
-            continue
+            return None
         row = {"label": key, "layout": lay, "spec": spec,
                "predicted": {k: v for k, v in ev.items()}}
         if ev["memory_bytes"] > c["device_memory_bytes"]:
             counts["not_fitting"] += 1
             status[key] = ("memory", R.memory_reason(ev, c))
             row["reason"] = status[key][1]
-            rows.append(row)
+        else:
+            counts["fitting"] += 1
+            status[key] = ("fits", ev["step_s"])
+        return row
+
+    for lay, pruned in enumerate_layouts(*space):
+        row = place(lay, pruned, counts)
+        shape = _shape_key(lay)
+        tried.setdefault(shape, [])
+        if pruned:  # a shape all of whose counts are pruned gets the second pass too
+            shapes.setdefault(shape, (lay, False))
             continue
-        counts["fitting"] += 1
-        status[key] = ("fits", ev["step_s"])
+        tried[shape].append(lay["microbatches"])
+        if row is None:  # the spec refuses it
+            continue
         rows.append(row)
+        fits = "reason" not in row or shapes.get(shape, (None, False))[1]
+        shapes[shape] = (shapes.get(shape, (lay,))[0], fits)
+    # second pass, memory first: smaller micro-batches where the searched counts do not fit,
+    # and the counts compare_to asks for; counted against the budget before it is evaluated
+    user_counts = sorted({cl["microbatches"] for cl in compare})
+    if fixed.get("microbatches"):
+        user_counts = []  # a fixed count is the only one searched
+    second = list(memory_first(m, global_batch, shapes, tried, user_counts))
+    second_size = search_size(iter(second))
+    over = None
+    if budget is not None:
+        try:
+            budget.check(_total(size, asked_size, second_size))
+        except SpecError as exc:
+            over = exc.errors[0]["msg"]
+    smaller = {"considered": 0, "pruned": {}, "invalid": {}, "not_fitting": 0, "fitting": 0}
+    if over is None:
+        for lay, pruned in second:
+            row = place(lay, pruned, smaller)
+            if row is not None:
+                rows.append(row)
     fitting = sorted((r for r in rows if "reason" not in r), key=lambda r: r["predicted"]
                      ["step_s"])
-    unfit = sorted((r for r in rows if "reason" in r),
-                   key=lambda r: r["predicted"]["memory_bytes"])
+    unfit_rows = sorted((r for r in rows if "reason" in r),
+                        key=lambda r: r["predicted"]["memory_bytes"])
     best = fitting[0] if fitting else None
     out = []
     for i, r in enumerate(fitting[:top]):
@@ -242,9 +333,43 @@ def advise(model, global_batch, cluster, *, top: int = 20, fix=None,
         r["why"] = R.why(r, best, c)
         r["neighbours"] = R.neighbours(r["layout"], status)
         out.append(r)
-    return {"model": m, "global_batch": global_batch, "cluster": c, "fix": fixed,
-            "search": {k: size[k] for k in ("layouts", "candidates", "sim_actions")},
-            "conventions": R.conventions(m, c), "counts": counts, "candidates": out,
-            "not_fitting": [{"label": r["label"], "spec": r["spec"], "reason": r["reason"],
-                             "memory_bytes": r["predicted"]["memory_bytes"]}
-                            for r in unfit[:5]]}
+    placed = []
+    for cl, variants in zip(compare, asked, strict=True):
+        tally = {"considered": 0, "pruned": {}, "invalid": {}, "not_fitting": 0, "fitting": 0}
+        got = [place(lay, pr, tally) for lay, pr in variants]
+        placed.append(_place_compare(cl, got, fitting, best, c, tally))
+    search = {k: size[k] for k in ("layouts", "candidates", "sim_actions")}
+    search["smaller_micro_batches"] = {
+        "shapes_unfit": sum(1 for _, f in shapes.values() if not f),
+        **{k: second_size[k] for k in ("layouts", "candidates", "sim_actions")},
+        "ran": over is None, "skipped": over, "counts": smaller}
+    answer = {"model": m, "global_batch": global_batch, "cluster": c, "fix": fixed,
+              "search": search, "conventions": R.conventions(m, c), "counts": counts,
+              "candidates": out,
+              "not_fitting": [{"label": r["label"], "spec": r["spec"], "reason": r["reason"],
+                               "memory_bytes": r["predicted"]["memory_bytes"]}
+                              for r in unfit_rows[:5]]}
+    if compare_to is not None:
+        answer["compare_to"] = placed
+    return answer
+
+
+def _place_compare(asked: dict, rows: list, fitting: list, best, c: dict, tally: dict) -> dict:
+    """One compare_to layout placed: its best fitting variant (over what it left out) with
+    its breakdown and rank among the search's fitting layouts (1 + those strictly faster),
+    else the reason none fits (the smallest-memory variant's, or the spec rule it breaks)."""
+    got = [r for r in rows if r is not None]
+    fits = sorted((r for r in got if "reason" not in r), key=lambda r: r["predicted"]["step_s"])
+    out = {"asked": {k: v for k, v in asked.items() if k != "microbatches"},
+           "microbatches": asked["microbatches"], "of": len(fitting)}
+    if fits:
+        r = copy.deepcopy(fits[0])
+        step = r["predicted"]["step_s"]
+        r["rank"] = 1 + sum(1 for f in fitting if f["predicted"]["step_s"] < step)
+        r["why"] = R.why(r, best or r, c)
+        return {**out, **r, "reason": None}
+    if got:
+        r = copy.deepcopy(min(got, key=lambda r: r["predicted"]["memory_bytes"]))
+        return {**out, **r, "rank": None}
+    why = sorted(set(tally["pruned"]) | set(tally["invalid"]))
+    return {**out, "rank": None, "reason": "no valid variant: " + "; ".join(why)}

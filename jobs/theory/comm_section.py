@@ -120,8 +120,11 @@ def comm_section(w: dict) -> dict:
             "ep": ep if ep_n > 1 else None, "explain": explain}
 
 
-EP_CONVENTION = ("uniform-routing: every expert gets s*top_k/E assignments per sequence, so a "
-                 "rank keeps A = min(T*k, b*E*C) assignments (capacity dropping bound) and "
+EP_CONVENTION = ("uniform-routing: every expert gets N*top_k/E assignments per capacity group "
+                 "of N tokens (a rank's micro-batch, or a sequence with capacity_scope "
+                 "'sequence'), so a rank keeps A = min(T*k, groups*E*C) assignments (capacity "
+                 "dropping bound; the expected drops of random routing are predict()'s `moe`) "
+                 "and "
                  "sends (ep-1)/ep of its dispatch / combine rows; the group's payload "
                  "4*A*h*act_bytes per block (group-payload) and the counts are exact given the "
                  "drops (jobs.theory.moe.a2a_bytes)")
@@ -134,4 +137,5 @@ def _ep(w: dict, rounds: int, act_bytes: float) -> dict:
     return M.ep_bytes_per_rank(tokens=w["micro_batch_size"] * w["seq_len"], hidden=w["hidden"],
                                top_k=w["top_k"], experts=w["experts"], ep=w["ep"],
                                seq_len=w["seq_len"], capacity_factor=w["capacity_factor"],
-                               act_bytes=act_bytes, layers=w["layers"], rounds=rounds)
+                               act_bytes=act_bytes, layers=w["layers"], rounds=rounds,
+                               capacity_scope=w.get("capacity_scope", "rank"))

@@ -5,9 +5,11 @@
             t_backward_weight), rounds = microbatches * grad_accum (jobs/loop.py), layers on
             the rank = layers / pp (v chunks of layers/(pp*v) each). predict()'s _step computes
             it from the stage times (jobs.theory.whatif.stage_times), the one place.
-    gpt     Narayanan et al. 2021 (eq. 3): forward + backward of one global batch B of s tokens
-            is 72*B*s*L*h^2*(1 + s/(6h) + V/(12*L*h)) FLOPs; activation recomputation adds one
-            forward: x 4/3 (96 instead of 72).
+    gpt     Narayanan et al. 2021 (section 5.1, eq. 3): forward + backward of one global batch B
+            of s tokens is 72*B*s*L*h^2*(1 + s/(6h) + V/(12*L*h)) FLOPs; activation
+            recomputation adds one forward of the transformer layers only, not of the LM head:
+            96*B*s*L*h^2*(1 + s/(6h) + V/(16*L*h)) (the paper's formula; the head's term is
+            6*B*s*h*V either way).
     gpt MoE every block's MLP is experts (jobs/models/moe.py): each token runs top_k of them
             (+ the shared expert), each the dense MLP's h -> 4h -> h, and the router h x E:
             per layer k*B*s*h^2*(1/3 + 2/3*(top_k + shared) + s/(6h)) + k/12*B*s*h*E with
@@ -55,17 +57,21 @@ def layer_flops(model, batch: int, checkpointing: bool = False) -> tuple[float, 
 
 def training_flops(model, global_batch: int, checkpointing: bool = False) -> tuple[float, str]:
     """FLOPs of one optimizer step over the global batch (gpt / mlp), with the formula:
-    layers x layer_flops, plus for gpt the LM head's (k/12)*B*s*h*V (the formula's V term)."""
+    layers x layer_flops, plus for gpt the LM head's 6*B*s*h*V (the formula's V term; the head
+    is not recomputed, so recomputation leaves it alone: Narayanan et al. 2021)."""
     m = _shape(model)
     B, L, h = global_batch, m["layers"], m["hidden"]
     per_layer, form = layer_flops(m, B, checkpointing)
     if m["arch"] == "gpt":
         s, V = m["seq_len"], m["vocab"]
-        k = 96 if checkpointing else 72
-        # = k*B*s*L*h^2*(1 + s/(6h) + V/(12*L*h)): the head term is k*B*s*L*h^2*V/(12*L*h)
-        value = L * per_layer + k * B * s * h * V / 12
+        # the head's h x V matmul per token: 2 FLOPs a multiply-add forward, 4 backward:
+        # 6*B*s*h*V whatever the recomputation of the layers (72/12 = 96/16 = 6)
+        value = L * per_layer + 6 * B * s * h * V
         if m.get("experts"):
-            return float(value), f"L x [{form}] + {k}/12*B*s*h*V (LM head)"
-        return float(value), f"{k}*B*s*L*h^2*(1 + s/(6h) + V/(12*L*h)) (Narayanan 2021)"
+            return float(value), f"L x [{form}] + 6*B*s*h*V (LM head, not recomputed)"
+        if checkpointing:
+            return float(value), ("96*B*s*L*h^2*(1 + s/(6h) + V/(16*L*h)) (Narayanan 2021, "
+                                  "recomputation; the LM head is not recomputed)")
+        return float(value), "72*B*s*L*h^2*(1 + s/(6h) + V/(12*L*h)) (Narayanan 2021)"
     return float(L * per_layer), f"{8 if checkpointing else 6}*B*L*h^2"
 

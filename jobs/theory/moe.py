@@ -4,8 +4,9 @@ Per MoE block and micro-batch, over one EP group of `ep` ranks holding `tokens` 
 them (jobs/parallel/expert.py, jobs/parallel/ep_comm.py):
 
     assignments  A = tokens * top_k - dropped         (dropped = 0 when capacity_factor = 0)
-    bound        A <= min(tokens * top_k, (tokens / seq_len) * experts * C),
-                 C = ceil(capacity_factor * seq_len * top_k / experts) per sequence
+    bound        A <= min(tokens * top_k, groups * experts * C),
+                 C = ceil(capacity_factor * N * top_k / experts) per capacity group of N
+                 tokens (a rank's micro-batch, or a sequence: model.capacity_scope)
     payload      dispatch fwd, combine fwd, combine bwd, dispatch bwd: A * hidden * act_bytes
                  each, so 4 * A * hidden * act_bytes (nccl-tests S, summed over the group's
                  ranks: a rank's S is its whole send buffer, its own rows included)
@@ -25,8 +26,10 @@ per rank  model_state(Ψ_dense, dp, zero_stage) + (p + g + o) * Ψ_experts / ep
 (convention "ep-state").
 
 Per rank per step (`ep_bytes_per_rank`, predict()'s comm.components.ep), convention
-"uniform-routing": every expert gets seq_len*top_k/experts assignments per sequence, so only the
-capacity bound drops (A = min(T*top_k, b*E*C)) and a rank sends (ep - 1)/ep of its rows.
+"uniform-routing": every expert gets N*top_k/experts assignments per capacity group, so only the
+capacity bound drops (A = min(T*top_k, groups*E*C)) and a rank sends (ep - 1)/ep of its rows.
+Expected drops of random routing (`expected_dropped`, predict()'s `moe`, convention
+"random-routing"): each expert's load is Binomial(N, top_k * share_e), drops its excess over C.
 Activations of a MoE block (`moe_saved_bytes`): exact given the kept assignments A and the rows
 R this rank's experts compute; R = A under uniform routing (`routing_correction` turns a rank's
 traced dispatch records into the exact figure). docs/conventions.md lists all of them.
@@ -63,23 +66,84 @@ def ep_model_state(psi: int, psi_experts: int, dp: int, ep: int, zero_stage: int
     return {k: dense[k] + local[k] for k in dense}
 
 
-def expert_capacity(capacity_factor: float, seq_len: int, top_k: int, experts: int) -> int:
-    """Assignments an expert takes per sequence; 0 = unlimited (no dropping)."""
+CAPACITY_SCOPES = ("rank", "sequence")  # model.capacity_scope (jobs/models/moe.py)
+
+
+def expert_capacity(capacity_factor: float, tokens: int, top_k: int, experts: int) -> int:
+    """Assignments an expert takes per capacity group of `tokens` tokens (a rank's micro-batch
+    under capacity_scope "rank", one sequence under "sequence"); 0 = unlimited (no dropping).
+    C = ceil(capacity_factor * tokens * top_k / experts), Megatron-Core's
+    moe_utils.get_capacity (ceil(num_tokens * topk / num_experts * capacity_factor)), Switch
+    Transformer's expert capacity (tokens per batch / experts x capacity factor, top-1) and
+    GShard's 2N/E for top-2; at least 1 (DeepSpeed's min_capacity, default 4 there, is not
+    applied: convention "capacity")."""
     if capacity_factor <= 0:
         return 0
-    return max(1, math.ceil(capacity_factor * seq_len * top_k / experts))
+    return max(1, math.ceil(capacity_factor * tokens * top_k / experts))
+
+
+def group_tokens(scope: str, seq_len: int, batch: int) -> int:
+    """Tokens per capacity group: a rank's micro-batch of `batch` sequences ("rank") or one
+    sequence ("sequence")."""
+    if scope not in CAPACITY_SCOPES:
+        raise ValueError(f"capacity_scope {scope!r} not in {CAPACITY_SCOPES}")
+    return seq_len if scope == "sequence" else batch * seq_len
+
+
+def expected_dropped(*, tokens: int, top_k: int, experts: int, capacity_factor: float,
+                     share: list[float] | None = None) -> dict:
+    """Expected assignments dropped by capacity in one group of `tokens` tokens when tokens
+    route independently (convention "random-routing"): expert e is among a token's top_k
+    choices with probability p_e = top_k * share_e (share = each expert's fraction of the routed
+    assignments: uniform 1/E by default, or an observed run's router histogram, the `share`
+    column of the MoE tables), so its load is X_e ~ Binomial(tokens, p_e) and
+        E[dropped] = sum_e E[max(0, X_e - C)] = sum_e sum_{j > C} (j - C) P(X_e = j),
+    exact for independent tokens (linearity; which assignments are dropped does not change how
+    many). 0 without capacity. Uniform routing at capacity_factor near 1 drops a few percent,
+    not 0: the load fluctuates around its mean tokens * top_k / E."""
+    e, k = experts, top_k
+    share = [1.0 / e] * e if share is None else list(share)
+    if len(share) != e or any(x < 0 for x in share) or abs(sum(share) - 1) > 1e-6:
+        raise ValueError("share: one non-negative fraction per expert, summing to 1")
+    cap = expert_capacity(capacity_factor, tokens, k, e)
+    routed = tokens * k
+    if not cap:
+        return {"value": 0.0, "capacity": 0, "routed": routed, "fraction": 0.0,
+                "convention": "random-routing"}
+    total = 0.0
+    for x in share:
+        p = min(1.0, k * x)
+        if cap >= tokens or p == 0.0:
+            continue
+        if p == 1.0:
+            total += tokens - cap
+            continue
+        # E[max(0, X - C)] = E[X] - C + sum_{j < C} (C - j) P(X = j)
+        lp, lq = math.log(p), math.log1p(-p)
+        low = sum((cap - j) * math.exp(math.lgamma(tokens + 1) - math.lgamma(j + 1)
+                                       - math.lgamma(tokens - j + 1) + j * lp
+                                       + (tokens - j) * lq) for j in range(cap))
+        total += tokens * p - cap + low
+    return {"value": total, "capacity": cap, "routed": routed,
+            "fraction": total / routed if routed else 0.0,
+            "formula": "sum_e E[max(0, X_e - C)], X_e ~ Binomial(tokens, top_k*share_e), "
+                       "C = ceil(capacity_factor*tokens*top_k/E)",
+            "convention": "random-routing"}
 
 
 def a2a_bytes(*, tokens: int, hidden: int, top_k: int, experts: int, ep: int, seq_len: int,
               capacity_factor: float = 0.0, dropped: int = 0, act_bytes: int = 4,
-              count_bytes: int = 8) -> dict:
+              count_bytes: int = 8, group: int | None = None) -> dict:
     """All-to-all bytes of one MoE block and micro-batch over one EP group (module docstring).
-    `dropped`: assignments dropped by capacity in that micro-batch over the group."""
+    `dropped`: assignments dropped by capacity in that micro-batch over the group; `group`:
+    tokens per capacity group (default seq_len, capacity_scope "sequence"; a rank's
+    micro-batch tokens under "rank")."""
     if ep < 1 or tokens < 0 or dropped < 0:
         raise ValueError("ep >= 1, tokens >= 0 and dropped >= 0 are required")
     routed = tokens * top_k
-    cap = expert_capacity(capacity_factor, seq_len, top_k, experts)
-    bound = min(routed, (tokens // seq_len) * experts * cap) if cap else routed
+    n = group or seq_len
+    cap = expert_capacity(capacity_factor, n, top_k, experts)
+    bound = min(routed, (tokens // n) * experts * cap) if cap else routed
     a = routed - dropped
     if a < 0 or a > bound:
         raise ValueError(f"{a} kept assignments outside 0..{bound} (the capacity bound)")
@@ -99,13 +163,16 @@ def a2a_bytes(*, tokens: int, hidden: int, top_k: int, experts: int, ep: int, se
 
 
 def uniform_kept(tokens: int, seq_len: int, top_k: int, experts: int,
-                 capacity_factor: float = 0.0) -> int:
+                 capacity_factor: float = 0.0, group: int | None = None) -> int:
     """Kept assignments of `tokens` tokens under uniform routing (convention "uniform-routing":
-    every expert gets seq_len*top_k/experts assignments per sequence, so capacity drops only
-    what exceeds C, i.e. when capacity_factor < 1): min(tokens*top_k, sequences*experts*C)."""
-    cap = expert_capacity(capacity_factor, seq_len, top_k, experts)
+    every expert gets n*top_k/experts assignments per capacity group of n = `group` tokens
+    (default seq_len: capacity_scope "sequence"), so capacity drops only what exceeds C, i.e.
+    when capacity_factor < 1): min(tokens*top_k, groups*experts*C). The expected drops of
+    random routing are expected_dropped's."""
+    n = group or seq_len
+    cap = expert_capacity(capacity_factor, n, top_k, experts)
     routed = tokens * top_k
-    return min(routed, (tokens // seq_len) * experts * cap) if cap else routed
+    return min(routed, (tokens // n) * experts * cap) if cap else routed
 
 
 def moe_dims(w: dict) -> dict:
@@ -113,13 +180,15 @@ def moe_dims(w: dict) -> dict:
     return {"batch": w["micro_batch_size"], "seq_len": w["seq_len"], "hidden": w["hidden"],
             "experts": w["experts"], "top_k": w["top_k"],
             "capacity_factor": w["capacity_factor"], "shared_expert": w["shared_expert"],
-            "aux_loss": bool(w.get("aux_loss_coef"))}
+            "aux_loss": bool(w.get("aux_loss_coef")),
+            "capacity_scope": w.get("capacity_scope", "rank")}
 
 
 def moe_saved_bytes(*, batch: int, seq_len: int, hidden: int, experts: int, top_k: int,
                     capacity_factor: float = 0.0, shared_expert: bool = False,
                     aux_loss: bool = True, act_bytes: float = 4, kept: float | None = None,
-                    rows: float | None = None) -> tuple[float, str]:
+                    rows: float | None = None, capacity_scope: str = "rank"
+                    ) -> tuple[float, str]:
     """Bytes one MoE block (jobs/models/moe.py, experts local or jobs/parallel/expert.py's
     EPExperts) saves for backward per micro-batch of `batch` sequences, beyond the LayerNorm
     output it reads (counted with the block), as jobs.memory.SavedTensorCounter counts them.
@@ -133,7 +202,8 @@ def moe_saved_bytes(*, batch: int, seq_len: int, hidden: int, experts: int, top_
     weighted output 2*h*A, the gate column A (all x act_bytes); shared expert 8*h*T x
     act_bytes."""
     t, e, k, h = batch * seq_len, experts, top_k, hidden
-    a = uniform_kept(t, seq_len, k, e, capacity_factor) if kept is None else kept
+    a = uniform_kept(t, seq_len, k, e, capacity_factor,
+                     group_tokens(capacity_scope, seq_len, batch)) if kept is None else kept
     r = a if rows is None else rows
     router = 4 * t * e + 8 * ((t - 1) * e + k) + (4 * t * (k + 1) if k > 1 else 0) \
         + (4 * batch * e if aux_loss else 0) + t * k
@@ -142,13 +212,13 @@ def moe_saved_bytes(*, batch: int, seq_len: int, hidden: int, experts: int, top_
     formula = ("4TE + 8((T-1)E + k) + [k>1] 4T(k+1) + [aux] 4bE + Tk + 16A"
                " + act_bytes*(9hR + 2hA + A)"
                + (" + act_bytes*8hT (shared)" if shared_expert else "")
-               + "; A = min(T*k, b*E*C), R = A (uniform routing)")
+               + "; A = min(T*k, groups*E*C), R = A (uniform routing)")
     return float(val), formula
 
 
 def ep_bytes_per_rank(*, tokens: int, hidden: int, top_k: int, experts: int, ep: int,
                       seq_len: int, capacity_factor: float = 0.0, act_bytes: float = 4,
-                      layers: int = 1, rounds: int = 1) -> dict:
+                      layers: int = 1, rounds: int = 1, capacity_scope: str = "rank") -> dict:
     """Bytes one EP rank sends per step: `tokens` = its tokens per micro-batch, `layers` MoE
     blocks, `rounds` micro-batches per step. The group's payload is a2a_bytes on ep*tokens
     tokens (exact given the drops; here the uniform-routing drops), and a rank sends
@@ -158,10 +228,11 @@ def ep_bytes_per_rank(*, tokens: int, hidden: int, top_k: int, experts: int, ep:
         return {"value": 0.0, "group_payload": 0.0, "counts": 0.0, "formula": "0 (ep = 1)",
                 "inputs": {"ep": ep}}
     group = ep * tokens
-    a = uniform_kept(group, seq_len, top_k, experts, capacity_factor)
+    n = seq_len if capacity_scope == "sequence" else tokens  # a rank's micro-batch
+    a = uniform_kept(group, seq_len, top_k, experts, capacity_factor, n)
     g = a2a_bytes(tokens=group, hidden=hidden, top_k=top_k, experts=experts, ep=ep,
                   seq_len=seq_len, capacity_factor=capacity_factor,
-                  dropped=group * top_k - a, act_bytes=act_bytes)
+                  dropped=group * top_k - a, act_bytes=act_bytes, group=n)
     n = layers * rounds
     wire = g["wire_uniform_routing"] / ep * n
     counts = g["counts_payload"] / ep * (ep - 1) / ep * n
@@ -172,13 +243,15 @@ def ep_bytes_per_rank(*, tokens: int, hidden: int, top_k: int, experts: int, ep:
             "inputs": {"tokens": tokens, "hidden": hidden, "top_k": top_k, "experts": experts,
                        "ep": ep, "seq_len": seq_len, "capacity_factor": capacity_factor,
                        "act_bytes": act_bytes, "layers": layers, "rounds": rounds,
+                       "capacity_scope": capacity_scope,
                        "assignments_per_rank": a / ep},
             "convention": "uniform-routing"}
 
 
 def routing_correction(records, *, batch: int, seq_len: int, hidden: int, experts: int,
                        top_k: int, capacity_factor: float = 0.0, shared_expert: bool = False,
-                       aux_loss: bool = True, act_bytes: float = 4) -> dict:
+                       aux_loss: bool = True, act_bytes: float = 4,
+                       capacity_scope: str = "rank") -> dict:
     """{(step, microbatch): bytes} to add to the uniform-routing activations of one rank for
     the routing it really saw, moe_saved_bytes(kept=A, rows=R) - moe_saved_bytes() summed over
     its MoE blocks: with EP per forward dispatch record (jobs/parallel/ep_comm.py; A = rows
@@ -187,7 +260,8 @@ def routing_correction(records, *, batch: int, seq_len: int, hidden: int, expert
     largest in-flight sum to the prediction to compare with the measured peak."""
     dims = {"batch": batch, "seq_len": seq_len, "hidden": hidden, "experts": experts,
             "top_k": top_k, "capacity_factor": capacity_factor,
-            "shared_expert": shared_expert, "aux_loss": aux_loss, "act_bytes": act_bytes}
+            "shared_expert": shared_expert, "aux_loss": aux_loss, "act_bytes": act_bytes,
+            "capacity_scope": capacity_scope}
     base = moe_saved_bytes(**dims)[0]
     row = hidden * act_bytes
     records = list(records)
@@ -214,3 +288,25 @@ def inflight_correction(corr: dict, inflight: int) -> float:
         steps.setdefault(step, []).append(v)
     return max((sum(sorted(v, reverse=True)[:max(1, inflight)]) for v in steps.values()),
                default=0.0)
+
+
+def moe_prediction(w: dict) -> dict | None:
+    """predict()'s `moe` section: capacity and the expected drops per rank per micro-batch and
+    MoE block under random routing (expected_dropped; `router_share`, an observed run's
+    per-expert share, replaces the uniform one when given). None for a dense model."""
+    if not w.get("experts"):
+        return None
+    scope = w.get("capacity_scope", "rank")
+    b, s, k, e = w["micro_batch_size"], w["seq_len"], w["top_k"], w["experts"]
+    n = group_tokens(scope, s, b)
+    groups = (b * s) // n
+    one = expected_dropped(tokens=n, top_k=k, experts=e, capacity_factor=w["capacity_factor"],
+                           share=w.get("router_share"))
+    routed = b * s * k
+    dropped = groups * one["value"]
+    return {"capacity_scope": scope, "group_tokens": n, "groups_per_microbatch": groups,
+            "capacity": one["capacity"], "routed_per_microbatch": routed,
+            "expected_dropped_per_microbatch": dropped,
+            "expected_dropped_fraction": dropped / routed if routed else 0.0,
+            "formula": f"groups x {one.get('formula', '0 (no capacity)')}",
+            "convention": "random-routing"}

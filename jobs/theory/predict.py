@@ -56,6 +56,30 @@ def simulated_microbatches(sched: str, p: int, m: int, v: int) -> int | None:
         return 2 * p - 1  # ZB-V's idle is constant in m from 2p-1 on (_pipeline)
     return None
 
+
+def zb_h1_idle(p: int, m: int, tf: float, tb: float, tw: float) -> float:
+    """Idle time of every rank of ZB-H1 ("zero-bubble", jobs/schedules.py) with the same
+    t_F, t_B, t_W on every stage: (p-1)(t_F + t_B) - (min(m, p) - 1) * min(t_F, t_B, t_W).
+
+    For m >= p that is (p-1) * max(t_F, t_B, t_F + t_B - t_W), the longest of three paths
+    through the schedule (docs/conventions.md 'zb-h1-bubble'): F_0 up the pipeline, then the
+    last rank never waits, (p-1) t_F; F_0 up and B_0 down to rank 0, which then never waits,
+    (p-1) t_B; F_0 up, the last rank busy up to B_{m-1}, B_{m-1} down and rank 0's W_{m-1},
+    (p-1)(t_F + t_B - t_W). Qi et al. 2023's (p-1)(t_F + t_B - t_W) is the third, which is
+    the longest only while t_W <= min(t_F, t_B). Equal to the simulator's idle for every m."""
+    return (p - 1) * (tf + tb) - (min(m, p) - 1) * min(tf, tb, tw)
+
+
+def zbv_idle(p: int, tf: float, tb: float, tw: float) -> float:
+    """Idle time of every rank of ZB-V ("zbv") with m >= 2p-1 micro-batches and the same chunk
+    times on every stage. It does not depend on m from 2p-1 on, and it is linear in p
+    (docs/conventions.md 'zbv-bubble'): simulate p = 3 and 4 at m = 2p-1 (a few dozen
+    actions) and extrapolate. Used where p*(2p-1)*6 actions are too many to simulate."""
+    a = max(r["idle_s"] for r in _simulate("zbv", 3, 5, 2, tf, tb, tw)["ranks"])
+    b = max(r["idle_s"] for r in _simulate("zbv", 4, 7, 2, tf, tb, tw)["ranks"])
+    return a + (p - 3) * (b - a)
+
+
 EP_STATE = "convention 'ep-state': reference EP, experts not ZeRO-sharded"
 ACT_CONVENTION = ("saved tensors as autograd keeps them (jobs.memory.SavedTensorCounter) for "
                   "paralab's GPT; Megatron (Korthikanti et al. 2022) estimate, 2-byte "
@@ -115,6 +139,7 @@ def _collective(spec: JobSpec) -> dict:
 
 
 def _predict(w: dict, kind: str) -> dict:
+    from .moe import moe_prediction
     pipe = _pipeline(w)
     mem = _memory(w, pipe)
     com = comm_section(w)
@@ -126,7 +151,8 @@ def _predict(w: dict, kind: str) -> dict:
     return {"kind": kind, "inputs": inputs, "conventions": conv,
             "params": {"total": w["params"], "per_rank": max(w["rank_params"]),
                        "per_pipeline_rank": w["rank_params"]},
-            "memory": mem, "comm": com, "step": step, "pipeline": pipe}
+            "memory": mem, "comm": com, "step": step, "pipeline": pipe,
+            "moe": moe_prediction(w)}
 
 
 # --- pipeline ------------------------------------------------------------------------------------
@@ -175,15 +201,22 @@ def _pipeline(w: dict) -> dict:
         busy = v * m * (tf + tb + tw)
         total, ideal = idle / (busy + idle), idle / busy
         source = "schedule simulator at m = 2p-1, extrapolated (ZB-V idle is constant in m)"
-    elif sched == "zbv":  # p > ~129 with many micro-batches: not simulated, a rough figure
+    elif sched == "zbv" and m >= 2 * p - 1:  # p > ~129: the plateau is linear in p
+        busy = v * m * (tf + tb + tw)
+        idle = zbv_idle(p, tf, tb, tw)
+        total, ideal = idle / (busy + idle), idle / busy
+        source = ("schedule simulator at p = 3 and 4 (m = 2p-1), extrapolated linearly in p "
+                  "(ZB-V idle is constant in m from 2p-1 on and linear in p)")
+    elif sched == "zbv":  # p > ~129 and m < 2p-1: neither simulated nor in closed form
         busy = v * m * (tf + tb + tw)
         idle = (p - 1) * (tf + tb + tw)
         total, ideal = idle / (busy + idle), idle / busy
         source = "rough estimate, too large to simulate: 1F1B's (p-1)(t_f+t_b+t_w) per chunk"
-    else:  # zero-bubble, too large to simulate: ZB-H1 bubble (p-1)(t_F + t_B - t_W)
+    else:  # zero-bubble, too large to simulate: the exact ZB-H1 idle (zb_h1_idle)
         busy = m * (tf + tb + tw)
-        idle = max(0.0, (p - 1) * (tf + tb - tw))
-        total, ideal, source = idle / (busy + idle), idle / busy, "ZB-H1 closed form"
+        idle = zb_h1_idle(p, m, tf, tb, tw)
+        total, ideal = idle / (busy + idle), idle / busy
+        source = "ZB-H1 closed form (p-1)(t_f+t_b) - (min(m,p)-1)*min(t_f,t_b,t_w)"
     formula = {"total": "(p-1)/(v*m+p-1)", "ideal": "(p-1)/(v*m)"}[conv]
     if sched == "naive":
         formula = {"total": "(p-1)/p", "ideal": "p-1"}[conv]

@@ -209,6 +209,7 @@ def inputs_from_spec(spec: JobSpec, overrides: dict | None = None) -> dict:
     w["cp"] = p.cp
     w["cp_batch"] = t.global_batch // (p.dp // p.cp * p.microbatches * t.grad_accum)
     w.update(ep=ep, experts=m.experts, top_k=m.top_k, capacity_factor=m.capacity_factor,
+             capacity_scope=m.capacity_scope,
              shared_expert=m.shared_expert, aux_loss_coef=m.aux_loss_coef)
     w["strategy"] = derive_strategy(spec)
     w["world_size"] = spec.world_size

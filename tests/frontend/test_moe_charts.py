@@ -19,7 +19,8 @@ def test_moe_ep_run_from_the_form_shows_the_hot_expert_and_the_matrix(svc, page)
     page.goto(f"{svc.url}/new?preset=moe-ep")
     expect(page.locator("#f-parallel-ep")).to_have_value("2")
     expect(page.locator("#f-model-experts")).to_have_value("4")
-    for f in ("top_k", "capacity_factor", "aux_loss_coef", "router_bias", "shared_expert"):
+    for f in ("top_k", "capacity_factor", "capacity_scope", "aux_loss_coef", "router_bias",
+              "shared_expert"):
         expect(page.locator(f"#f-model-{f}")).to_have_count(1)
     page.fill("#name", "moe-ep from the form")
     page.fill("#f-train-steps", "3")

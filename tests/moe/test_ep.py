@@ -26,7 +26,7 @@ from tests.support.launch import launch_by_world, multirun, read_trace
 
 MODEL = {"arch": "gpt", "layers": 2, "hidden": 16, "heads": 2, "seq_len": 8, "vocab": 32,
          "experts": 4, "top_k": 2, "aux_loss_coef": 0.1}
-CAP = {"capacity_factor": 1.0}  # C = ceil(8 * 2 / 4) = 4 per sequence: drops happen
+CAP = {"capacity_factor": 1.0}  # C = ceil(N * 2 / 4) per rank micro-batch of N: drops happen
 DROPLESS = {"capacity_factor": 0.0, "shared_expert": True, "router_bias": "1:1.5"}
 HOT = 1  # the expert router_bias makes hot
 SMALL_BUCKET = 0.001  # MiB: one parameter per DDP / ZeRO bucket

@@ -22,7 +22,8 @@ def block(**kw) -> MoE:
 
 
 def test_ties_go_to_the_lower_expert_and_capacity_keeps_first_choices_then_positions():
-    m = block(top_k=2, capacity_factor=0.5)  # C = ceil(0.5 * 4 * 2 / 4) = 1 per sequence
+    m = block(top_k=2, capacity_factor=0.5,  # C = ceil(0.5 * 4 * 2 / 4) = 1 per sequence
+              capacity_scope="sequence")
     torch.nn.init.zeros_(m.router.weight)  # every logit equal: all ties
     r = m.route(torch.randn(2, 4, 8))
     # every token's choices are experts 0 and 1; each keeps only its first assignment per
@@ -31,6 +32,11 @@ def test_ties_go_to_the_lower_expert_and_capacity_keeps_first_choices_then_posit
     assert r.token.tolist() == [0, 4, 0, 4]
     assert r.routed.tolist() == [8, 8, 0, 0] and r.dropped.tolist() == [6, 6, 0, 0]
     assert expert_capacity(0.5, 4, 2, 4) == 1
+    # capacity_scope "rank" (the default): one group of the rank's 8 tokens, C = 2
+    m.capacity_scope = "rank"
+    r = m.route(torch.randn(2, 4, 8))
+    assert r.counts == [2, 2, 0, 0] and r.token.tolist() == [0, 1, 0, 1]
+    assert r.dropped.tolist() == [6, 6, 0, 0] and expert_capacity(0.5, 8, 2, 4) == 2
 
 
 def test_aux_loss_is_one_when_router_probabilities_are_uniform():

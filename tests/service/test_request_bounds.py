@@ -123,6 +123,29 @@ def test_a_fixed_degree_is_checked_naming_it(make_client, fix, loc):
     assert r.json()["detail"][0]["loc"] == ["body", "fix", loc]
 
 
+@pytest.mark.parametrize("compare_to, loc", [
+    ([{"tp": 8, "pp": 2, "dp": 3, "micro_batch_size": 1}], ["compare_to", 0, "dp"]),
+    ([{"tp": 8, "pp": 1, "dp": 1}], ["compare_to", 0, "micro_batch_size"]),
+    ([{"tp": 8, "pp": 1, "dp": 1, "micro_batch_size": 1, "zero_stage": 9}],
+     ["compare_to", 0, "zero_stage"]),
+    ([{}] * 17, ["compare_to"]),
+])
+def test_compare_to_is_checked_naming_the_field(make_client, compare_to, loc):
+    """Issue 38: the layouts to place are user input, each field checked (422 naming it)."""
+    r = _advise(make_client(), compare_to=compare_to)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["body", *loc]
+
+
+def test_compare_to_places_a_layout_with_its_rank(make_client):
+    r = _advise(make_client(), fix={"tp": 8}, compare_to=[
+        {"tp": 8, "pp": 1, "dp": 1, "micro_batch_size": 1}])
+    assert r.status_code == 200, r.text
+    [placed] = r.json()["compare_to"]
+    assert placed["layout"]["microbatches"] == 512 and placed["rank"] >= 1
+    assert placed["predicted"]["step_s"] > 0
+
+
 WIDE = {"arch": "gpt", "layers": 720, "hidden": 55440, "heads": 720, "seq_len": 40320,
         "vocab": 50304}  # divisors everywhere: 381,003 layouts and 153,198 candidates
 

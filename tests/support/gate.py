@@ -21,11 +21,19 @@ from jobs.parallel.base import make_optimizer
 TOL = 1e-5  # fp32: relative error of gradients / parameters / losses
 
 
-def reference(spec) -> dict:
+def reference(spec, capacity_group: int | None = None) -> dict:
     """{"params": after the last step, "grads": after step 0, "loss": per step} of a single
-    process (plain torch in fp32; the Single strategy's bf16 compute with fp32 masters)."""
+    process (plain torch in fp32; the Single strategy's bf16 compute with fp32 masters).
+    `capacity_group`: MoE blocks route the global batch in groups of that many sequences (the
+    micro-batch a rank of the compared layout routes; capacity_scope "rank"; default: that of
+    `spec`'s own layout)."""
     mod = model_module(spec.model.arch)
     model = mod.build(spec.model, spec.train.seed)
+    capacity_group = capacity_group or rank_microbatch(spec)
+    if capacity_group:
+        from jobs.models.moe import moe_blocks
+        for _, blk in moe_blocks(model):
+            blk.capacity_group = capacity_group
     t = spec.train
     if t.precision == "bf16":
         from jobs.parallel.data import Single
@@ -95,16 +103,27 @@ def assemble(out: Path, ref: dict, what: str = "params") -> dict:
 _SINGLE: dict = {}
 
 
+def rank_microbatch(s) -> int | None:
+    """Sequences one rank routes per forward in the layout of a parsed spec, for MoE with
+    capacity_scope "rank" (capacity is decided over them); None otherwise."""
+    if not s.model.experts or s.model.capacity_scope != "rank":
+        return None
+    p = s.parallel
+    return s.train.global_batch // (p.dp * p.microbatches * s.train.grad_accum)
+
+
 def single_reference(data: dict) -> dict:
     """reference() of a spec dict's model and train settings on one process (dp 1, one rank),
-    cached: several layouts of one model share it."""
+    cached: several layouts of one model share it. MoE with capacity_scope "rank": the single
+    process routes the global batch in groups of the layout's per-rank micro-batch."""
     import json
 
     from jobs.spec import parse_spec
-    key = json.dumps([data["model"], data["train"]], sort_keys=True)
+    group = rank_microbatch(parse_spec(data, max_world_size=64))
+    key = json.dumps([data["model"], data["train"], group], sort_keys=True)
     if key not in _SINGLE:
         one = {**data, "parallel": {"dp": 1}, "runtime": {"nproc_per_node": 1}}
-        _SINGLE[key] = reference(parse_spec(one, max_world_size=8))
+        _SINGLE[key] = reference(parse_spec(one, max_world_size=8), capacity_group=group)
     return _SINGLE[key]
 
 

@@ -156,7 +156,10 @@ def test_long_sequences_on_one_host_bring_context_parallel_candidates():
     assert any(n["change"].startswith("cp ") for n in best_cp["neighbours"])
     no_recompute = [c for c in out["candidates"]
                     if not c["layout"]["activation_checkpointing"]]
-    assert all(c["layout"]["cp"] > 1 for c in no_recompute)
+    # without CP only micro-batch size 1 fits (the second pass, smaller micro-batches where
+    # none of the searched counts fits: issue 38)
+    assert all(c["layout"]["cp"] > 1 or 64 // c["layout"]["dp"] == c["layout"]["microbatches"]
+               for c in no_recompute)
     # the same layout with cp halved to 1 does not fit: the activations cp splits are why
     cp = best_cp["layout"]["cp"]
     halved = [n for n in best_cp["neighbours"] if n["change"] == f"cp {cp} -> {cp // 2}"]
