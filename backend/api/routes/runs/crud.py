@@ -151,9 +151,9 @@ def list_runs(
 @router.get("/{run_id}", response_model=RunView)
 def get_run(db: DbDep, run: RunDep, user: UserDep, settings: SettingsDep) -> RunView:
     out = view(db, user, run)
-    if run.nnodes > 1 and run.status == "queued":
-        out.placement_wait = placement.why_waiting(db, settings, run)
     out.wait_reason = cluster.why_queued(db, settings, run)
+    if run.nnodes > 1:  # the placer's reason, which why_queued gives for a multi-host run
+        out.placement_wait = out.wait_reason
     if run.status != "queued":
         # the page's "last progress N s ago": the age is the server's (the browser's clock
         # may differ); a finished run's is measured to when it ended (how long it stalled)
