@@ -11,7 +11,14 @@
     zero2   FSDP2 fully_shard(reshard_after_forward=False): parameters stay gathered between
             forward and backward (one all-gather per step, like ZeRO-2's parameter traffic).
     zero3   FSDP2 fully_shard(reshard_after_forward=True): gathered again for backward. FSDP2
-            does not reshard the root module after forward.
+            reshards the root after forward too: torch 2.13 keeps the root gathered only when
+            reshard_after_forward is left unset (None), and it is set here. What it holds
+            unsharded is measured (jobs/parallel/fsdp_meter.GatherMeter, around forward and
+            backward) on ONE step, the run's first step traced in detail: `state_bytes`
+            reports it as `gathered` / `gathered_peak` (the reference Zero3's names) during
+            that step only.
+            The meter runs Python after every aten op (that step about 2x on the tiny GPT),
+            and FSDP2's holdings repeat step after step, so one step is the figure.
 bf16 on FSDP2 uses MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16) with fp32 sharded
 parameters as masters. Collectives issued from Python are captured by jobs/parallel/capture.py.
 """
@@ -165,8 +172,46 @@ class NativeFSDP(Native):
             fully_shard(blk, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
         fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
         self.opt = make_optimizer(model.parameters(), self.optimizer, self.lr)
+        self.meter = None  # the GatherMeter of the measured step (`_meter_step`)
+        self._meter_step: int | None = None
+        self._measured = not reshard  # zero2 keeps parameters gathered: no transient unit
         if reshard:
-            self.notes.append("FSDP2 keeps the root module unsharded after forward")
+            self.notes.append("FSDP2 reshards every unit after forward, the root included "
+                              "(reshard_after_forward=True set explicitly)")
+            self.notes.append("gathered unit measured on the first traced step only "
+                              "(jobs/parallel/fsdp_meter.py)")
+
+    def _step_meter(self):
+        """The meter of the tracer's current step: a new one on the first step traced in
+        detail (the tracer's `begin_step` decided it), None on every other step."""
+        step = self.tracer.step
+        if step != self._meter_step:
+            self._meter_step, self.meter = step, None
+            if not self._measured and self.tracer.enabled:
+                from jobs.parallel.fsdp_meter import GatherMeter
+                self.meter, self._measured = GatherMeter(self.model), True
+        return self.meter
+
+    def forward(self, *args):
+        meter = self._step_meter()
+        if meter is None:
+            return super().forward(*args)
+        with meter:
+            return super().forward(*args)
+
+    def backward(self, loss) -> None:
+        # the forward of this step decided (every micro-batch's backward follows its forward)
+        meter = self.meter if self._meter_step == self.tracer.step else None
+        if meter is None:
+            return super().backward(loss)
+        with meter:
+            return super().backward(loss)
+
+    def state_bytes(self):
+        out = super().state_bytes()
+        if self.meter is not None and self._meter_step == self.tracer.step:
+            out.update(gathered=self.meter.sample(), gathered_peak=self.meter.peak)
+        return out
 
     def finish_grads(self) -> None:
         undo_dp_average(self.model, self.n)

@@ -37,6 +37,7 @@ traced dispatch records into the exact figure). docs/conventions.md lists all of
 
 from __future__ import annotations
 
+import functools
 import math
 
 A2A_PASSES = 4  # dispatch and combine, forward and backward
@@ -129,6 +130,77 @@ def expected_dropped(*, tokens: int, top_k: int, experts: int, capacity_factor: 
             "formula": "sum_e E[max(0, X_e - C)], X_e ~ Binomial(tokens, top_k*share_e), "
                        "C = ceil(capacity_factor*tokens*top_k/E)",
             "convention": "random-routing"}
+
+
+ROUTER_LOGIT_STD = 1 / math.sqrt(3)  # router(LayerNorm(x)) at initialisation, see bias_share
+_GRID = [i * 0.1 for i in range(-85, 86)]  # standard normal abscissae for bias_share
+
+
+def _norm_sf(x: float) -> float:
+    return 0.5 * math.erfc(x / math.sqrt(2))
+
+
+def bias_share(bias: dict[int, float], experts: int, top_k: int,
+               std: float = ROUTER_LOGIT_STD) -> list[float] | None:
+    """Each expert's share of the routed assignments when `bias` (model.router_bias) is added
+    to the router logits (convention "gaussian-router"; None = no bias: uniform).
+
+    Model: a token's logits without the bias are independent N(0, std^2), one per expert.
+    At initialisation this is what paralab's router computes: z_e = w_e . x with x a LayerNorm
+    output (sum x_i^2 = h) and w_e Kaiming-uniform rows U(-1/sqrt(h), 1/sqrt(h)), so given x
+    the z_e are independent with variance h * (1/h)/3 = 1/3 (std 1/sqrt(3)), near-Gaussian by
+    the central limit over h terms. Then, exactly under the model, with v = b_e + std*t:
+        P(e in top_k) = E_t[ P(fewer than top_k of the other experts have z_j + b_j > v) ],
+    t ~ N(0, 1), the others exceeding independently with q_j = P(N(0,1) > (v - b_j)/std)
+    (a Poisson-binomial count, summed per group of equal biases), the expectation by the
+    trapezoid rule on t in [-8.5, 8.5], step 0.1 (error below 1e-9 here: the integrand is
+    smooth on the scale of t = 1).
+    share_e = P(e in top_k) / top_k. Top-k of the logits is top-k of the softmax (monotone),
+    so the router's softmax needs no separate treatment. After training the logits are
+    neither independent nor of this spread: an observed run's histogram (`router_share`)
+    replaces this model then."""
+    b = [0.0] * experts
+    for e, v in (bias or {}).items():
+        b[int(e)] = float(v)
+    if all(v == b[0] for v in b):
+        return None
+    k = min(top_k, experts)
+    return list(_bias_share(tuple(b), k, float(std)))
+
+
+def _binom_counts(m: int, q: float, k: int) -> list[float]:
+    """P(c of m independent events of probability q happen), c = 0..k-1."""
+    return [math.comb(m, c) * q ** c * (1 - q) ** (m - c) if c <= m else 0.0 for c in range(k)]
+
+
+@functools.lru_cache(maxsize=256)
+def _bias_share(b: tuple[float, ...], k: int, std: float) -> tuple[float, ...]:
+    levels: dict[float, int] = {}
+    for v in b:
+        levels[v] = levels.get(v, 0) + 1
+    w = [math.exp(-t * t / 2) / math.sqrt(2 * math.pi) * 0.1 for t in _GRID]
+    w[0] /= 2
+    w[-1] /= 2
+    p_in: dict[float, float] = {}
+    for be in levels:
+        tot = 0.0
+        for t, wt in zip(_GRID, w, strict=True):
+            v = be + std * t
+            qs = [(m - (bj == be), _norm_sf((v - bj) / std)) for bj, m in levels.items()]
+            if k <= 2 and all(q < 1 for _, q in qs):
+                # P(none above) = prod (1-q)^m; with k = 2 plus P(exactly one above)
+                none = math.prod((1 - q) ** m for m, q in qs)
+                tot += wt * none * (1 + (sum(m * q / (1 - q) for m, q in qs) if k == 2 else 0))
+                continue
+            dist = [1.0] + [0.0] * (k - 1)  # P(c others above v), c < k
+            for m, q in qs:
+                cnt = _binom_counts(m, q, k)
+                dist = [sum(dist[i] * cnt[c - i] for i in range(c + 1)) for c in range(k)]
+            tot += wt * sum(dist)
+        p_in[be] = tot
+    share = [p_in[v] / k for v in b]
+    norm = sum(share)  # = 1 up to the quadrature error
+    return tuple(x / norm for x in share)
 
 
 def a2a_bytes(*, tokens: int, hidden: int, top_k: int, experts: int, ep: int, seq_len: int,
@@ -293,20 +365,30 @@ def inflight_correction(corr: dict, inflight: int) -> float:
 def moe_prediction(w: dict) -> dict | None:
     """predict()'s `moe` section: capacity and the expected drops per rank per micro-batch and
     MoE block under random routing (expected_dropped; `router_share`, an observed run's
-    per-expert share, replaces the uniform one when given). None for a dense model."""
+    per-expert share, replaces the uniform one when given, else the share `router_bias`
+    implies, bias_share). None for a dense model."""
     if not w.get("experts"):
         return None
     scope = w.get("capacity_scope", "rank")
     b, s, k, e = w["micro_batch_size"], w["seq_len"], w["top_k"], w["experts"]
     n = group_tokens(scope, s, b)
     groups = (b * s) // n
+    share, conv = w.get("router_share"), "random-routing"
+    if share is None and w.get("router_bias"):
+        from jobs.spec import parse_router_bias  # (jobs.spec imports this module's names)
+        bias = w["router_bias"]
+        share = bias_share(parse_router_bias(bias) if isinstance(bias, str) else bias, e, k)
+        conv = "random-routing, gaussian-router" if share else conv
     one = expected_dropped(tokens=n, top_k=k, experts=e, capacity_factor=w["capacity_factor"],
-                           share=w.get("router_share"))
+                           share=share)
     routed = b * s * k
     dropped = groups * one["value"]
     return {"capacity_scope": scope, "group_tokens": n, "groups_per_microbatch": groups,
             "capacity": one["capacity"], "routed_per_microbatch": routed,
             "expected_dropped_per_microbatch": dropped,
             "expected_dropped_fraction": dropped / routed if routed else 0.0,
-            "formula": f"groups x {one.get('formula', '0 (no capacity)')}",
-            "convention": "random-routing"}
+            "router_share": share,
+            "formula": f"groups x {one.get('formula', '0 (no capacity)')}"
+                       + ("; share_e = P(e in top_k of N(0, 1/3) logits + router_bias)/top_k"
+                          if conv != "random-routing" else ""),
+            "convention": conv}

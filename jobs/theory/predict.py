@@ -16,10 +16,15 @@ from .whatif import inputs_from_spec, parse_whatif
 UNITS = "decimal GB = 1e9 bytes; bandwidth in GB/s = 1e9 bytes/s (as the seeds use)"
 MAX_SIM_ACTIONS = 200_000
 TRANSIENT = {  # labelled next to the model states (jobs/theory/ranks.py)
-    "recv_buffers": "pipeline receive buffers posted per step (fp32)",
+    "recv_buffers": "pipeline receive buffers alive at once (one posted ahead per direction)",
     "gathered_unit": "ZeRO-3 / FSDP transient gather (seed 003: check the temporary peak)",
     "comm_buffers": "data-parallel collective buffers the implementation allocates",
 }
+GATHERED_CONVENTION = (
+    "what the spec's engine holds (jobs/theory/gathered.py): the reference Zero3 or FSDP2's "
+    "fully_shard with its backward prefetch, flat all-gather buffers and retained reduce-scatter "
+    "input, measured per op on CPU (jobs/parallel/fsdp_meter.py); DeepSpeed's estimator counts "
+    "4 bytes x the largest single module instead (estimate_zero3_model_states_mem_needs)")
 
 
 # The simulator is pure and predict() reads a few figures of its result: those are memoised
@@ -54,7 +59,30 @@ def simulated_microbatches(sched: str, p: int, m: int, v: int) -> int | None:
         return None
     if sched == "zbv" and m >= 2 * p - 1 and p * (2 * p - 1) * v * 3 <= MAX_SIM_ACTIONS:
         return 2 * p - 1  # ZB-V's idle is constant in m from 2p-1 on (_pipeline)
+    if sched == "zbv" and m < 2 * p - 1 and MAX_SIM_ACTIONS // (p * v * 3) >= 1:
+        return MAX_SIM_ACTIONS // (p * v * 3)  # the most it can simulate: zbv_idle_between
     return None
+
+
+def zbv_idle_between(p: int, m: int, m_lo: int, idle_lo: float, plateau: float) -> float:
+    """ZB-V idle for m_lo < m < 2p-1 (too many actions to simulate at m): linear from the
+    simulated idle_lo at m_lo to the plateau at 2p-1 (zbv_idle), monotone in m and exact at both
+    ends. Where the idle never grows with m (zbv_monotone) the exact idle lies between the two
+    ends, so the error is at most the distance to the farther one."""
+    assert m_lo < m < 2 * p - 1
+    return idle_lo + (plateau - idle_lo) * (m - m_lo) / (2 * p - 1 - m_lo)
+
+
+def zbv_monotone(tf: float, tb: float, tw: float) -> bool:
+    """Whether ZB-V's idle never grows with m up to its plateau for these stage times, checked
+    by the simulator at p = 6 and 8 (it is not so everywhere: with t_W > t_B, e.g. (1, 1, 3),
+    the idle falls, then climbs back to the plateau over the last micro-batches before 2p-1)."""
+    for p in (6, 8):
+        idle = [max(r["idle_s"] for r in _simulate("zbv", p, m, 2, tf, tb, tw)["ranks"])
+                for m in range(1, 2 * p)]
+        if any(b > a + 1e-9 for a, b in zip(idle, idle[1:], strict=False)):
+            return False
+    return True
 
 
 def zb_h1_idle(p: int, m: int, tf: float, tb: float, tw: float) -> float:
@@ -100,6 +128,8 @@ def predict(obj, **overrides) -> dict:
         return _collective(obj)
     if isinstance(obj, JobSpec):
         w, kind = inputs_from_spec(obj, overrides), "spec"
+        w["engine"] = obj.parallel.engine  # the gathered unit is the engine's (gathered.py)
+        w["router_bias"] = obj.model.router_bias  # the routing the drops follow (moe.py)
     elif isinstance(obj, dict) and "params" in obj:
         if overrides:
             raise TypeError("overrides only apply to a JobSpec; put them in the what-if dict")
@@ -193,6 +223,18 @@ def _pipeline(w: dict) -> dict:
         source = "schedule simulator (jobs/schedules.py)"
     elif closed_t is not None:
         total, ideal, source = closed_t, closed_i, "closed form"
+    elif m_sim is not None and m < 2 * p - 1:  # ZB-V, p > ~129: simulated at m_sim < m
+        lo = max(r["idle_s"] for r in _simulate(sched, p, m_sim, v, tf, tb, tw)["ranks"])
+        plateau = zbv_idle(p, tf, tb, tw)
+        idle = zbv_idle_between(p, m, m_sim, lo, plateau)
+        busy = v * m * (tf + tb + tw)
+        total, ideal = idle / (busy + idle), idle / busy
+        source = (f"between the schedule simulator at m = {m_sim} and ZB-V's plateau at "
+                  "m = 2p-1, linear: ")
+        if zbv_monotone(tf, tb, tw):
+            source += f"idle within ±{max(lo - idle, idle - plateau):.6g} s (never grows with m)"
+        else:
+            source += "an estimate, unbounded (with these times the idle dips below the plateau)"
     elif m_sim is not None:
         # ZB-V with equal stages: the idle per rank stops growing once m >= 2p-1 (the steady
         # phase adds no bubble), so simulate m = 2p-1 and add the extra micro-batches' work
@@ -207,11 +249,11 @@ def _pipeline(w: dict) -> dict:
         total, ideal = idle / (busy + idle), idle / busy
         source = ("schedule simulator at p = 3 and 4 (m = 2p-1), extrapolated linearly in p "
                   "(ZB-V idle is constant in m from 2p-1 on and linear in p)")
-    elif sched == "zbv":  # p > ~129 and m < 2p-1: neither simulated nor in closed form
+    elif sched == "zbv":  # p > 33,333 and m < 2p-1: not even one micro-batch simulated
         busy = v * m * (tf + tb + tw)
-        idle = (p - 1) * (tf + tb + tw)
+        idle = zbv_idle(p, tf, tb, tw)
         total, ideal = idle / (busy + idle), idle / busy
-        source = "rough estimate, too large to simulate: 1F1B's (p-1)(t_f+t_b+t_w) per chunk"
+        source = "ZB-V's plateau at m = 2p-1, a lower bound (too large to simulate)"
     else:  # zero-bubble, too large to simulate: the exact ZB-H1 idle (zb_h1_idle)
         busy = m * (tf + tb + tw)
         idle = zb_h1_idle(p, m, tf, tb, tw)
@@ -315,6 +357,8 @@ def _memory(w: dict, pipe: dict) -> dict:
     for k in extra:
         explain[f"components.{k}"] = fig(extra[k], "bytes", formulas[k],
                                          {"busiest_pipeline_rank": True}, TRANSIENT[k])
+    if extra.get("gathered_unit"):
+        explain["components.gathered_unit"]["convention"] += "; " + GATHERED_CONVENTION
     by_stage = {str(k): v for k, v in zero_table(psi, n, w["memory_model"]).items()}
     return {"per_rank_bytes": total, "per_rank_GB": total / GB, "components": comps,
             "model_state_bytes": total - act - sum(extra.values()),

@@ -4,13 +4,17 @@
                     bytes saved for backward by the (micro-batch, chunk) pairs in flight: + a
                     stage's bytes per micro-batch at F, - at BW (or W). Seed 003 "PP: check
                     stage balance": 1F1B keeps up to p - r micro-batches on rank r, GPipe m.
-    recv_buffers    the pipeline runtime posts every receive of a step up front
-                    (jobs/parallel/pipeline/runtime.py): one fp32 buffer of the stage boundary
-                    activation per remote F input and per remote BW/B output gradient.
+    recv_buffers    peak over the rank's action list of the live receive buffers, each one
+                    stage boundary activation (b*s*h, s/t with SP; b*h for the mlp) in the
+                    training dtype (act_bytes), by the rule jobs/parallel/pipeline/runtime.py
+                    runs: per kind (F inputs, BW/B output gradients) one remote receive posted
+                    ahead, the next at the previous one's wait; an activation is released at
+                    its wait, a gradient after its BW (or its W after a B). `_recv_walk`.
     gathered_unit   ZeRO-3 / FSDP: the transient full copy (seed 003 "sharding: check the
-                    temporary gather peak"): the root unit (embeddings, head; gathered for the
-                    whole forward and backward) + the largest block's full parameters and its
-                    full gradient before the reduce-scatter, p + g bytes per parameter.
+                    temporary gather peak") as the spec's engine holds it, jobs/theory/
+                    gathered.py: reference max(p*Ψ_root + (p+g)*Ψ_block, (p+g)*Ψ_root);
+                    native (FSDP2) adds the prefetched block, the flat all-gather buffers and
+                    the retained reduce-scatter input.
     comm_buffers    what the data-parallel implementation allocates for its collectives
                     (jobs/parallel/*.py): parameter server rank 0 receives N-1 full gradients;
                     ZeRO-1 one bucket shard at a time; ZeRO-2 the largest bucket's full
@@ -32,11 +36,11 @@ import math
 
 from jobs import schedules
 
+from .gathered import NATIVE_FORMULA, REFERENCE_FORMULA, fsdp2_peak, fsdp2_rounds, reference_peak
 from .model import block_rank_params, gpt_activation_bytes_per_layer, gpt_saved_bytes
 from .moe import ep_model_state, moe_dims, moe_saved_bytes
 
 MAX_WALK_ACTIONS = 200_000
-RECV_BYTES = 4  # PipelineRuntime's buffers are fp32 whatever the compute precision
 
 
 def stage_layers(L: int, chunks: int, stage: int) -> int:
@@ -97,6 +101,43 @@ def _walk(actions, per_chunk: list[float]) -> tuple[float, int]:
     return peak, peak_n
 
 
+def _recv_walk(actions, r: int, home: list[int]) -> int:
+    """Peak count of live receive buffers on rank r (the runtime's rule, module docstring):
+    F inputs and BW/B output gradients whose source stage is on another rank, one posted ahead
+    per kind."""
+    n_stages = len(home)
+    queue: dict[str, list] = {"F": [], "G": []}
+    for a in actions:
+        if a.kind == "F" and a.stage != 0 and home[a.stage - 1] != r:
+            queue["F"].append((a.mb, a.stage))
+        elif a.kind in ("BW", "B") and a.stage != n_stages - 1 and home[a.stage + 1] != r:
+            queue["G"].append((a.mb, a.stage))
+    nxt = {"F": 0, "G": 0}
+    live: set = set()
+    peak = 0
+
+    def post(kind):
+        nonlocal peak
+        if nxt[kind] < len(queue[kind]):
+            live.add((kind, *queue[kind][nxt[kind]]))
+            nxt[kind] += 1
+            peak = max(peak, len(live))
+
+    post("F")
+    post("G")
+    for a in actions:
+        key = ("F" if a.kind == "F" else "G", a.mb, a.stage)
+        if a.kind == "W":
+            live.discard(key)
+        elif key in live:  # this action's receive: waited, then the next of its kind posted
+            if a.kind == "F":
+                live.discard(key)  # the stage input from here on (an activation)
+            post(key[0])
+            if a.kind == "BW":
+                live.discard(key)
+    return peak
+
+
 def pipeline_ranks(w: dict, act_bytes: float) -> list[dict] | None:
     """Per pipeline rank: activations, recv_buffers and the in-flight count, or None when the
     model dimensions are missing."""
@@ -110,9 +151,9 @@ def pipeline_ranks(w: dict, act_bytes: float) -> list[dict] | None:
     per_stage = [stage_activation_bytes(w, s, act_bytes) for s in range(chunks)]
     if w["arch"] == "gpt":
         s_len = w["seq_len"] // (w["tp"] if w["sequence_parallel"] else 1)
-        boundary = w["micro_batch_size"] * s_len * w["hidden"] * RECV_BYTES
+        boundary = w["micro_batch_size"] * s_len * w["hidden"] * act_bytes
     else:
-        boundary = w["micro_batch_size"] * w["hidden"] * RECV_BYTES
+        boundary = w["micro_batch_size"] * w["hidden"] * act_bytes
     walk = p == 1 or p * m * v * 3 <= MAX_WALK_ACTIONS
     acts = schedules.cached_actions(sched, p, m, v) if walk and p > 1 else None
     home = [schedules.rank_of(s, p, v, place) for s in range(chunks)]
@@ -125,29 +166,49 @@ def pipeline_ranks(w: dict, act_bytes: float) -> list[dict] | None:
             recv = 0
         elif acts is not None:
             peak, n_in = _walk(acts[r], per_chunk)
-            recv = sum(1 for a in acts[r]
-                       if (a.kind == "F" and a.stage != 0 and home[a.stage - 1] != r)
-                       or (a.kind in ("BW", "B") and a.stage != chunks - 1
-                           and home[a.stage + 1] != r)) * boundary
+            recv = _recv_walk(acts[r], r, home) * boundary
         else:  # too large to walk: the closed-form in-flight count on the largest chunk
             n_in = {"gpipe": m, "naive": 1}.get(sched, min(p - r, m)) * v
-            peak, recv = n_in * max(per_chunk), math.nan
+            peak = n_in * max(per_chunk)
+            # receive buffers: a bound, one activation + two gradients (the one in its BW and
+            # the next posted), + the gradients a B keeps for its W (at most those in flight)
+            recv = (3 + (n_in if sched in schedules.SPLIT_BACKWARD else 0)) * boundary
         out.append({"rank": r, "stages": stages, "activations": peak,
                     "activations_per_microbatch": per_chunk, "peak_inflight_chunks": n_in,
-                    "recv_buffers": 0.0 if recv != recv else float(recv),
+                    "recv_buffers": float(recv),
                     "formula": per_stage[stages[0]][1]})
     return out
 
 
+def head_params(w: dict, r: int) -> float | None:
+    """Root parameters used after the blocks on pipeline rank r (GPT: final LayerNorm + LM
+    head, on the rank of the last model stage; the vocabulary split over tp when vocab-
+    parallel), None where unknown (then the whole root: an upper bound)."""
+    if w["arch"] != "gpt":
+        return 0.0 if w["arch"] == "mlp" else None
+    if not w.get("vocab") or w["hidden"] is None:
+        return None
+    chunks = w["pp"] * w["virtual_stages"]
+    place = schedules.placement_of(w["pp_schedule"]) if w["pp"] > 1 else "loop"
+    if all(schedules.stage_of(r, c, w["pp"], w["virtual_stages"], place) != chunks - 1
+           for c in range(w["virtual_stages"])):
+        return 0.0
+    h = w["hidden"]
+    return 2 * h + h * w["vocab"] / (w["tp"] if w.get("vocab_parallel") else 1)
+
+
 def gathered_unit(w: dict, unit_params: list[int] | None, bytes_params: float,
-                  bytes_grads: float) -> tuple[float, str]:
-    """ZeRO-3 / FSDP transient full copy on one rank (0 below stage 3 or without dp)."""
+                  bytes_grads: float, head: float | None = None) -> tuple[float, str]:
+    """ZeRO-3 / FSDP transient full copy on one rank (0 below stage 3 or without dp), as the
+    spec's engine holds it (jobs/theory/gathered.py: the reference engine's Zero3, or FSDP2's
+    fully_shard with its prefetch and flat buffers on the native engine)."""
     if w["zero_stage"] != 3 or w["dp"] < 2 or not unit_params:
         return 0.0, "0 (parameters not sharded)"
     root, blocks = unit_params[-1], unit_params[:-1]
-    big = max(blocks, default=0)
-    val = root * bytes_params + big * (bytes_params + bytes_grads)
-    return float(val), "p*Ψ_root + (p + g)*Ψ_largest_block (root gathered throughout)"
+    if w.get("engine") == "native":
+        return fsdp2_peak(root, blocks, bytes_params, bytes_grads, head, fsdp2_rounds(w)), \
+            NATIVE_FORMULA
+    return reference_peak(root, blocks, bytes_params, bytes_grads), REFERENCE_FORMULA
 
 
 def comm_buffers(w: dict, psi: float, bucket_params: float, bytes_grads: float,
@@ -198,7 +259,8 @@ def rank_memory(w: dict, mm: dict, act_bytes: float) -> tuple[list[dict], dict]:
         info = pr[r] if pr else {}
         row["activations"] = info.get("activations", 0.0)
         units = [padded(u, n) for u in _units(w, psi, r) or []]
-        row["gathered_unit"], fg = gathered_unit(w, units, mm["params"], mm["grads"])
+        row["gathered_unit"], fg = gathered_unit(w, units, mm["params"], mm["grads"],
+                                                 head_params(w, r))
         # buffers of paralab's implementation: for a job spec only (a what-if names none)
         row["recv_buffers"] = info.get("recv_buffers", 0.0) if impl else 0.0
         row["comm_buffers"], fc = comm_buffers(w, dense, bucket_params, mm["params"], 0) \
@@ -210,7 +272,9 @@ def rank_memory(w: dict, mm: dict, act_bytes: float) -> tuple[list[dict], dict]:
         formulas = {"activations": "peak over the rank's schedule of the in-flight "
                                    "(micro-batch, chunk) bytes; per micro-batch "
                                    + (info.get("formula") or "not modeled"),
-                    "recv_buffers": "receives posted per step x b*s*h*4 (fp32)",
+                    "recv_buffers": "peak live receive buffers x b*s*h*act_bytes (one "
+                                    "receive per kind posted ahead; activations released at "
+                                    "their wait, gradients after BW or W)",
                     "gathered_unit": fg, "comm_buffers": fc}
     return out, formulas
 

@@ -21,9 +21,12 @@ def per_rank(spec):
 def test_pp4_activations_per_rank_follow_the_schedule(sched, want):
     rows = per_rank({"preset": "pp-1f1b", "parallel": {"pp": 4, "pp_schedule": sched}, **W4})
     assert [r["activations"] for r in rows] == want
-    # every receive of a step is posted up front: rank 0 and 3 receive m, the middle 2m
-    assert [r["recv_buffers"] for r in rows] == [4 * 2 * 64 * 4, 8 * 2 * 64 * 4,
-                                                 8 * 2 * 64 * 4, 4 * 2 * 64 * 4]
+    # live receive buffers, one per kind posted ahead (hand count, tests/mp/test_recv_buffers
+    # .py docstring): 1F1B rank 0 holds the gradient in its BW and the next posted (2), the
+    # middle ranks also the next activation (3), the last rank one activation (1); GPipe's
+    # middle ranks finish every F (no activation posted) before their first BW (2)
+    want_recv = {"1f1b": [2, 3, 3, 1], "gpipe": [2, 2, 2, 1]}[sched]
+    assert [r["recv_buffers"] for r in rows] == [n * UNIT for n in want_recv]
 
 
 def test_busiest_components_and_gate_total():
@@ -71,3 +74,25 @@ def test_gpt_saved_bytes_tp_and_sp():
     sp, _ = gpt_saved_bytes(s, b, h, a, v, blocks=1, first=True, last=True, tp=t,
                             sequence_parallel=True)
     assert sp < got
+
+
+def test_recv_buffers_at_narayanan_530b_are_three_live_boundaries():
+    """Narayanan 2021 Table 1, 529.6B (h 20480, 105 layers, t 8, p 35, micro-batch 1, s 2048,
+    1F1B, m 280): a middle rank holds 3 receive buffers (the gradient in its BW, the next one
+    posted, the next activation posted), rank 0 2 (gradients only), the last 1 (activations
+    only); one buffer = b*s*h*act_bytes. Before issue 38: every receive of a step in fp32,
+    2m = 560 buffers (94 GB) on a middle rank."""
+    from jobs.theory.ranks import MAX_WALK_ACTIONS, pipeline_ranks
+    p, h, s = 35, 20480, 2048
+    w = {"arch": "gpt", "layers": 105, "hidden": h, "heads": 128, "seq_len": s, "vocab": 51200,
+         "micro_batch_size": 1, "pp": p, "virtual_stages": 1, "microbatches": 280,
+         "pp_schedule": "1f1b", "tp": 8, "sequence_parallel": False,
+         "activation_checkpointing": True}
+    for act_bytes in (4, 2):
+        rows = pipeline_ranks(w, act_bytes)
+        buf = 1 * s * h * act_bytes
+        assert [r["recv_buffers"] for r in rows] == [2 * buf] + [3 * buf] * (p - 2) + [buf]
+    # too large to walk: a bound, the walked middle-rank count (+ a B's gradients kept for W)
+    big = {**w, "microbatches": MAX_WALK_ACTIONS // (3 * p) + 1}
+    rows = pipeline_ranks(big, 2)
+    assert {r["recv_buffers"] for r in rows} == {3 * s * h * 2}

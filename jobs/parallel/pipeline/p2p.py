@@ -1,12 +1,12 @@
 """Traced point-to-point transfers between pipeline stages.
 
 Sends are asynchronous (isend; waited at the end of the step). Receives are posted ahead
-(`post`, irecv for every message the rank's action list will need) so a sender never waits for
-the receiver to ask; `wait` blocks until the data is there, so that wait shows in the trace as
-idle time between compute spans (the `recv` record spans the wait). Messages are matched
-by tag (kind, micro-batch, stage), so the order in which a pair's messages are posted does not
-matter on gloo. Every transfer is a `comm` record with axis "pp", the peer, the micro-batch and
-the chunk; its payload is the tensor's bytes.
+(`post`: the runtime keeps one receive per kind posted ahead of the action that needs it, see
+runtime.py) so the data can arrive while the rank computes; `wait` blocks until the data is
+there, so that wait shows in the trace as idle time between compute spans (the `recv` record
+spans the wait). Messages are matched by tag (kind, micro-batch, stage), so the order in which
+a pair's messages are posted does not matter on gloo. Every transfer is a `comm` record with
+axis "pp", the peer, the micro-batch and the chunk; its payload is the tensor's bytes.
 """
 
 from __future__ import annotations

@@ -21,8 +21,18 @@ of input gradients (correct, but W then costs about a full backward).
 
 Activation memory: bytes saved for backward (jobs.memory.SavedTensorCounter: parameters
 excluded, each storage range once) are counted per (micro-batch, chunk) from F until its BW (or
-W); the peak in-flight count and bytes are kept in `peak` and traced as memory samples, with
-the bytes of the receive buffers posted at the start of a step (`recv_buffer_bytes`).
+W); the peak in-flight count and bytes are kept in `peak` and traced as memory samples.
+
+Receive buffers (issue 38 item 4; docs/conventions.md "Pipeline receive buffers"): the remote
+receives of the rank's action list, in action order, form two queues, activations (F inputs)
+and output gradients (BW / B). Each queue keeps one receive posted ahead: its first at the
+start of the step, the next right after the previous one's wait (Megatron's overlapped p2p
+posts the next micro-batch's receive the same way). A buffer, allocated in the run's dtype
+(`dtype`, default the stages' parameter dtype), is live from its post until it is released:
+an activation at its wait (it is then the stage input, counted as an activation), a gradient
+at the end of its BW, or at its W after a B (kept for the weight pass). `peak
+["recv_buffer_bytes"]` is the most bytes of live receive buffers at once (measured on the
+buffers themselves); jobs/theory/ranks.py predicts it with the same rule.
 """
 
 from __future__ import annotations
@@ -38,16 +48,18 @@ from jobs.parallel.pipeline.p2p import ACT, GRAD, P2P, tag
 
 class PipelineRuntime:
     def __init__(self, stages: dict, *, schedule: str, p: int, m: int, v: int, rank: int,
-                 pp_ranks: list[int], loss_fn, act_shape, dtype=torch.float32, tracer=None,
+                 pp_ranks: list[int], loss_fn, act_shape, dtype=None, tracer=None,
                  device=None):
         self.stages, self.schedule, self.p, self.m, self.v = stages, schedule, p, m, v
         self.rank, self.pp_ranks, self.loss_fn = rank, pp_ranks, loss_fn
-        self.act_shape, self.dtype, self.tracer, self.device = act_shape, dtype, tracer, device
+        self.act_shape, self.tracer, self.device = act_shape, tracer, device
+        self.dtype = dtype or _training_dtype(stages)
         self.n_stages = p * v
         self.actions = schedules.schedule_actions(schedule, p, m, v)[rank]
         place = schedules.placement_of(schedule)
         self.home = [schedules.rank_of(s, p, v, place) for s in range(self.n_stages)]
         self.p2p = P2P(tracer)
+        self.recv_queue = self._receives()
         self.peak = {"inflight_microbatches": 0, "activation_bytes": 0, "recv_buffer_bytes": 0}
         self.params_seen = set().union(*(param_storages(st) for st in stages.values()))
         self.loss_scale = 1.0 / m  # the caller divides further for gradient accumulation
@@ -68,13 +80,21 @@ class PipelineRuntime:
         if self._is_local(dst_stage):
             self.local[(kind, mb, dst_stage)] = t.detach().clone()
         else:
-            self.p2p.send(t, self._peer(dst_stage), tag(kind, mb, dst_stage, self.n_stages),
-                          mb=mb, chunk=chunk, phase=phase)
+            # in the receive buffers' dtype (a no-op when the stage computes in it)
+            self.p2p.send(t.to(self.dtype), self._peer(dst_stage),
+                          tag(kind, mb, dst_stage, self.n_stages), mb=mb, chunk=chunk,
+                          phase=phase)
 
     def _take(self, kind: int, mb: int, stage: int, src_stage: int, *, chunk: int, phase: str):
         if self._is_local(src_stage):
             return self.local.pop((kind, mb, stage))
-        return self.p2p.wait(self.posted.pop((kind, mb, stage)), mb=mb, chunk=chunk, phase=phase)
+        key = (kind, mb, stage)
+        assert key in self.posted, f"receive {key} consumed out of its queue's order"
+        buf = self.p2p.wait(self.posted.pop(key), mb=mb, chunk=chunk, phase=phase)
+        if kind == ACT:
+            self._release(key)  # from here on the stage input: an activation
+        self._post_next(kind)
+        return buf
 
     def _span(self, a):
         if self.tracer is None:
@@ -134,6 +154,7 @@ class PipelineRuntime:
         if s != 0:
             self._hand_over(x.grad, GRAD, a.mb, s - 1, chunk=a.chunk, phase="bwd")
         if not split:
+            self._release((GRAD, a.mb, s))
             self._free(a)
 
     def _weight(self, a):
@@ -147,6 +168,7 @@ class PipelineRuntime:
                 _, y = self.live[(a.mb, a.chunk)]
                 params = [q for q in st.parameters() if q.requires_grad]
                 torch.autograd.backward(y, g, inputs=params)
+        self._release((GRAD, a.mb, a.stage))
         self._free(a)
 
     def _free(self, a):
@@ -154,23 +176,39 @@ class PipelineRuntime:
         self.act_bytes.pop((a.mb, a.chunk))
         self._mem()
 
-    def _post_receives(self) -> dict:
-        """irecv every activation / gradient this rank's actions will consume this step."""
-        posted = {}
+    def _receives(self) -> dict[int, list]:
+        """The remote receives of this rank's actions, per kind (ACT: F inputs, GRAD: BW / B
+        output gradients), in the order the actions consume them: ((kind, mb, stage), src)."""
+        queue: dict[int, list] = {ACT: [], GRAD: []}
         for a in self.actions:
             s = a.stage
             if a.kind == "F" and s != 0:
-                key, src_stage = (ACT, a.mb, s), s - 1
+                kind, src_stage = ACT, s - 1
             elif a.kind in ("BW", "B") and s != self.n_stages - 1:
-                key, src_stage = (GRAD, a.mb, s), s + 1
+                kind, src_stage = GRAD, s + 1
             else:
                 continue
-            if self._is_local(src_stage):
-                continue  # handed over in memory by this rank's own earlier action
-            src = self._peer(src_stage)
-            posted[key] = self.p2p.post(self.act_shape, self.dtype, src,
-                                        tag(key[0], a.mb, s, self.n_stages), self.device)
-        return posted
+            if not self._is_local(src_stage):  # else handed over in memory by this rank
+                queue[kind].append(((kind, a.mb, s), self._peer(src_stage)))
+        return queue
+
+    def _post_next(self, kind: int) -> None:
+        """irecv the next receive of `kind`'s queue (one posted ahead per kind)."""
+        i = self.recv_next[kind]
+        if i == len(self.recv_queue[kind]):
+            return
+        self.recv_next[kind] = i + 1
+        key, src = self.recv_queue[kind][i]
+        self.posted[key] = posted = self.p2p.post(
+            self.act_shape, self.dtype, src, tag(kind, key[1], key[2], self.n_stages),
+            self.device)
+        buf = posted[1]
+        self.recv_live[key] = buf.numel() * buf.element_size()
+        self.peak["recv_buffer_bytes"] = max(self.peak["recv_buffer_bytes"],
+                                             sum(self.recv_live.values()))
+
+    def _release(self, key) -> None:
+        self.recv_live.pop(key, None)  # absent: handed over locally, or the last stage's
 
     def step(self, microbatches: list) -> float | None:
         """One pipelined forward/backward over `m` micro-batches; gradients accumulate into
@@ -180,11 +218,9 @@ class PipelineRuntime:
             raise ValueError(f"expected {self.m} micro-batches, got {len(microbatches)}")
         self.live, self.act_bytes, self.grad_out, self.losses = {}, {}, {}, []
         self.local: dict = {}  # (kind, mb, stage) -> tensor from a stage on this rank
-        self.posted = self._post_receives()
-        # every receive is posted up front: its buffers are all allocated before the first
-        # action (once consumed, an activation buffer is the stage input counted above)
-        recv = sum(buf.numel() * buf.element_size() for _, buf, _ in self.posted.values())
-        self.peak["recv_buffer_bytes"] = max(self.peak["recv_buffer_bytes"], recv)
+        self.posted, self.recv_live, self.recv_next = {}, {}, {ACT: 0, GRAD: 0}
+        self._post_next(ACT)
+        self._post_next(GRAD)
         for a in self.actions:
             if a.kind == "F":
                 self._forward(a, microbatches)
@@ -195,6 +231,17 @@ class PipelineRuntime:
             else:
                 raise ValueError(f"unknown action {a!r}")
         self.p2p.wait_all()
+        assert not self.posted and not self.recv_live, "receive buffers left after the step"
         if self.tracer is not None:
             self.tracer.microbatch = None
         return float(sum(self.losses)) if self.losses else None
+
+
+def _training_dtype(stages: dict) -> torch.dtype:
+    """The dtype activations and gradients cross stage boundaries in: the stages' floating
+    parameters' (float32 when they have none)."""
+    for st in stages.values():
+        for q in st.parameters():
+            if q.is_floating_point():
+                return q.dtype
+    return torch.float32
