@@ -69,7 +69,10 @@ class _Names:
     def __init__(self, ctx, comp):
         self.ctx, self.stages = ctx, comp.stages
         spec = ctx.spec
-        full = model_module(spec.model.arch).build(spec.model, spec.train.seed)
+        # build() reseeds the global RNG: forked, so that a save neither records nor leaves
+        # behind the post-build state instead of the run's own stream (model.dropout draws it)
+        with torch.random.fork_rng(devices=[]):
+            full = model_module(spec.model.arch).build(spec.model, spec.train.seed)
         self.shapes = {n: p.shape for n, p in full.named_parameters()}
         self.tp_group = ctx.mesh["tp"].get_group() if ctx.dims.tp > 1 else None
 

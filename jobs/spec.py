@@ -67,6 +67,9 @@ class ModelSpec:
     seq_len: int = _f(16, "tokens per sample (gpt); features per sample are `hidden` (mlp)",
                       ge=1, le=65536)
     vocab: int = _f(128, "vocabulary size (gpt)", ge=2, le=1_000_000)
+    dropout: float = _f(0.0, "gpt: dropout probability on the embedding output (GPT-2's "
+                        "embd_pdrop), 0 <= p < 1; masks come from each rank's RNG, which a "
+                        "checkpoint saves and a resume restores; 0 = none", ge=0.0, le=1.0)
     t_forward: float = _f(0.01, "timed: seconds per layer forward", ge=0.0, le=60.0)
     t_backward_input: float = _f(0.01, "timed: seconds per layer input-gradient backward",
                                  ge=0.0, le=60.0)
@@ -511,7 +514,7 @@ def _parse_section(cls, data, loc, errors):
 
 
 def _cross_checks(s: JobSpec, max_world_size: int) -> list[dict]:
-    e: list[dict] = trace_checks(s)
+    e: list[dict] = trace_checks(s) + _dropout_checks(s)
     m, p, t, r = s.model, s.parallel, s.train, s.runtime
     world = s.world_size
     if world > max_world_size:
@@ -616,6 +619,25 @@ def _cross_checks(s: JobSpec, max_world_size: int) -> list[dict]:
     if t.fp32_grads and t.precision != "bf16":
         e.append(_err(("train", "fp32_grads"), "only applies to precision 'bf16'"))
     return e + _engine_checks(s) + _moe_checks(s) + _cp_checks(s)
+
+
+def _dropout_checks(s: JobSpec) -> list[dict]:
+    """model.dropout: a probability below 1, on the GPT embedding (jobs/models/gpt.py); context
+    parallelism swaps that embedding for its own (jobs/parallel/context.py), without one."""
+    m = s.model
+    if not m.dropout:
+        return []
+    e: list[dict] = []
+    if m.dropout >= 1:
+        e.append(_err(("model", "dropout"), f"dropout = {m.dropout:g} must be < 1 (1 drops "
+                      "every activation)", "less_than"))
+    if m.arch != "gpt":
+        e.append(_err(("model", "dropout"), "dropout needs arch 'gpt' (the GPT embedding "
+                      "applies it)"))
+    if s.parallel.cp > 1:
+        e.append(_err(("model", "dropout"), "dropout is not applied under context "
+                      "parallelism (parallel.cp > 1)"))
+    return e
 
 
 def _engine_checks(s: JobSpec) -> list[dict]:

@@ -7,7 +7,13 @@ export PARALAB_TEST_PG_URL="$PG_URL"
 export PARALAB_TEST_REDIS_URL="${PARALAB_TEST_REDIS_URL:-redis://127.0.0.1:6379/0}"
 export OMP_NUM_THREADS=1
 mkdir -p test-artifacts
-.venv/bin/python -m pytest -p no:cacheprovider -q -rs --durations=15 "$@"
+# Independent modules run side by side (pytest-xdist): one worker per core, at most 4, since each
+# test module may itself start torchrun ranks and service processes. PARALAB_TEST_JOBS=0 runs
+# everything in this process (what a debugger wants).
+JOBS="${PARALAB_TEST_JOBS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}"
+XDIST=()
+if [ "$JOBS" -gt 1 ]; then XDIST=(-n "$JOBS" --dist loadgroup); fi
+.venv/bin/python -m pytest -p no:cacheprovider -q -rs --durations=25 "${XDIST[@]}" "$@"
 rc=$?
 if [ "$rc" = 5 ]; then
   echo "pytest collected no tests: failing (an empty selection is never green)" >&2

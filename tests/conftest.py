@@ -269,3 +269,27 @@ def redis_service_body(tmp: Path, pg_server_url: str):
 def redis_service(tmp_path, pg_server_url):
     """Backend + worker on real Redis and real PostgreSQL (the team deployment's services)."""
     yield from redis_service_body(tmp_path, pg_server_url)
+
+
+# The session-scoped reference runs of tests/analysis/conftest.py: their users share one worker.
+_SESSION_RUNS = {"zero3_run", "pp_run"}
+# The longest modules (`--durations`, 2026-12-06) start first, so no worker is left running one
+# of them alone at the end while the others idle.
+_LONGEST_FIRST = ("tests/hosts/test_presets_hosts.py", "tests/service/test_sweeps_e2e.py",
+                  "tests/mp/test_train_mp.py", "tests/frontend/test_run_page_truth.py",
+                  "tests/service/test_fuzz.py", "tests/frontend/test_one_figure.py",
+                  "tests/frontend/test_run_figures.py", "tests/frontend/test_faults_page.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`scripts/test.sh` runs `-n N --dist loadgroup`) each module is one unit
+    of work, so its module-scoped services and reference runs start once, and every user of a
+    session-scoped reference run is on the same worker, which launches it once."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        uses_run = _SESSION_RUNS & set(getattr(item, "fixturenames", ()))
+        group = "analysis-reference-runs" if uses_run else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+    rank = {path: i for i, path in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda it: rank.get(it.nodeid.split("::", 1)[0], len(rank)))  # stable

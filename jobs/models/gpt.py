@@ -1,5 +1,6 @@
 """A small GPT-style transformer: token + position embedding, pre-LayerNorm blocks of causal
-self-attention and a GELU MLP, a final LayerNorm and an LM head.
+self-attention and a GELU MLP, a final LayerNorm and an LM head; optionally dropout on the
+embedding output (`model.dropout`).
 
 Plain modules, no parallel branches: tensor parallelism (jobs/parallel/tensor.py) swaps the
 linears of a finished model for sharded ones, and pipeline parallelism
@@ -21,14 +22,19 @@ from jobs.models.moe import MoE
 
 
 class Embedding(nn.Module):
-    def __init__(self, vocab: int, seq_len: int, hidden: int):
+    def __init__(self, vocab: int, seq_len: int, hidden: int, dropout: float = 0.0):
         super().__init__()
         self.tok = nn.Embedding(vocab, hidden)
         self.pos = nn.Embedding(seq_len, hidden)
+        # GPT-2's embedding dropout (model.dropout): its masks are the one thing drawn from
+        # the rank's global RNG during training, the stream a checkpoint saves and a resume
+        # restores (jobs/ckpt.py). Without it no submodule, so nothing else changes.
+        self.drop = nn.Dropout(dropout) if dropout else None
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(idx.shape[1], device=idx.device)
-        return self.tok(idx) + self.pos(pos)
+        x = self.tok(idx) + self.pos(pos)
+        return self.drop(x) if self.drop is not None else x
 
 
 class Attention(nn.Module):
@@ -92,9 +98,9 @@ class Head(nn.Module):
 
 class GPT(nn.Module):
     def __init__(self, *, vocab: int, seq_len: int, hidden: int, heads: int, layers: int,
-                 moe: dict | None = None):
+                 moe: dict | None = None, dropout: float = 0.0):
         super().__init__()
-        self.embed = Embedding(vocab, seq_len, hidden)
+        self.embed = Embedding(vocab, seq_len, hidden, dropout)
         self.blocks = nn.ModuleList(Block(hidden, heads, moe) for _ in range(layers))
         self.head = Head(hidden, vocab)
 
@@ -110,7 +116,7 @@ def build(model_spec, seed: int) -> GPT:
     torch.manual_seed(seed)
     m = model_spec
     return GPT(vocab=m.vocab, seq_len=m.seq_len, hidden=m.hidden, heads=m.heads, layers=m.layers,
-               moe=moe_settings(m))
+               moe=moe_settings(m), dropout=getattr(m, "dropout", 0.0))
 
 
 def moe_settings(m) -> dict | None:

@@ -75,16 +75,68 @@ def dp_tp(tmp_path, **kw) -> dict[int, list[dict]]:
     return records(dp_tp_run(tmp_path / "src", **kw))
 
 
+def union_ns(iv: list[tuple[int, int]]) -> int:
+    """Length of a union of [t0, t1) intervals (a sweep over them sorted)."""
+    total, end = 0, None
+    for a, b in sorted(iv):
+        if end is None or a > end:
+            total, end = total + b - a, b
+        elif b > end:
+            total, end = total + b - end, b
+    return total
+
+
+def by_hand(got: dict, per_rank: dict[int, list[dict]]) -> None:
+    """The analysis against figures computed here from the records fed: per rank and axis
+    the bytes sent / received over the training steps and the setup bytes (axis_bytes), and
+    per (step, rank) with a step span the time inside some collective (step_rank comm_s).
+    The oracle the comparison with the post-run read (the same code) cannot be."""
+    want: dict = {}
+    comm: dict = {}
+    spans: set = set()
+    for rank, recs in per_rank.items():
+        for r in recs:
+            st = r.get("step", -1)
+            if r.get("type") == "span" and r.get("cat") == "step" and st >= 0:
+                spans.add((st, rank))
+            if r.get("type") != "comm":
+                continue
+            w = want.setdefault((rank, r["axis"]), [0.0, 0.0, 0.0, set()])
+            if st >= 0:
+                w[0] += r["bytes_sent"]
+                w[1] += r["bytes_recv"]
+                w[3].add(st)
+                comm.setdefault((st, rank), []).append((r["ts_ns"], r["ts_ns"] + r["dur_ns"]))
+            else:
+                w[2] += r["bytes_sent"]
+    rows = {(x["rank"], x["axis"]): x for x in got["tables"]["axis_bytes"]}
+    assert set(rows) == set(want)
+    for k, (sent, recv, setup, steps) in want.items():
+        x = rows[k]
+        assert (x["bytes_sent"], x["bytes_recv"], x["setup_bytes_sent"]) == \
+            pytest.approx((sent, recv, setup), rel=1e-12), k
+        assert x["steps"] == len(steps | {st for st, r in spans if r == k[0]}), k
+    step_rank = {(x["step"], x["rank"]): x for x in got["tables"]["step_rank"]}
+    checked = 0
+    for key in spans & set(comm):
+        assert step_rank[key]["comm_s"] == pytest.approx(union_ns(comm[key]) / 1e9,
+                                                         rel=1e-9, abs=1e-15), key
+        checked += 1
+    assert checked
+
+
 @pytest.mark.parametrize("kw", [{"steps": 9}, {"steps": 9, "drop": (1, 4)},
                                 {"steps": 9, "drop": (2, 6), "unfinished": (1, 5)}])
 def test_the_live_analysis_is_the_post_run_analysis(tmp_path, small, kw):
-    live = fed(tmp_path / "run", dp_tp(tmp_path, **kw))
+    per_rank = dp_tp(tmp_path, **kw)
+    live = fed(tmp_path / "run", per_rank)
     a = live.analysis
     assert a.failed is None and a.reader is not None and a.reader.next_step >= 4
     want = reference(tmp_path / "run", tmp_path / "ref")
     got = analysed(tmp_path / "run", live)
     assert a.failed is None and a.resumed >= 4  # the post-run read went on from step >= 4
     same(got, want)
+    by_hand(got, per_rank)
     assert want["tables"]["collectives"] and want["tables"]["step_rank"]
 
 
@@ -113,13 +165,15 @@ def dp_tp_real(tmp_path_factory) -> Path:
 def test_a_real_run_fed_as_it_was_traced(dp_tp_real, tmp_path, small):
     """A real run's records, written to a fresh folder a few at a time in turn over the
     ranks as their flushers would, the live conversion and analysis polled each round."""
-    live = fed(tmp_path / "run", records(dp_tp_real), per_round=7)
+    per_rank = records(dp_tp_real)
+    live = fed(tmp_path / "run", per_rank, per_round=7)
     shutil.copy(dp_tp_real / "summary.json", tmp_path / "run" / "summary.json")
     assert live.analysis.failed is None and live.analysis.reader is not None
     want = reference(tmp_path / "run", tmp_path / "ref")
     got = analysed(tmp_path / "run", live)
     assert live.analysis.resumed >= 3
     same(got, want)
+    by_hand(got, per_rank)
     assert want["tables"]["collectives"] and want["tables"]["axis_bytes"]
 
 
@@ -147,6 +201,7 @@ def test_a_row_of_a_step_analysed_already_gives_it_up(tmp_path, small, when):
     assert not (tmp_path / "run" / "table-collectives.parquet").exists() or \
         got["table_files"] == {}  # small tables: the post-run read leaves no file either
     same(got, want)
+    by_hand(got, per_rank)
 
 
 def test_a_setup_collective_after_the_setup_pass_gives_it_up(tmp_path, small):
@@ -164,17 +219,21 @@ def test_a_setup_collective_after_the_setup_pass_gives_it_up(tmp_path, small):
     got = analysed(tmp_path / "run", live)
     assert "setup record after the setup pass" in live.analysis.failed
     same(got, want)
+    by_hand(got, per_rank)
 
 
 def test_a_rank_whose_live_conversion_is_given_up_gives_it_up(tmp_path, small):
     """A rank converted after the run (a restarted attempt, a record before its rows
     written...) holds other row numbers than the live analysis saw: given up."""
-    live = fed(tmp_path / "run", dp_tp(tmp_path, steps=9))
+    per_rank = dp_tp(tmp_path, steps=9)
+    live = fed(tmp_path / "run", per_rank)
     live.ranks[2]._give_up("a test")
     live.poll()
     assert "rank 2's live conversion was given up" in live.analysis.failed
     want = reference(tmp_path / "run", tmp_path / "ref")
-    same(analysed(tmp_path / "run", live), want)
+    got = analysed(tmp_path / "run", live)
+    same(got, want)
+    by_hand(got, per_rank)
 
 
 def test_a_missing_rank_feeds_nothing_and_holds_bounded_rows(tmp_path, small, monkeypatch):
@@ -213,7 +272,8 @@ def test_a_python_path_run_leaves_nothing_of_the_live_analysis(tmp_path, small):
 def test_write_analysis_goes_on_from_the_live_analysis(tmp_path, small):
     """The worker's call: write_analysis(live=...) takes the scale path from the live
     reader (resumed), and writes the analysis the post-run step alone writes."""
-    live = fed(tmp_path / "run", dp_tp(tmp_path, steps=9))
+    per_rank = dp_tp(tmp_path, steps=9)
+    live = fed(tmp_path / "run", per_rank)
     run = tmp_path / "run"
     convert.convert_run_dir(run, live=live)
     ref = tmp_path / "ref"
@@ -223,6 +283,7 @@ def test_write_analysis_goes_on_from_the_live_analysis(tmp_path, small):
     assert "analysis_error" not in write_analysis(ref, scale_records=0)
     got, want = (json.loads((d / "analysis.json").read_text()) for d in (run, ref))
     same(got, want)
+    by_hand(got, per_rank)
 
 
 def test_a_spec_placing_the_ranks_on_other_hosts_gives_it_up(tmp_path, small):
@@ -249,7 +310,8 @@ def test_the_workers_post_run_step_goes_on_from_the_live_analysis(tmp_path, smal
     from tests.analysis.test_columnar import SPEC
     from worker.tasks import JobSupervisor
     monkeypatch.setattr(scale, "SCALE_RECORDS", 0)  # this small run takes the scale path
-    live = fed(tmp_path / "run", dp_tp(tmp_path, steps=9))
+    per_rank = dp_tp(tmp_path, steps=9)
+    live = fed(tmp_path / "run", per_rank)
     want = reference(tmp_path / "run", tmp_path / "ref")
     sup = JobSupervisor.__new__(JobSupervisor)  # the post-run step only: no client, no job
     said: list[str] = []
@@ -263,3 +325,4 @@ def test_the_workers_post_run_step_goes_on_from_the_live_analysis(tmp_path, smal
     want = json.loads(json.dumps(want))  # as written: tuples are lists
     assert got.pop("engine") == want.pop("engine") == "columnar"
     same(got, want)
+    by_hand(got, per_rank)

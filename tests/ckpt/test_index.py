@@ -127,7 +127,14 @@ def test_attempts(tmp_path):
 
 
 def test_index_is_torch_free():
-    code = ("import sys, jobs.ckpt_index; "
-            "assert 'torch' not in sys.modules, 'torch imported'")
-    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True,
-                   env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    """A fresh interpreter imports the index (it lists checkpoints: it works) and holds no
+    torch module afterwards."""
+    code = ("import json, sys, jobs.ckpt_index as ix; "
+            "print(json.dumps([ix.__file__, ix.attempts(sys.argv[1]), "
+            "sorted(m for m in sys.modules if m.split('.')[0] == 'torch')]))")
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT / "no-such-run")], cwd=ROOT,
+                         check=True, capture_output=True, text=True,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    path, rows, torch_modules = json.loads(out.stdout)
+    assert path == str(ROOT / "jobs" / "ckpt_index.py")  # this tree's module
+    assert rows == [] and torch_modules == []

@@ -94,9 +94,19 @@ def test_ring_bytes_equal_theory_exactly(launched, n, name):
             k = (x["step"], x["microbatch"], x["layer"], x["phase"], x["cp_step"])
             (got if x["op"] == "send" else recv)[k][x["what"]] += x["payload_bytes"]
             per_step[x["step"]] += x["bytes_sent"]
-        assert got == recv, (name, r)  # a rank receives what it sends, step by step
         keys = {(st, i, layer, ph, c) for st in range(t.steps) for i in range(rounds)
                 for layer in layers for ph in ("fwd", "bwd") for c in range(p.cp)}
+        # by hand: a rank holds mb sequences of seq_len / cp tokens, hidden / tp wide, float32;
+        # ring step c passes K and V on (not the last step: every block has been seen), and
+        # backward also passes the dK, dV accumulators on every step (the last one home)
+        block = mb * (m.seq_len // p.cp) * (m.hidden // p.tp) * 4
+        hand = {k: {w: block for w in ("k", "v", "dk", "dv")
+                    if (w in ("dk", "dv") and k[3] == "bwd") or (w in ("k", "v") and
+                                                                 k[4] < p.cp - 1)}
+                for k in keys}
+        hand = {k: v for k, v in hand.items() if v}  # the last forward step sends nothing
+        assert {k: dict(v) for k, v in got.items()} == hand, (name, r)  # sent
+        assert {k: dict(v) for k, v in recv.items()} == hand, (name, r)  # received
         want = {k: ring_step_bytes(batch=mb, seq_len=m.seq_len, hidden=m.hidden, cp=p.cp,
                                    phase=k[3], cp_step=k[4], tp=p.tp) for k in keys}
         assert {k: dict(v) for k, v in got.items()} == \
@@ -105,8 +115,12 @@ def test_ring_bytes_equal_theory_exactly(launched, n, name):
         step_total = step_ring_bytes(layers=len(layers), rounds=rounds, micro_batch=mb,
                                      seq_len=m.seq_len, hidden=m.hidden, cp=p.cp, tp=p.tp)
         assert dict(per_step) == {st: step_total for st in range(t.steps)}, (name, r)
-        # predict()'s cp axis (what the advisor and the sweep page price) is that total
-        assert predict(s)["comm"]["components"]["cp"] == step_total, name
+        # by hand: per block and round (cp-1) K+V passes forward, as many backward, and cp
+        # dK+dV passes: (6 cp - 4) blocks
+        assert per_step[0] == len(layers) * rounds * (6 * p.cp - 4) * block, (name, r)
+        # predict()'s cp axis (what the advisor and the sweep page price) is what this rank
+        # was measured to send in a step of this run
+        assert predict(s)["comm"]["components"]["cp"] == per_step[0], name
 
 
 def test_sends_pair_with_receives_around_the_ring(launched):

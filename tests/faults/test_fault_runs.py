@@ -87,7 +87,9 @@ def test_crash_names_the_failing_rank_and_where_the_others_waited(tmp_path, mode
 def test_a_crash_waits_for_a_slow_peer_to_block(tmp_path):
     """Rank 0 computes 1.5 s longer in the crash's step: fired at once, rank 1's exit would
     have the agent stop rank 0 mid-compute (no collective to name); the crash waits until rank
-    0's flight file shows it blocked, so the diagnosis says where it waited."""
+    0's flight file shows it blocked, so the diagnosis says where it waited. The real-time
+    run of the feature; the wait itself is checked on a virtual clock in
+    test_fault_clock.py."""
     r, d = _run(tmp_path, 2, [
         {"kind": "crash", "ranks": [1], "step": STEP, "mode": "exit", "exit_code": 7},
         {"kind": "slow", "ranks": [0], "step": STEP, "mode": "compute", "delay_s": 1.5}])
@@ -143,16 +145,17 @@ def test_nonfinite_names_the_source_rank_and_step(tmp_path, mode):
     assert "FloatingPointError" in d["errors"][1]
 
 
-@pytest.mark.parametrize("mode", ["comm", "compute"])
-def test_slow_rank_is_the_straggler(tmp_path, mode):
+def test_slow_rank_is_the_straggler(tmp_path):
+    """The one real-time run of the slow fault (the delays, the straggler figures and both
+    modes are checked exactly on a virtual clock in test_fault_clock.py): a real sleep in
+    the loop's step shows in the traced arrival times and names rank 1. Who is late only,
+    never how fast anything is: 0.5 s a step is far beyond this job's step-to-step noise."""
     r, d = _run(tmp_path, 2, [{"kind": "slow", "ranks": [1], "step": 1, "steps": 3,
-                               "delay_s": 0.3, "mode": mode}], steps=4)
+                               "delay_s": 0.5, "mode": "compute"}], steps=4)
     assert r["status"] == "completed", r["stderr"][-2000:]
     h = write_analysis(tmp_path / "run")
-    assert h["straggler_rank"] == 1
+    assert h["straggler_rank"] == 1 and h["straggler_flagged_steps"] >= 2
     a = json.loads((tmp_path / "run" / "analysis.json").read_text())
     per = {x["rank"]: x for x in a["tables"]["straggler_ranks"]}
-    # the delay is large against noise: who is late, never how fast anything is
-    assert per[1]["late_s"] > per[0]["late_s"] and per[1]["times_last"] >= 3
-    assert h["straggler_cost_s"] == per[1]["cost_median_s"] and per[1]["late_steps"] >= 3
-    assert per[1]["others_wait_s"] > per[0]["others_wait_s"]
+    assert per[1]["times_last"] >= 3 and per[1]["late_steps"] == 3  # each steady step
+    assert per[1]["late_s"] > per[0]["late_s"]

@@ -162,17 +162,34 @@ def test_all_to_all_bytes_equal_theory_exactly(launched):
                 assert payload[(step, mb, layer, False)] == th["payload"], (name, step, layer)
                 assert payload[(step, mb, layer, True)] == th["counts_payload"], name
                 checked += 1
-            # the rank x rank matrix: what r sends to d is what d receives from r, op by op
-            # (records of one group pair up by their sequence number), and the wire bytes
-            # are the row without the diagonal
-            by_seq = {r: {x["seq"]: x for x in a2a[r]} for r in ranks}
-            for r in ranks:
-                for q, x in by_seq[r].items():
-                    me = x["ep_rank"]
-                    assert x["bytes_sent"] == sum(x["send_bytes"]) - x["send_bytes"][me]
-                    assert x["payload_bytes"] == sum(x["send_bytes"])
-                    for j, peer in enumerate(ranks):
-                        assert x["send_bytes"][j] == by_seq[peer][q]["recv_bytes"][me], name
+            # the rank x rank matrix from the ranks' own routing (their moe records): in
+            # dispatch, rank r sends group rank d its kept assignments to d's experts and
+            # receives from each peer the peer's kept assignments to r's experts (float32
+            # rows of `hidden`); combine and the backward passes run it the other way; the
+            # counts exchange moves one int64 per local expert each way. Send and receive
+            # are not interchangeable: swapped, the check fails for any uneven routing.
+            moe = {r: {(m["step"], m["microbatch"], m["layer"]): m for m in traces[r]
+                       if m["type"] == "moe"} for r in ranks}
+            per, row = MODEL["experts"] // ep, MODEL["hidden"] * 4
+            uneven = 0
+            for me, r in enumerate(ranks):
+                for x in a2a[r]:
+                    k = (x["step"], x["microbatch"], x["layer"])
+                    kept = {q: [a - b for a, b in zip(moe[q][k]["tokens_per_expert"],
+                                                      moe[q][k]["dropped_per_expert"],
+                                                      strict=True)] for q in ranks}
+                    to = [sum(kept[r][d * per:(d + 1) * per]) * row for d in range(ep)]
+                    frm = [sum(kept[q][me * per:(me + 1) * per]) * row for q in ranks]
+                    send, recv = {("counts", "fwd"): ([per * 8] * ep, [per * 8] * ep),
+                                  ("dispatch", "fwd"): (to, frm), ("combine", "bwd"): (to, frm),
+                                  ("combine", "fwd"): (frm, to), ("dispatch", "bwd"): (frm, to),
+                                  }[(x["what"], x["phase"])]
+                    assert x["ep_rank"] == me, name
+                    assert (x["send_bytes"], x["recv_bytes"]) == (send, recv), (name, r, k)
+                    assert (x["bytes_sent"], x["bytes_recv"]) == \
+                        (sum(send) - send[me], sum(recv) - recv[me]), (name, r, k)
+                    uneven += to != frm
+            assert uneven, name  # some rank sent other amounts than it received
         steps, layers = s["train"]["steps"], MODEL["layers"] // p.get("pp", 1)  # per stage
         rounds = s["train"].get("grad_accum", 1) * p.get("microbatches", 1)
         assert checked == len(groups) * steps * rounds * layers, (name, checked)

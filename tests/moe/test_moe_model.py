@@ -54,7 +54,17 @@ def test_router_bias_makes_an_expert_hot_and_aux_grad_reaches_the_router():
     m.zero_grad()
     m.aux_loss_coef = 0.0
     m(x).sum().backward()
-    assert not torch.allclose(g_with, m.router.weight.grad)  # the aux term changes it
+    # the change is exactly d(aux)/dW, aux written here from Switch Transformer eq. 4 per
+    # sequence: E * sum_e f_e * P_e, f_e = share of the sequence's top-1 choices (expert 2
+    # for every token under the +5 bias), P_e = mean router probability; mean over sequences
+    w = m.router.weight.detach().clone().requires_grad_(True)
+    probs = torch.softmax(x @ w.T + torch.tensor([0.0, 0.0, 5.0, 0.0]), -1)  # (b, s, E)
+    f = torch.zeros(4)
+    f[2] = 1.0
+    aux = (4 * (f * probs.mean(1)).sum(-1)).mean()
+    (want,) = torch.autograd.grad(aux, w)
+    assert want.abs().max() > 1e-4  # a change the comparison can see
+    torch.testing.assert_close(g_with - m.router.weight.grad, want, rtol=1e-4, atol=1e-7)
 
 
 def test_model_is_deterministic_under_the_seed_and_dense_default_unchanged():
