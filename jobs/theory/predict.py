@@ -47,6 +47,11 @@ def _simulate(sched: str, p: int, m: int, v: int, tf: float, tb: float, tw: floa
     return got
 
 
+def _idle(sched: str, p: int, m: int, v: int, tf: float, tb: float, tw: float) -> float:
+    """The simulated schedule's largest per-rank idle time."""
+    return max(r["idle_s"] for r in _simulate(sched, p, m, v, tf, tb, tw)["ranks"])
+
+
 def simulated_microbatches(sched: str, p: int, m: int, v: int) -> int | None:
     """How many micro-batches predict() hands the schedule simulator for this pipeline (it
     then runs p*that*v*3 actions at most), or None when it uses a closed form or an estimate
@@ -78,8 +83,7 @@ def zbv_monotone(tf: float, tb: float, tw: float) -> bool:
     by the simulator at p = 6 and 8 (it is not so everywhere: with t_W > t_B, e.g. (1, 1, 3),
     the idle falls, then climbs back to the plateau over the last micro-batches before 2p-1)."""
     for p in (6, 8):
-        idle = [max(r["idle_s"] for r in _simulate("zbv", p, m, 2, tf, tb, tw)["ranks"])
-                for m in range(1, 2 * p)]
+        idle = [_idle("zbv", p, m, 2, tf, tb, tw) for m in range(1, 2 * p)]
         if any(b > a + 1e-9 for a, b in zip(idle, idle[1:], strict=False)):
             return False
     return True
@@ -103,8 +107,7 @@ def zbv_idle(p: int, tf: float, tb: float, tw: float) -> float:
     times on every stage. It does not depend on m from 2p-1 on, and it is linear in p
     (docs/conventions.md 'zbv-bubble'): simulate p = 3 and 4 at m = 2p-1 (a few dozen
     actions) and extrapolate. Used where p*(2p-1)*6 actions are too many to simulate."""
-    a = max(r["idle_s"] for r in _simulate("zbv", 3, 5, 2, tf, tb, tw)["ranks"])
-    b = max(r["idle_s"] for r in _simulate("zbv", 4, 7, 2, tf, tb, tw)["ranks"])
+    a, b = _idle("zbv", 3, 5, 2, tf, tb, tw), _idle("zbv", 4, 7, 2, tf, tb, tw)
     return a + (p - 3) * (b - a)
 
 
@@ -224,7 +227,7 @@ def _pipeline(w: dict) -> dict:
     elif closed_t is not None:
         total, ideal, source = closed_t, closed_i, "closed form"
     elif m_sim is not None and m < 2 * p - 1:  # ZB-V, p > ~129: simulated at m_sim < m
-        lo = max(r["idle_s"] for r in _simulate(sched, p, m_sim, v, tf, tb, tw)["ranks"])
+        lo = _idle(sched, p, m_sim, v, tf, tb, tw)
         plateau = zbv_idle(p, tf, tb, tw)
         idle = zbv_idle_between(p, m, m_sim, lo, plateau)
         busy = v * m * (tf + tb + tw)
@@ -238,8 +241,7 @@ def _pipeline(w: dict) -> dict:
     elif m_sim is not None:
         # ZB-V with equal stages: the idle per rank stops growing once m >= 2p-1 (the steady
         # phase adds no bubble), so simulate m = 2p-1 and add the extra micro-batches' work
-        small = _simulate(sched, p, m_sim, v, tf, tb, tw)
-        idle = max(r["idle_s"] for r in small["ranks"])
+        idle = _idle(sched, p, m_sim, v, tf, tb, tw)
         busy = v * m * (tf + tb + tw)
         total, ideal = idle / (busy + idle), idle / busy
         source = "schedule simulator at m = 2p-1, extrapolated (ZB-V idle is constant in m)"
@@ -253,7 +255,7 @@ def _pipeline(w: dict) -> dict:
         busy = v * m * (tf + tb + tw)
         idle = zbv_idle(p, tf, tb, tw)
         total, ideal = idle / (busy + idle), idle / busy
-        source = "ZB-V's plateau at m = 2p-1, a lower bound (too large to simulate)"
+        source = "ZB-V's plateau at m = 2p-1, an estimate (too large to simulate)"
     else:  # zero-bubble, too large to simulate: the exact ZB-H1 idle (zb_h1_idle)
         busy = m * (tf + tb + tw)
         idle = zb_h1_idle(p, m, tf, tb, tw)
