@@ -22,7 +22,7 @@ import httpx
 from backend.core.config import get_settings
 from backend.core.security import ConfigError, check_startup
 from backend.migrate import upgrade
-from worker.procs import pdeathsig_preexec
+from paralab_core.procs import pdeathsig_preexec
 
 
 def _spawn(args: list[str], env: dict) -> subprocess.Popen:

@@ -42,6 +42,7 @@ from backend.core.db import get_engine, get_sessionmaker
 from backend.core.security import LoginThrottle, check_startup
 from backend.errors import DomainError, MethodNotAllowed, NotFound
 from backend.migrate import schema_behind
+from backend.services import run_traces
 from backend.services.health import RecordRefusedWorkers
 from backend.services.reconcile import reconciler
 from backend.streams import hub
@@ -210,6 +211,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="paralab", version="0.1.0", lifespan=lifespan,
                   description="Launch, trace and compare parallel-training experiments.")
     app.state.settings = settings
+    run_traces.configure(settings.analysis_cache_mb)
     app.state.worker_token = settings.resolved_worker_token()
     app.state.login_throttle = {
         "user": LoginThrottle(settings.login_max_failures, settings.login_window_s),

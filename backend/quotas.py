@@ -35,7 +35,7 @@ from backend.core.identity import Principal
 from backend.errors import Forbidden
 from backend.models import FINISHED, Run, User, utcnow
 from jobs.spec import JobSpec
-from worker.launch import job_timeout_s
+from paralab_core.config import job_timeout_s
 
 # The clock every quota reads (tests replace it: no test waits for a window to move).
 clock = utcnow

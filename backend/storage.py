@@ -148,6 +148,21 @@ def save_stream(target: Path, chunks) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
+def seal_live(target: Path, size: int) -> str:
+    """A live file (appended chunk by chunk while its job ran) now complete at `size`
+    bytes: its sha256, read here from disk, so the whole file is not sent a second time.
+    Conflict (409) when this copy is not that size (a chunk was lost: send it whole)."""
+    have = target.stat().st_size if target.is_file() else None
+    if have != size:
+        raise Conflict(f"size: the live copy holds {have if have is not None else 'no'} bytes, "
+                       f"not {size}: upload the whole file")
+    h = hashlib.sha256()
+    with open(target, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def append_at(target: Path, offset: int, data: bytes) -> int:
     """Write `data` at byte `offset` of a growing live file (a worker's trace while the job
     runs) and cut what follows, so a retried chunk is harmless; return the new size. An offset

@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.conftest import Service  # noqa: E402 - the harness the tests use
+from devtools.service import Service  # noqa: E402 - the harness the tests use
 
 TICK = os.sysconf("SC_CLK_TCK")
 HISTORY = 2

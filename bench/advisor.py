@@ -23,11 +23,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from devtools.launch import run_job  # noqa: E402
 from jobs.analysis.run import analyze_run_dir  # noqa: E402
 from jobs.theory.advisor import advise  # noqa: E402
 from jobs.theory.advisor_rules import terms  # noqa: E402
 from jobs.theory.calibration import restate  # noqa: E402
-from tests.support.launch import run_job  # noqa: E402
 
 MODEL = {"arch": "timed", "layers": 8, "hidden": 64, "t_forward": 0.004,
          "t_backward_input": 0.004, "t_backward_weight": 0.004}

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.support.launch import torchrun  # noqa: E402
+from devtools.launch import torchrun  # noqa: E402
 
 PAIRS = {"ddp": {"dp_mode": "ddp"}, "zero1": {"zero_stage": 1}, "zero2": {"zero_stage": 2},
          "zero3": {"zero_stage": 3}}

@@ -29,8 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from devtools.launch import read_trace, torchrun  # noqa: E402
 from jobs.spec import parse_spec  # noqa: E402
-from tests.support.launch import read_trace, torchrun  # noqa: E402
 
 MOE = {"arch": "gpt", "layers": 4, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 256,
        "experts": 8, "top_k": 2, "aux_loss_coef": 0.01}

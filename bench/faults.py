@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.conftest import Service  # noqa: E402 - the harness the tests use
+from devtools.service import Service  # noqa: E402 - the harness the tests use
 
 BASE = {"preset": "dp-allreduce", "model": {"arch": "mlp", "hidden": 8, "layers": 2},
         "train": {"steps": 5, "global_batch": 8, "optimizer": "sgd"}}

@@ -1,5 +1,5 @@
 """Gantt first paint of a large converted run (issue 19): the time of the run page's first
-Gantt request (GET /api/runs/{id}/gantt without a step: backend/gantt_columnar.py reads the
+Gantt request (GET /api/runs/{id}/gantt without a step: backend/services/gantt_columnar.py reads the
 middle step's records from the Parquet files), cold (a fresh process: imports, DuckDB over
 the files, the step list) and warm (the same request again), plus a zoomed time window and
 the JSON size the browser parses.
@@ -35,7 +35,7 @@ from bench.analysis_speed import PER_STEP, make_parquet, parse_count  # noqa: E4
 
 def child(d: str) -> None:
     t0 = time.perf_counter()
-    from backend import gantt_columnar as G  # imports count: they are part of a cold start
+    from backend.services import gantt_columnar as G  # imports count: they are part of a cold start
     run = Path(d)
     assert G.is_large(run)
     out = {}
@@ -71,7 +71,7 @@ def browser(a) -> int:
     from playwright.sync_api import sync_playwright
 
     from bench.gantt_render import start_server
-    from tests.frontend.browser import launch_chromium
+    from devtools.browser import launch_chromium
     print("| records | cold first paint s | warm first paint s (median of 3) | segments | "
           "page |")
     print("|---|---|---|---|---|")

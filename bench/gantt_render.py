@@ -29,8 +29,9 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.conftest import free_port, wait_for  # noqa: E402
-from tests.frontend.browser import launch_chromium  # noqa: E402
+from devtools.browser import launch_chromium  # noqa: E402
+from devtools.launch import free_port  # noqa: E402
+from devtools.service import wait_for  # noqa: E402
 
 
 def synthetic_trace(rank: int, ranks: int, spans: int, mb: int = 20, buckets: int = 9) -> str:

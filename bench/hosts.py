@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.conftest import PG_ADMIN_URL, _fresh_pg_database  # noqa: E402
-from tests.hosts.conftest import REDIS_URL, Cluster  # noqa: E402
+from devtools.cluster import Cluster  # noqa: E402
+from devtools.service import PG_ADMIN_URL, REDIS_URL, fresh_pg_database  # noqa: E402
 
 HOSTS = ("hostA", "hostB", "hostC", "hostD")
 STEP = re.compile(r"\[default(\d+)\]:step 0 ")
@@ -74,7 +74,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
-        url, drop = _fresh_pg_database(PG_ADMIN_URL)
+        url, drop = fresh_pg_database(PG_ADMIN_URL)
         c = Cluster(Path(d), db_url=url, redis_url=REDIS_URL)
         try:
             c.start_backend()

@@ -1,5 +1,6 @@
 """Seconds from submit to `running` and to `succeeded` for a 2-rank, 5-step DDP job, on the
-embedded default (filesystem broker + SQLite) and on Redis + PostgreSQL, side by side.
+embedded default (filesystem broker + SQLite; with its wake-up and polled only) and on Redis +
+PostgreSQL, side by side.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/lifecycle.py [--runs 5]
 
@@ -19,11 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.conftest import (  # noqa: E402 - the harness the tests use
+from devtools.service import (  # noqa: E402 - the harness the tests use
     PG_ADMIN_URL,
     REDIS_URL,
     Service,
-    _fresh_pg_database,
+    fresh_pg_database,
 )
 
 SPEC = {"preset": "ddp", "name": "bench", "train": {"steps": 5}}
@@ -60,15 +61,20 @@ def main() -> None:
     a = ap.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as d:
-        (Path(d) / "emb").mkdir()
-        svc = Service(Path(d) / "emb", db_url=f"sqlite:///{d}/emb.db", redis_url=None)
-        try:
-            svc.start_backend()
-            svc.start_worker()
-            results["embedded (filesystem + SQLite)"] = measure(svc, a.runs)
-        finally:
-            svc.close()
-        url, drop = _fresh_pg_database(PG_ADMIN_URL)
+        # the embedded broker with and without its wake-up (PARALAB_BROKER_WAKE), alternated
+        # run by run is not possible (one worker each): measured one after the other
+        for name, env in (("embedded, woken (default)", {}),
+                          ("embedded, polled every 0.5 s", {"PARALAB_BROKER_WAKE": "0"})):
+            tmp = Path(d) / str(len(results))
+            tmp.mkdir()
+            svc = Service(tmp, db_url=f"sqlite:///{tmp}/emb.db", redis_url=None, extra_env=env)
+            try:
+                svc.start_backend()
+                svc.start_worker()
+                results[name] = measure(svc, a.runs)
+            finally:
+                svc.close()
+        url, drop = fresh_pg_database(PG_ADMIN_URL)
         (Path(d) / "redis").mkdir()
         svc = Service(Path(d) / "redis", db_url=url, redis_url=REDIS_URL)
         try:
@@ -81,10 +87,12 @@ def main() -> None:
     print(f"{'configuration':32s} {'submit -> running':32s} submit -> succeeded")
     for name, (run, done) in results.items():
         print(f"{name:32s} {fmt(run):32s} {fmt(done)}")
-    (e_run, e_done), (r_run, r_done) = results.values()
+    (w_run, w_done), (p_run, p_done), (r_run, r_done) = results.values()
     med = statistics.median
-    print(f"ratio embedded / redis: to running {med(e_run) / med(r_run):.2f}, "
-          f"to succeeded {med(e_done) / med(r_done):.2f}")
+    print(f"ratio woken / polled: to running {med(w_run) / med(p_run):.2f}, "
+          f"to succeeded {med(w_done) / med(p_done):.2f}")
+    print(f"ratio embedded (woken) / redis: to running {med(w_run) / med(r_run):.2f}, "
+          f"to succeeded {med(w_done) / med(r_done):.2f}")
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from devtools.launch import torchrun  # noqa: E402
+from jobs.analysis import analyze_run_dir  # noqa: E402
 from jobs.spec import parse_spec  # noqa: E402
-from tests.support.launch import torchrun  # noqa: E402
 
 GPT = {"arch": "gpt", "layers": 4, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 256}
 PRESETS = ("tp", "sp", "pp-gpipe", "pp-1f1b", "pp-interleaved", "pp-zb", "pp-zbv", "3d",
@@ -60,9 +61,10 @@ def main() -> None:
             s = run(preset, engine, args.steps, args.out / preset / engine)
             t[engine] = s["mean_step_time_s"]
             pipe = s.get("pipeline", {})
-            if pipe.get("p", 1) > 1:
-                bub = {k: (round(v["idle_fraction"], 3), round(v["simulated_idle_fraction"], 3))
-                       for k, v in pipe["stages"].items()}
+            if pipe.get("p", 1) > 1:  # the analysis' stage table: the bubble's one home
+                rows = analyze_run_dir(args.out / preset / engine)["tables"]["stage_bubbles"]
+                bub = {r["stage"]: (round(r["measured_idle_fraction"], 3),
+                                    r["simulated"] and round(r["simulated"], 3)) for r in rows}
                 print(f"  {preset}/{engine} bubble (measured, simulated) per stage: {bub}",
                       flush=True)
         ratio = t["reference"] / t["native"]

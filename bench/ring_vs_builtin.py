@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.support.launch import torchrun  # noqa: E402
+from devtools.launch import torchrun  # noqa: E402
 
 
 def worker(args) -> None:

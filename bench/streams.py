@@ -30,10 +30,10 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.conftest import (  # noqa: E402 - the harness the tests use
+from devtools.service import (  # noqa: E402 - the harness the tests use
     PG_ADMIN_URL,
     Service,
-    _fresh_pg_database,
+    fresh_pg_database,
 )
 
 BATCH_EVERY_S = 0.5
@@ -151,7 +151,7 @@ def run_on(db: str, args) -> dict:
     if db == "sqlite":
         url = f"sqlite:///{tmp / 'paralab.db'}"
     else:
-        url, drop = _fresh_pg_database(PG_ADMIN_URL)
+        url, drop = fresh_pg_database(PG_ADMIN_URL)
     # the harness's 8 s heartbeat timeout is for tests of lost workers; here a loaded backend
     # must not fail the played run
     svc = Service(tmp, db_url=url, redis_url=None,

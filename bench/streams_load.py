@@ -31,11 +31,11 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.conftest import (  # noqa: E402 - the harness the tests use
+from devtools.service import (  # noqa: E402 - the harness the tests use
     PG_ADMIN_URL,
     Service,
-    _fresh_pg_database,
-    _psycopg_dsn,
+    fresh_pg_database,
+    psycopg_dsn,
 )
 
 BATCH_EVERY_S = 0.5
@@ -68,7 +68,7 @@ class DbCpu:
 
     def __init__(self, db_url: str):
         import psycopg
-        self.conn = psycopg.connect(_psycopg_dsn(db_url), autocommit=True)
+        self.conn = psycopg.connect(psycopg_dsn(db_url), autocommit=True)
         self.first: dict[int, float] = {}
         self.last: dict[int, float] = {}
 
@@ -238,7 +238,7 @@ def run_on(db: str, args) -> dict:
     if db == "sqlite":
         url = f"sqlite:///{tmp / 'paralab.db'}"
     else:
-        url, drop = _fresh_pg_database(PG_ADMIN_URL)
+        url, drop = fresh_pg_database(PG_ADMIN_URL)
     # the 100 history runs stay queued (no worker): the reconciler must not republish them
     # in the middle of a phase, which is another load than the one measured here
     env = {"PARALAB_RUN_HEARTBEAT_TIMEOUT_S": "600", "PARALAB_QUEUE_CLAIM_TIMEOUT_S": "3600"}

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.support.launch import torchrun  # noqa: E402
+from devtools.launch import torchrun  # noqa: E402
 
 SPEC = {"model": {"arch": "mlp", "hidden": 256, "layers": 8},
         "parallel": {"dp": 2, "dp_mode": "ddp", "bucket_mb": 0.25},
@@ -49,6 +49,7 @@ def worker(args) -> None:
     data = json.loads(json.dumps(SPEC))
     data["parallel"]["dp"] = data["runtime"]["nproc_per_node"] = world
     data["train"]["steps"] = args.steps
+    data["trace"] = {"steps": "all"}  # the cost of a traced step, not of the default schedule
     spec = parse_spec(data, max_world_size=1 << 30)
     dims = ParallelDims.from_spec(spec, world)
     mesh = dims.build_mesh("cpu")

@@ -46,6 +46,7 @@ RUN python -c "import tomllib; d = tomllib.load(open('pyproject.toml', 'rb'))['p
 COPY backend ./backend
 COPY worker ./worker
 COPY jobs ./jobs
+COPY paralab_core ./paralab_core
 COPY frontend ./frontend
 RUN pip install --no-deps /src \
  && rm -rf /src

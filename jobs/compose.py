@@ -55,6 +55,7 @@ from jobs.parallel.vocab_parallel import (
 )
 from jobs.parallel.zero import Zero3, Zero12
 from jobs.runners import DirectRunner, PipelineRunner
+from jobs.strategies import of_parallel
 from jobs.testbug import mb_divisor
 
 
@@ -96,10 +97,7 @@ DP_TABLES = {"reference": REFERENCE_DP, "native": NATIVE_DP}
 
 
 def dp_family(ctx: RunContext) -> str:
-    p = ctx.spec.parallel
-    if ctx.dims.dp == 1:
-        return "single"
-    return f"zero{p.zero_stage}" if p.zero_stage else p.dp_mode
+    return of_parallel(ctx.spec.parallel, ctx.dims.dp).family
 
 
 def strategy_kwargs(ctx: RunContext) -> dict:

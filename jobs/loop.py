@@ -25,7 +25,7 @@ from jobs.data import local_microbatches
 from jobs.dumps import dump_grads
 from jobs.faults import of as faults_of
 from jobs.memory import MemoryBook, process_memory
-from jobs.summary import loss_weight, tokens_per_step
+from jobs.summary import loss_weight
 
 
 def train_loop(ctx: RunContext, comp) -> dict:
@@ -37,7 +37,7 @@ def train_loop(ctx: RunContext, comp) -> dict:
     weight = loss_weight(ctx, ctx.rank, comp.schedule if comp.model_parallel else None)
     losses, step_times = [], []
     tr.configure(spec.trace)
-    tokens = tokens_per_step(spec)
+    tokens = spec.tokens_per_step
     # the profiler counts every collective of the run: no dump gathers under it
     dump = (os.environ.get("PARALAB_DUMP_PARAMS") == "1"
             and os.environ.get("PARALAB_PROFILE") != "1")

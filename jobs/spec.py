@@ -18,7 +18,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from jobs import trace_schedule as TS
 from jobs.faultspec import FaultSpec, fault_cross_checks, fault_dict, parse_faults
+from jobs.strategies import DP_STRATEGIES, of_parallel
 from jobs.trace_schedule import LEVELS, trace_checks
 
 SPEC_VERSION = 1
@@ -202,13 +204,17 @@ class TraceSpec:
                    ge=0, le=1_000_000)
     warmup: int = _f(0, "schedule: warm-up steps after `wait`, not recorded (the profiler "
                      "discards them)", ge=0, le=1_000_000)
-    active: int = _f(0, "schedule: traced steps per cycle; 0 = no schedule, every step traced",
-                     ge=0, le=1_000_000)
+    active: int = _f(0, "schedule: traced steps per cycle; 0 (and no steps list) = the "
+                     f"default schedule: the first {TS.DEFAULT_FIRST} steps, then "
+                     f"{TS.DEFAULT_ACTIVE} in every {TS.DEFAULT_PERIOD}, at most "
+                     f"{TS.DEFAULT_MAX_RECORDS:,} detailed records per rank", ge=0, le=1_000_000)
     repeat: int = _f(0, "schedule: cycles; 0 = repeat until the run ends", ge=0, le=1_000_000)
-    steps: str = _f("", "explicit traced steps instead of a schedule, e.g. '0-2,10' ('' = use "
-                    "the schedule)", empty_ok=True)
+    steps: str = _f("", "explicit traced steps instead of a schedule, e.g. '0-2,10'; 'all' "
+                    "traces every step ('' = use the schedule)", empty_ok=True)
     max_records: int = _f(0, "cap on detailed records per rank (a step starts traced only "
-                          "below it); 0 = no cap", ge=0, le=10**9)
+                          "below it); 0 = no cap (the default schedule's "
+                          f"{TS.DEFAULT_MAX_RECORDS:,} when no schedule is set)", ge=0,
+                          le=10**9)
     level: str = _f("layer", "detail of a traced step: layer (per-layer spans), block (no "
                     "per-layer spans), step (only the step span)", choices=LEVELS)
 
@@ -240,6 +246,10 @@ class JobSpec:
     @property
     def strategy(self) -> str:
         return derive_strategy(self)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return step_tokens(self.train.global_batch, self.model.arch, self.model.seq_len)
 
     def to_dict(self) -> dict:
         return to_dict(self)
@@ -344,8 +354,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
 
 # Strategies whose jobs exist. Presets outside this set are listed but refused at submit, with
 # the reason, until their implementation lands.
-AVAILABLE: set[str] = {"single", "ddp", "dp-allreduce", "dp-ps", "zero1", "zero2", "zero3", "fsdp",
-                       "collective-sweep", "compute-calibration"}
+AVAILABLE: set[str] = {*DP_STRATEGIES, "collective-sweep", "compute-calibration"}
 AVAILABLE |= {"tp", "sp", "pp-gpipe", "pp-1f1b", "pp-interleaved", "pp-zb", "pp-zbv", "3d",
               "ddp+tp", "ddp+sp", "zero1+tp", "zero2+tp", "fsdp+tp", "zero1+pp-1f1b",
               "dp-allreduce+pp-interleaved"}  # model parallelism (issue 4)
@@ -362,6 +371,12 @@ AVAILABLE |= {"pp-1f1b+moe", "pp-gpipe+moe", "pp-1f1b+moe-ep", "ddp+pp-1f1b+moe"
               "tp+pp-1f1b+moe", "3d+moe-ep"}  # mixture of experts inside a pipeline (issue 17)
 
 
+def step_tokens(global_batch: int, arch: str, seq_len: int) -> int:
+    """Tokens in one optimizer step: its samples, times seq_len for gpt (an MLP or timed
+    sample is one token)."""
+    return global_batch * (seq_len if arch == "gpt" else 1)
+
+
 def derive_strategy(spec: JobSpec) -> str:
     """A short label for filtering: `ddp`, `zero2`, `tp`, `pp-1f1b`, `ddp+tp`, `3d`, ..."""
     if spec.kind == "collective_bench":
@@ -372,12 +387,7 @@ def derive_strategy(spec: JobSpec) -> str:
     parts = []
     # dp == cp with plain DDP: no data replicas, the DDP all-reduce is CP's gradient sum
     if p.dp > 1 and not (p.cp == p.dp and p.dp_mode == "ddp" and not p.zero_stage):
-        if p.zero_stage == 3 and p.engine == "native":
-            parts.append("fsdp")
-        elif p.zero_stage:
-            parts.append(f"zero{p.zero_stage}")
-        else:
-            parts.append({"ps": "dp-ps", "allreduce": "dp-allreduce", "ddp": "ddp"}[p.dp_mode])
+        parts.append(of_parallel(p).label)
     if p.tp > 1:
         parts.append("sp" if p.sequence_parallel else "tp")
     if p.pp > 1:

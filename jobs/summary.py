@@ -1,23 +1,21 @@
 """The run summary rank 0 writes (`summary.json`), from every rank's loop result: losses,
 step times, memory, bytes, the seeds' formulas next to the measured figures (`formula_check`)
-and, under model parallelism, the pipeline section (per-stage bubble, simulated and closed
-form) and bytes per mesh axis."""
+and, under model parallelism, the pipeline's layout (schedule, p, m, v, closed-form bubble)
+and each rank's own pipeline peaks (in-flight micro-batches, activation and receive-buffer
+bytes, counted by its runtime). What is measured from the traces (the bubble per stage,
+bytes per mesh axis) is not here: the analysis (`analysis.json`: stage_bubbles, axis_bytes)
+is its one home."""
 
 from __future__ import annotations
 
 import torch
 
 from jobs import schedules
-from jobs.analysis.load import load_run_dir
-from jobs.analysis.summary_traces import trace_sections
 from jobs.context import RunContext
 from jobs.parallel.formulas import NATIVE_DEVIATIONS, comm_per_step, model_state
 from jobs.spec import JobSpec
+from jobs.strategies import DP_STRATEGIES
 from jobs.theory.memory import MEMORY_MODELS
-
-
-def tokens_per_step(spec: JobSpec) -> int:
-    return spec.train.global_batch * (spec.model.seq_len if spec.model.arch == "gpt" else 1)
 
 
 def backend_provenance(backend: str) -> dict:
@@ -75,7 +73,7 @@ def summarize_dp(ctx: RunContext, per_rank: list[dict]) -> dict:
     return {"strategy": spec.strategy, "engine": spec.parallel.engine, "world_size": world,
             "backend": ctx.backend, "precision": spec.train.precision, "loss": losses,
             "step_time_s": step_times, "mean_step_time_s": mean_t,
-            "tokens_per_s": tokens_per_step(spec) / mean_t if mean_t > 0 else None,
+            "tokens_per_s": spec.tokens_per_step / mean_t if mean_t > 0 else None,
             "psi": per_rank[0]["layout"].get("psi"),
             "ranks": [{"rank": i, **{k: r[k] for k in ("coords", "comm", "memory", "layout",
                                                         "clock_error_ns", "process_memory")}}
@@ -100,16 +98,14 @@ def summarize_mp(ctx: RunContext, per_rank: list[dict], schedule: str) -> dict:
     out = summarize_dp(ctx, [{**r, "losses": [x or 0.0 for x in r["losses"]]}
                              for r in per_rank])
     out["loss"] = global_losses(ctx, per_rank, schedule)
-    # measured from the traces by jobs.analysis (the one trace loader and bubble definition:
-    # steady steps, idle / pipeline window, next to the simulator fed this run's stage times)
-    stages, by_axis = trace_sections(load_run_dir(ctx.out), spec)
     out["pipeline"] = {
         "schedule": schedule, "p": dims.pp, "m": p.microbatches, "v": p.virtual_stages,
-        "stages": stages,
         "closed_form_bubble": schedules.closed_form_bubble(schedule, dims.pp, p.microbatches,
                                                            p.virtual_stages),
         "convention": schedules.CONVENTION, "partition": ctx.partition}
-    out["bytes_by_axis"] = by_axis
+    for row, r in zip(out["ranks"], per_rank, strict=True):
+        if "pipeline_peak" in r:  # the rank's runtime counted them, every step, traced or not
+            row["pipeline_peak"] = dict(r["pipeline_peak"])
     out["mesh"] = {"pp": dims.pp, "dp": dims.dp, "tp": dims.tp}
     return out
 
@@ -133,7 +129,7 @@ def formula_check(spec: JobSpec, per_rank: list[dict], start: int = 0) -> dict:
     # CP: the DP strategy all-reduces over the whole dp group (CP ranks included), so its
     # formulas hold as they are; `cp` alone is ddp with dp = cp
     label = "ddp" if label == "cp" else label.removesuffix("+cp")
-    if label not in ("dp-ps", "dp-allreduce", "ddp", "zero1", "zero2", "zero3", "fsdp"):
+    if label not in DP_STRATEGIES or label == "single":
         return {}
     n = spec.parallel.dp
     psi = per_rank[0]["layout"]["psi"]
@@ -160,7 +156,7 @@ def formula_check(spec: JobSpec, per_rank: list[dict], start: int = 0) -> dict:
         if spec.parallel.ep > 1:
             rows[-1]["ep"] = ep_check(spec, r, start)
     engine = spec.parallel.engine
-    key = "zero3" if label == "fsdp" else label
+    key = DP_STRATEGIES[label].family  # fsdp deviates as zero3 does
     return {"strategy": label, "engine": engine, "psi": psi, "comm_ops": f["ops"],
             "padding_elems": per_rank[0]["layout"].get("padding_elems", 0),
             "explanation": (NATIVE_DEVIATIONS.get(key, "") if engine == "native" else

@@ -49,7 +49,7 @@ from pathlib import Path
 
 from jobs import commbytes, trace_blocks
 from jobs.flight import FlightRecorder
-from jobs.trace_schedule import DETAIL_TYPES, is_scheduled, keeps_span
+from jobs.trace_schedule import DETAIL_TYPES, is_scheduled, keeps_span, max_records
 
 SCHEMA_VERSION = 2  # 2: bounded tracing (untraced steps, `scalars` records)
 _ENCODER = json.JSONEncoder(default=str, separators=(",", ":"))
@@ -257,7 +257,7 @@ class Tracer:
     def configure(self, trace_spec) -> None:
         """Take the spec's `trace` section (jobs.spec.TraceSpec)."""
         self.trace_spec = trace_spec
-        self.level, self.max_records = trace_spec.level, trace_spec.max_records
+        self.level, self.max_records = trace_spec.level, max_records(trace_spec)
 
     def begin_step(self, step: int) -> bool:
         """Enter `step`; returns whether it is traced in detail (the schedule, then the cap:

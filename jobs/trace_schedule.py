@@ -7,7 +7,10 @@ Schedule (torch.profiler.schedule semantics, `skip_first` = 0): steps cycle thro
 skipped steps, `warmup` steps and `active` traced steps, `repeat` times (0 = forever).
 Warm-up steps are NOT recorded: the profiler discards its warm-up results, and paralab's tracer
 has nothing to warm up, so a warm-up step is simply an untraced step. `active` = 0 (the default)
-means no schedule: every step is traced, as before bounded tracing existed. An explicit `steps`
+(the default) with no `steps` list means the default schedule: the first DEFAULT_FIRST steps,
+then DEFAULT_ACTIVE in every DEFAULT_PERIOD (the last ones of each period), at most
+DEFAULT_MAX_RECORDS detailed records per rank; every step's loss and step time are kept either
+way (`scalars`). Tracing every step is one explicit choice, `steps: "all"`. An explicit `steps`
 list ("0-2,10,20-21") replaces the schedule. `max_records` caps the detailed records of a rank:
 a step starts traced only while fewer than that many were written (a step is never cut in half,
 so a rank writes at most `max_records` plus one step's records).
@@ -20,6 +23,17 @@ import re
 
 LEVELS = ("layer", "block", "step")
 _RANGE_RE = re.compile(r"^\s*(\d{1,7})\s*(?:-\s*(\d{1,7})\s*)?$")
+
+# The default schedule (a `trace` section with neither `active` nor `steps`): a short run is
+# traced whole, a long one keeps its first steps and a window near the end of every period, so
+# its detailed trace grows 20x slower than the run and stops at the record cap. The windows sit
+# at the end of a period: by then the step has settled (no warm-up) and the run page's "latest
+# step" is never far behind.
+DEFAULT_FIRST, DEFAULT_PERIOD, DEFAULT_ACTIVE = 20, 100, 5
+DEFAULT_MAX_RECORDS = 500_000
+ALL = "all"
+assert DEFAULT_FIRST <= DEFAULT_PERIOD - DEFAULT_ACTIVE  # the first steps and the windows
+# never overlap: traced_step_count adds them
 
 # Record types the schedule and the cap govern; `meta`, `end`, `scalars`, `instant`,
 # `nonfinite` are always written.
@@ -44,14 +58,56 @@ def parse_steps(text: str) -> list[int]:
     return sorted(out)
 
 
+def mode(trace) -> str:
+    """"all" (every step: no section, as the benchmarks' tracers have, or `steps: "all"`),
+    "steps" (an explicit list), "schedule" (wait / warmup / active / repeat) or "default"."""
+    if trace is None or trace.steps.strip() == ALL:
+        return "all"
+    if trace.steps:
+        return "steps"
+    return "schedule" if trace.active else "default"
+
+
+def max_records(trace) -> int:
+    """The detailed-record cap of a rank (0 = none): the section's, else the default
+    schedule's."""
+    if trace is None:
+        return 0
+    if not trace.max_records and mode(trace) == "default":
+        return DEFAULT_MAX_RECORDS
+    return trace.max_records
+
+
+def describe(trace) -> str:
+    """The schedule in words, as the new-run form and the run page state it."""
+    m = mode(trace)
+    cap = max_records(trace)
+    capped = f", at most {cap:,} detailed records per rank" if cap else ""
+    if m == "all":
+        return "every step (trace.steps = \"all\")" + capped
+    if m == "steps":
+        return f"the steps listed in trace.steps{capped}"
+    if m == "schedule":
+        return (f"wait {trace.wait}, warmup {trace.warmup}, active {trace.active}, "
+                f"repeat {trace.repeat or 'until the end'}{capped}")
+    return (f"default: the first {DEFAULT_FIRST} steps, then {DEFAULT_ACTIVE} in every "
+            f"{DEFAULT_PERIOD}{capped}; every step's loss and step time are kept; "
+            "trace.steps = \"all\" traces every step")
+
+
+def _default_on(step: int) -> bool:
+    return step < DEFAULT_FIRST or step % DEFAULT_PERIOD >= DEFAULT_PERIOD - DEFAULT_ACTIVE
+
+
 def is_scheduled(trace, step: int) -> bool:
     """Whether `step` is traced in detail by the `trace` spec section (max_records aside)."""
-    if trace is None:
+    m = mode(trace)
+    if m == "all":
         return True
-    if trace.steps:
+    if m == "steps":
         return step in _steps_set(trace.steps)
-    if not trace.active:
-        return True
+    if m == "default":
+        return _default_on(step)
     cycle = trace.wait + trace.warmup + trace.active
     if trace.repeat and step // cycle >= trace.repeat:
         return False
@@ -71,11 +127,20 @@ def _steps_set(text: str) -> frozenset:
 def iter_traced(trace, steps: int, start: int = 0):
     """The scheduled steps of a run of `steps` steps (from `start` when resumed), in order,
     jumping over untraced stretches (a run may have a million steps)."""
-    if trace is None or not (trace.steps or trace.active):
+    m = mode(trace)
+    if m == "all":
         yield from range(start, steps)
         return
-    if trace.steps:
+    if m == "steps":
         yield from (s for s in parse_steps(trace.steps) if start <= s < steps)
+        return
+    if m == "default":
+        yield from range(start, min(DEFAULT_FIRST, steps))
+        base = start - start % DEFAULT_PERIOD
+        while base < steps:
+            yield from range(max(base + DEFAULT_PERIOD - DEFAULT_ACTIVE, start, DEFAULT_FIRST),
+                             min(base + DEFAULT_PERIOD, steps))
+            base += DEFAULT_PERIOD
         return
     cycle, off = trace.wait + trace.warmup + trace.active, trace.wait + trace.warmup
     end = min(steps, trace.repeat * cycle) if trace.repeat else steps
@@ -91,10 +156,16 @@ def traced_steps(trace, steps: int, start: int = 0) -> list[int]:
 
 def traced_step_count(trace, steps: int, start: int = 0) -> int:
     """len(traced_steps(...)) in closed form."""
-    if trace is None or not (trace.steps or trace.active):
+    m = mode(trace)
+    if m == "all":
         return max(0, steps - start)
-    if trace.steps:
+    if m == "steps":
         return sum(1 for s in parse_steps(trace.steps) if start <= s < steps)
+    if m == "default":
+        def upto_default(n: int) -> int:  # the first steps, then the windows (disjoint)
+            p, a = DEFAULT_PERIOD, DEFAULT_ACTIVE
+            return min(n, DEFAULT_FIRST) + n // p * a + max(0, n % p - (p - a))
+        return upto_default(steps) - upto_default(min(start, steps))
     cycle, off = trace.wait + trace.warmup + trace.active, trace.wait + trace.warmup
 
     def upto(n: int) -> int:  # traced steps in [0, n)
@@ -171,9 +242,10 @@ def predicted_trace(spec) -> dict:
     known = {k: v for k, v in per.items() if k in ("span", "mem", "comm") and v is not None}
     per_step = sum(known.values()) if per["span"] is not None else None
     nt = traced_step_count(spec.trace, spec.train.steps, start)
-    if per_step is not None and spec.trace.max_records:
+    cap = max_records(spec.trace)
+    if per_step is not None and cap:
         # whole steps start while fewer than max_records were written
-        nt = min(nt, math.ceil(spec.trace.max_records / per_step) if per_step else nt)
+        nt = min(nt, math.ceil(cap / per_step) if per_step else nt)
     init = 0 if spec.trace.level == "step" else 1
     rec = (per_step or 0) * nt + n + 2 + init
     size = sum(BYTES_PER_RECORD[k] * v * nt for k, v in known.items()) \
@@ -187,6 +259,7 @@ def predicted_trace(spec) -> dict:
         shown.append(s)
     ranges = compact_ranges(shown) + (",…" if nt > len(shown) else "")
     return {"traced_steps": ranges, "traced_step_count": nt,
+            "schedule": describe(spec.trace), "max_records": cap,
             "steps": n, "level": spec.trace.level,
             "records_per_traced_step": per_step, "by_type": per,
             "lower_bound": per["comm"] is None,
@@ -209,7 +282,10 @@ def trace_checks(spec) -> list[dict]:
     if spec.kind != "train" and t != default:
         err(None, "bounded tracing applies to train jobs only")
         return e
-    if t.steps:
+    if t.steps.strip() == ALL:
+        if t.active:
+            err("steps", "\"all\" traces every step: leave the schedule (active) unset")
+    elif t.steps:
         if t.active:
             err("steps", "give either an explicit steps list or a schedule (active > 0), "
                 "not both")

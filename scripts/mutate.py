@@ -16,7 +16,7 @@ kills the mutant; a passing one lets it survive. Standard library only (docs/tes
 
 The copy is imported instead of the editable install: PYTHONPATH=<copy> comes before the
 install's finder on sys.path, and the subprocesses the tests start (torchrun, the service)
-inherit it or set PYTHONPATH to the copy's root themselves (tests/support/launch.py).
+inherit it or set PYTHONPATH to the copy's root themselves (devtools/launch.py).
 """
 
 from __future__ import annotations

@@ -78,8 +78,16 @@ class BackendClient:
                          json={"lines": lines}, retry_full=False)
 
     def upload(self, run_id: str, rel: str, path: Path) -> None:
+        """One file, streamed from disk (never whole in memory; a retry reads it again)."""
         self.call("PUT", f"/api/internal/runs/{run_id}/files/{rel}", retry_for_s=1800,
-                  content=path.read_bytes(), timeout=120, retry_full=False)
+                  content=FileBody(path), timeout=120, retry_full=False,
+                  headers={"Content-Length": str(path.stat().st_size)})
+
+    def seal(self, run_id: str, rel: str, size: int) -> None:
+        """The backend's live copy of `rel` is the whole file (`size` bytes): record it
+        without sending it again. httpx.HTTPStatusError 409 when that copy differs."""
+        self.call("POST", f"/api/internal/runs/{run_id}/sealed-files/{rel}", retry_for_s=300,
+                  params={"size": size}, retry_full=False)
 
     def checkpoint_files(self, run_id: str, step: int) -> dict:
         return self.call("GET", f"/api/internal/runs/{run_id}/checkpoints/{step}/files",
@@ -184,3 +192,18 @@ class BackendClient:
             log.warning("worker heartbeat failed: %s (retrying every beat)", why)
             self._hb_warned = now
         self._hb_failing = why
+
+
+class FileBody:
+    """A file's bytes for an upload, read chunk by chunk each time it is iterated (httpx
+    iterates it once per attempt)."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __iter__(self):
+        with open(self.path, "rb") as f:
+            while chunk := f.read(self.CHUNK):
+                yield chunk

@@ -95,7 +95,3 @@ def build_env(base: Mapping[str, str], *, run_id: str, omp_threads: int,
     if node is not None:
         env["PARALAB_NODE"] = str(node)
     return env
-
-
-def job_timeout_s(spec: Mapping, cap_s: float) -> float:
-    return min(float(spec["runtime"]["timeout_s"]), cap_s)

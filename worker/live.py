@@ -155,9 +155,20 @@ class TraceShipper:
         self._sent[rel] = off + len(chunk)
         return len(chunk)
 
-    def close(self) -> None:
+    def close(self) -> dict[str, int]:
+        """Stop, ship what the job wrote last (it has ended: the files no longer grow), and
+        return the bytes of each file the backend holds, so the upload after the job does
+        not send them again."""
         self._stop.set()
         self._thread.join()
+        try:
+            while self.ship():
+                pass
+        except BackendUnavailable:
+            pass  # what did not get through is uploaded whole
+        except Exception:  # noqa: BLE001 - same: the upload sends the whole file
+            log.exception("final trace shipment of run %s failed", self._run_id)
+        return dict(self._sent)
 
 
 class LiveConversion:

@@ -20,11 +20,9 @@ import time
 
 from celery import shared_task
 
-from backend.core.config import Settings, get_settings
-from jobs.analysis.summary_traces import refresh_summary
 from jobs.ckpt_index import attempts
-from jobs.spec import parse_spec
-from worker.app import NODE_TASK_NAME
+from paralab_core.config import Settings, get_settings
+from paralab_core.queue import NODE_TASK_NAME
 from worker.hang import post_mortem
 from worker.launch import Rendezvous
 from worker.provenance import provenance
@@ -151,11 +149,9 @@ class NodeSupervisor(JobSupervisor):
             diagnosis = post_mortem(self.out, run_status, self.tail) or diagnosis
             if diagnosis and diagnosis.get("sentence"):
                 run_error = f"{diagnosis['sentence']}\n\n{run_error}"
-        summary = self._summary()
-        if summary is not None and self.spec.get("kind") == "train":
-            summary = refresh_summary(self.out, parse_spec(self.spec, max_world_size=1 << 30),
-                                      summary)
-        summary = self._analyze(summary)
+        # the analysis of every host's traces, gathered here, is the one home of what was
+        # measured across hosts (stage bubbles, bytes per axis): the summary repeats none of it
+        summary = self._analyze(self._summary())
         summary = {**(summary or {}), "nodes": [
             {k: n[k] for k in ("node", "host", "worker", "ranks", "status", "exit_code")}
             for n in nodes]}

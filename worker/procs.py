@@ -8,23 +8,9 @@ environment.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 from pathlib import Path
-
-_PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def pdeathsig_preexec(sig: int = signal.SIGTERM):
-    """preexec_fn: the child gets `sig` when the worker dies (even by SIGKILL). SIGTERM, not
-    SIGKILL, so torchrun still stops its ranks."""
-    prctl = _libc.prctl  # resolved in the parent: the child only makes the call
-
-    def _set():
-        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    return _set
 
 
 def pids_with_env(key: str, value: str, *, having: str | None = None) -> list[int]:

@@ -16,7 +16,8 @@ import subprocess
 import sys
 import time
 
-from worker.procs import PROC_KEY, kill_run_processes, pdeathsig_preexec
+from paralab_core.procs import pdeathsig_preexec
+from worker.procs import PROC_KEY, kill_run_processes
 
 
 def main(argv: list[str]) -> int:

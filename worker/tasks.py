@@ -17,7 +17,6 @@ import logging
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,16 +28,17 @@ from celery import shared_task
 from celery.app import trace as celery_trace
 from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
-from backend.core.config import Settings, get_settings
 from jobs.analysis.diagnose import failure_text
 from jobs.ckpt_index import attempts
 from jobs.spec import parse_spec
-from worker.app import TASK_NAME
+from paralab_core.config import Settings, get_settings, job_timeout_s
+from paralab_core.procs import pdeathsig_preexec
+from paralab_core.queue import TASK_NAME, worker_host, worker_name
 from worker.client import BackendClient
 from worker.hang import HangWatch, LogTail, dump_stacks, post_mortem, rank_pids
-from worker.launch import build_argv, build_env, job_timeout_s, supervised
+from worker.launch import build_argv, build_env, supervised
 from worker.live import LiveConversion, LogShipper, OutputFilter, TraceShipper
-from worker.procs import kill_run_processes, pdeathsig_preexec, proc_key
+from worker.procs import kill_run_processes, proc_key
 from worker.provenance import devices, provenance
 
 log = logging.getLogger(__name__)
@@ -53,14 +53,6 @@ SHUTDOWN = threading.Event()
 PARTIAL = (".part", ".tmp")
 _busy = 0
 _busy_lock = threading.Lock()
-
-
-def worker_host(settings: Settings) -> str:
-    return settings.worker_host or socket.gethostname()
-
-
-def worker_name(settings: Settings) -> str:
-    return settings.worker_name or f"{settings.queue}@{worker_host(settings)}"
 
 
 def _read_text(path: Path) -> str:
@@ -123,6 +115,7 @@ class JobSupervisor:
         self.dir = settings.work_dir / run_id
         self.out = self.dir / "out"
         self.live = None  # the live conversion's LiveRun once the job has run
+        self.shipped: dict[str, int] = {}  # trace file -> bytes the backend has (shipped live)
 
     # -- hooks of a multi-host node ------------------------------------------------------------
     def _beat(self) -> dict | None:
@@ -193,7 +186,7 @@ class JobSupervisor:
             outcome, reason = self._supervise(proc, timeout)
             rc = proc.wait()
         finally:
-            traces.close()
+            self.shipped = traces.close()
             if conversion is not None:
                 self.live = conversion.close()
         wrapped = threading.Event()
@@ -392,20 +385,42 @@ class JobSupervisor:
             self.say(f"columnar trace conversion failed: {type(exc).__name__}: {exc}")
 
     def _upload(self, skip: set[str] | frozenset = frozenset()) -> None:
-        """Every file of the run folder, except the relative paths in `skip` and the
-        half-written files of an atomic write (`*.part`, `*.tmp`: left behind when a write
+        """Every file of the run folder, except the relative paths in `skip`, the trace files
+        the backend already holds whole (shipped live: each byte crosses the wire once) and
+        the half-written files of an atomic write (`*.part`, `*.tmp`: left behind when a write
         failed, e.g. on a full disk; the run's files are the ones they would have replaced)."""
         files = [self.dir / "spec.json", *sorted(
             p for p in self.out.rglob("*") if p.is_file() and p.suffix not in PARTIAL)]
+        sealed = []
         for p in files:
-            if p.relative_to(self.out if p.is_relative_to(self.out) else self.dir).as_posix() \
-                    in skip:
-                continue
             rel = p.relative_to(self.out if p.is_relative_to(self.out) else self.dir)
+            if rel.as_posix() in skip:
+                continue
+            if self._sealed(p, rel.as_posix()):
+                sealed.append(rel.as_posix())
+                continue
             try:
                 self.client.upload(self.run_id, rel.as_posix(), p)
             except Exception as exc:  # noqa: BLE001 - one bad file must not lose the outcome
                 self.say(f"upload of {rel} failed: {exc}")
+        if sealed:
+            self.say(f"{', '.join(sealed)}: shipped live while the job ran, recorded without "
+                     "a second upload")
+
+
+    def _sealed(self, path: Path, rel: str) -> bool:
+        """Whether the backend holds this trace file whole already (every byte shipped live
+        while the job ran, which has ended): then it is recorded there from its own copy
+        instead of uploaded again. Anything else (a chunk lost, a refusal): False, and the
+        file is uploaded whole."""
+        sent = self.shipped.get(rel)
+        try:
+            if sent is None or sent != path.stat().st_size:
+                return False
+            self.client.seal(self.run_id, rel, sent)
+            return True
+        except Exception:  # noqa: BLE001 - the whole upload is the fallback
+            return False
 
 
 # -- worker lifecycle: shutdown flag and the heartbeat /api/workers shows ------------------------

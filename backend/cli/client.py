@@ -108,10 +108,38 @@ def cmd_submit(a) -> int:
 
 
 def _wait(run: dict) -> dict:
+    """Until the run has finished: woken by its event stream's `end` (GET /live), not a
+    poll; a dropped stream (the server restarted) is reopened after a pause."""
     while run["status"] not in FINISHED:
-        time.sleep(1)
+        try:
+            for event, _data, _id in _sse(f"/api/runs/{run['id']}/live"):
+                if event == "end":
+                    break
+        except httpx.TransportError:
+            time.sleep(1)
         run = _request("GET", f"/api/runs/{run['id']}")
     return run
+
+
+def _sse(path: str, params: dict | None = None, headers: dict | None = None):
+    """(event, data, id) of a server-sent-event stream as each arrives (`: ping` comments
+    skipped); CliError on an error answer, httpx.TransportError when the connection drops."""
+    with httpx.stream("GET", f"{_url()}{path}", params=params or {},
+                      headers=_auth_headers(headers or {}), timeout=None) as r:
+        if r.status_code >= 400:
+            raise CliError(f"error {r.status_code}: {r.read().decode()}")
+        event, data, last = "message", [], None
+        for line in r.iter_lines():
+            if line.startswith("id:"):
+                last = line[3:].strip()
+            elif line.startswith("event:"):
+                event = line[6:].strip()
+            elif line.startswith("data:"):
+                data.append(line[5:].removeprefix(" "))
+            elif not line:
+                if data or event != "message":
+                    yield event, "\n".join(data), last
+                event, data = "message", []
 
 
 def cmd_checkpoints(a) -> int:
@@ -202,26 +230,14 @@ def cmd_logs(a) -> int:
             after = int(r.headers["x-next-after"])
     last = None
     while True:  # reconnects resume after the last line seen (Last-Event-ID)
-        headers = {"Last-Event-ID": last} if last else {}
         try:
-            with httpx.stream("GET", f"{_url()}/api/runs/{a.id}/logs/stream", params=params,
-                              headers=_auth_headers(headers), timeout=None) as r:
-                if r.status_code >= 400:
-                    raise CliError(f"error {r.status_code}: {r.read().decode()}")
-                event, data = "message", []
-                for line in r.iter_lines():
-                    if line.startswith("id:"):
-                        last = line[3:].strip()
-                    elif line.startswith("event:"):
-                        event = line[6:].strip()
-                    elif line.startswith("data:"):
-                        data.append(line[5:].removeprefix(" "))
-                    elif not line:
-                        if event == "message":
-                            print("\n".join(data), flush=True)
-                        elif event == "end":
-                            return 0
-                        event, data = "message", []
+            for event, data, seq in _sse(f"/api/runs/{a.id}/logs/stream", params,
+                                         {"Last-Event-ID": last} if last else {}):
+                last = seq or last
+                if event == "message":
+                    print(data, flush=True)
+                elif event == "end":
+                    return 0
         except httpx.TransportError:
             time.sleep(1)
 

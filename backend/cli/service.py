@@ -43,8 +43,7 @@ def cmd_worker(a) -> int:
     if a.slots:
         os.environ["PARALAB_WORKER_SLOTS"] = str(a.slots)
     from backend.core.config import get_settings
-    from worker.app import get_celery, node_queue
-    from worker.tasks import worker_name
+    from paralab_core.queue import get_celery, node_queue, worker_name
     settings = get_settings()
     app = get_celery(settings)
     # its pool's queue, and its own: the nodes of multi-host runs placed on this worker

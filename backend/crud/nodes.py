@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import and_, delete, func, select, update
 from sqlalchemy.orm import Session, defer
 
+from backend.crud.log_lines import line_time, rank_of
 from backend.models import FINISHED, NODE_ACTIVE, Run, RunLog, RunNode, utcnow
 
 # The run-level error of a multi-host run one of whose hosts stopped reporting. Not the
@@ -188,8 +189,6 @@ def append_node_logs(db: Session, run_id: str, node: int, lines: list[dict],
     (run_id, node, nseq): a retried batch adds nothing. The run's row lock (PostgreSQL) or the
     write lock (SQLite, BEGIN IMMEDIATE) makes the next `seq` one process's decision.
     `out` and `problems` as crud.append_logs."""
-    # one rank-prefix rule and one rule for the time of a line, for both paths
-    from backend.crud.runs import _rank_of, line_time
     if not lines:
         return 0
     if db.get_bind().dialect.name == "sqlite":
@@ -214,7 +213,7 @@ def append_node_logs(db: Session, run_id: str, node: int, lines: list[dict],
         if problem:
             why.append((i, "ts", problem))
         rows.append(RunLog(run_id=run_id, seq=nxt, node=node, nseq=nseq,
-                           rank=_rank_of(x["line"]), line=(tag + x["line"])[:65536], ts=ts))
+                           rank=rank_of(x["line"]), line=(tag + x["line"])[:65536], ts=ts))
         nxt += 1
     db.add_all(rows)
     db.commit()

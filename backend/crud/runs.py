@@ -9,13 +9,14 @@ import math
 import re
 import secrets
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import and_, case, delete, func, null, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, defer
 
-from backend.api.schemas import INT32_MAX
+from backend.crud.log_lines import line_time, rank_of
+from backend.crud.nodes import HOST_LOST_PREFIX, cancel_reserved  # runs -> nodes, not back
 from backend.models import (
     FINISHED,
     METRIC_COLUMNS,
@@ -31,7 +32,6 @@ from jobs.spec import JobSpec, text_problem
 SORT_KEYS = {"created_at": Run.created_at, "name": Run.name, "status": Run.status,
              "strategy": Run.strategy, "world_size": Run.world_size,
              **{c: getattr(Run, c) for c in METRIC_COLUMNS}}
-_RANK_PREFIX = re.compile(r"^\[(?:default|rank)(\d+)\]:")
 
 
 def new_run_id() -> str:
@@ -190,7 +190,6 @@ def request_cancel(db: Session, run: Run) -> Run:
             db.execute(update(Run).where(Run.id == run.id, Run.status == "running").values(
                 cancel_requested=True))
         elif run.nnodes > 1:  # its reserved hosts are free again at once
-            from backend.crud.nodes import cancel_reserved
             cancel_reserved(db, run.id)
     elif run.status == "running":
         db.execute(update(Run).where(Run.id == run.id).values(cancel_requested=True))
@@ -222,38 +221,6 @@ def heartbeat(db: Session, run_id: str) -> Run | None:
     return db.get(Run, run_id)
 
 
-def _rank_of(line: str) -> int | None:
-    """The rank a line's prefix names, or None: a number past run_logs.rank (an INTEGER) is no
-    rank any job has, and the line is kept with none (checked on the digits first: Python
-    refuses to convert more than 4300 of them)."""
-    m = _RANK_PREFIX.match(line)
-    if m is None or len(m.group(1)) > len(str(INT32_MAX)):
-        return None
-    rank = int(m.group(1))
-    return rank if rank <= INT32_MAX else None
-
-
-def line_time(ts: str | None, now: datetime) -> tuple[datetime, str | None]:
-    """When a worker says a line was written, as both databases hold it, and None; or `now`
-    and why not: a time that is not ISO 8601 (Python's reading: the year 0 of the format is
-    none), or falls outside the years 1-9999 once in UTC, cannot be stored, and refusing the
-    line would lose it."""
-    if not ts:
-        return now, None
-    try:
-        t = datetime.fromisoformat(ts)
-    except ValueError:
-        return now, ("not an ISO 8601 time (YYYY-MM-DDTHH:MM:SS[.ffffff][+HH:MM], years "
-                     "1-9999); the line is stored with the time it arrived")
-    try:
-        if t.tzinfo is not None:
-            t.astimezone(UTC)
-    except OverflowError:
-        return now, ("outside the years 1-9999 once in UTC; the line is stored with the time "
-                     "it arrived")
-    return t, None
-
-
 def append_logs(db: Session, run_id: str, lines: list[dict],
                 out: list | None = None, problems: list | None = None) -> int:
     """Idempotent on (run_id, seq): a worker retrying a batch after a timeout adds nothing,
@@ -269,7 +236,7 @@ def append_logs(db: Session, run_id: str, lines: list[dict],
         if problem:
             why[int(x["seq"])] = (i, "ts", problem)
         rows[int(x["seq"])] = {"run_id": run_id, "seq": int(x["seq"]),
-                               "rank": _rank_of(x["line"]), "ts": ts, "line": x["line"]}
+                               "rank": rank_of(x["line"]), "ts": ts, "line": x["line"]}
     if not rows:
         return 0
     dialect = {"postgresql": postgresql, "sqlite": sqlite}[db.get_bind().dialect.name]
@@ -364,7 +331,6 @@ def finish(db: Session, run_id: str, *, status: str, exit_code: int | None, erro
     if res.rowcount == 0 and summary is not None:
         # the same outcome reported again with the summary; or a multi-host run failed as
         # "host lost" whose surviving coordinator still analysed what the nodes traced
-        from backend.crud.nodes import HOST_LOST_PREFIX
         db.execute(update(Run).where(Run.id == run_id, or_(
             Run.status == status, and_(Run.status == "failed",
                                        Run.error.like(HOST_LOST_PREFIX + "%"))),

@@ -1,8 +1,9 @@
 """The dashboard's Gantt: per-rank segments of a time window with server-side level of detail.
 
 Dashboard-only (drawing, not metrics): every figure the run page prints comes from
-`jobs.analysis` (backend/run_traces.py serves it). The segments are columns derived from the
-one trace loader (`jobs.analysis.load_run_dir`, cached by backend/run_traces.py):
+`jobs.analysis` (backend/services/run_traces.py serves it). The segments are columns derived
+from the one trace loader (`jobs.analysis.load_run_dir`, cached by
+backend/services/run_traces.py):
 
 - `gantt(...)`: when the window holds more than `max_spans` spans, spans of one (rank, lane)
   whose gap is below a bucket width are merged into one segment (the longest span names it,
@@ -51,7 +52,7 @@ class Trace:
 def columns(tr: Traces, origin: int | None = None) -> Trace:
     """The Gantt's columns from loaded traces (step spans become the step windows).
     `origin`: the run's time origin in ns (default tr.t0_ns(); a window's records need the
-    whole run's, backend/gantt_columnar.py)."""
+    whole run's, backend/services/gantt_columnar.py)."""
     keys: dict[str, int] = {}
     col: dict[str, list] = {k: [] for k in ("rank", "channel", "ts", "end", "key", "mb", "step",
                                             "bytes")}

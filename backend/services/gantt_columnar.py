@@ -2,7 +2,7 @@
 files, never the whole run's.
 
 A converted run of at least jobs.analysis.scale.SCALE_RECORDS records would need its whole
-trace in memory for backend/gantt.py's columns. Here a request reads only the records
+trace in memory for backend/services/gantt.py's columns. Here a request reads only the records
 overlapping its window (DuckDB over the files, row groups pruned by their `ts_ns` / `step`
 statistics), loads them as a sparse Traces and hands them to the same `gantt.columns` /
 `gantt.gantt` (one lane rule, one drawing), with the run's time origin and its full step list
@@ -18,8 +18,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from backend import gantt
-from jobs.analysis import columnar, scale
+from backend.services import gantt
+from jobs.analysis import columnar, perfetto, scale
 from jobs.analysis import vec_tables as V
 
 MAX_RECORDS = 400_000  # records one Gantt answer reads at most
@@ -41,28 +41,6 @@ def is_large(run_dir: Path) -> bool:
         return False
 
 
-def _stats(run_dir: Path, column: str, how) -> int | None:
-    """min / max of a column over every row group's statistics (no scan)."""
-    import pyarrow.parquet as pq
-    vals = []
-    for p in run_dir.glob("trace-rank*" + columnar.SUFFIX):
-        md = pq.read_metadata(p)
-        idx = md.schema.to_arrow_schema().get_field_index(column)
-        for i in range(md.num_row_groups):
-            st = md.row_group(i).column(idx).statistics
-            if st is not None and st.has_min_max:
-                vals.append(how(st.min, st.max))
-    return (min if how is _lo else max)(vals) if vals else None
-
-
-def _lo(a, b):
-    return a
-
-
-def _hi(a, b):
-    return b
-
-
 def run_info(run_dir: Path) -> dict:
     """{con, meta, origin_ns, max_dur_ns, steps}: cached per file version."""
     key = _version(run_dir)
@@ -79,16 +57,14 @@ def run_info(run_dir: Path) -> dict:
 def _build(run_dir: Path, key: tuple) -> dict:
     con = V.connect(run_dir)
     meta = V.meta_traces(run_dir)
-    t0 = [m["t0_ns"] for m in meta.meta.values() if isinstance(m.get("t0_ns"), int)]
-    first = _stats(run_dir, "ts_ns", _lo)
-    origin = min(t0 + ([first] if first is not None else [])) if t0 or first is not None else 0
+    origin = perfetto.origin_ns(run_dir, meta)
     rows = con.execute("SELECT step, min(ts_ns), max(ts_ns + coalesce(dur_ns, 0)) FROM t "
                        "WHERE type = 'span' AND cat = 'step' AND step >= 0 "
                        "GROUP BY step ORDER BY step").fetchall()
     steps = [{"step": s, "t0_ms": (a - origin) / 1e6, "t1_ms": (b - origin) / 1e6}
              for s, a, b in rows]
     info = {"con": con, "meta": meta, "origin_ns": origin, "steps": steps,
-            "max_dur_ns": _stats(run_dir, "dur_ns", _hi) or 0}
+            "max_dur_ns": perfetto.column_stat(run_dir, "dur_ns", largest=True) or 0}
     with _LOCK:
         _CACHE.clear()  # one large run at a time: its connection and step list
         _CACHE[key] = info

@@ -14,6 +14,7 @@ Each check is {"ok": bool, ...}; a failed one adds a sentence to the answer's `p
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -60,6 +61,20 @@ def disk_check(data_dir: Path, min_free_bytes: int,
         problems.append(failed)
     return {"ok": not problems, "path": str(where), "free_bytes": free,
             "min_free_bytes": min_free_bytes, "last_write_error": failed}, problems
+
+
+def memory_check() -> dict:
+    """This API process's resident memory and its trace cache (bytes charged, bound): what
+    grows with the runs it serves (backend/services/run_traces.py)."""
+    from backend.services import run_traces
+    try:
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        rss = None  # not Linux
+    return {"ok": True, "pid": os.getpid(), "rss_bytes": rss,
+            "trace_cache_bytes": run_traces.cached_bytes(),
+            "trace_cache_limit_bytes": run_traces.LIMIT_BYTES}
 
 
 def worker_checks(db: Session, settings: Settings) -> tuple[dict, list[str]]:

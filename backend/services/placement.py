@@ -14,9 +14,9 @@ big run is never starved by a stream of smaller ones; but only a run that would 
 hosts free (fits_when_free): one that no combination of the live hosts can hold is skipped, is
 refused at submission when the queue's recently seen hosts cannot hold it (submit_errors), and
 fails after `gang_unplaceable_timeout_s` (fail_unplaceable), so no run waits forever. Messages go
-out after the commit, one per node, to its worker's own queue (worker/app.py node_queue); the
-claim of each node is atomic, so a redelivered message never launches a node twice
-(docs/hosts.md).
+out after the commit, one per node, to its worker's own queue (node_queue in
+paralab_core/queue.py); the claim of each node is atomic, so a redelivered message never
+launches a node twice (docs/hosts.md).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from backend import crud
 from backend.core.config import Settings
 from backend.models import Run, Worker, utcnow
 from jobs.spec import JobSpec
-from worker.app import enqueue_node
+from paralab_core.queue import enqueue_node
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +316,7 @@ def reconcile_nodes(db: Session, settings: Settings,
             if crud.fail_gang(db, run.id, f"node {n.node} of the run, placed on worker "
                               f"{n.worker} ({n.host}), was not claimed after "
                               f"{n.publish_attempts} publications: does that worker consume "
-                              f"its own queue (worker/app.py node_queue)?"):
+                              f"its own queue (paralab_core/queue.py node_queue)?"):
                 out["failed"].append(run.id)
         elif crud.mark_republished(db, n.run_id, n.node, n.publish_attempts):
             try:

@@ -35,7 +35,7 @@ from backend.core.db import get_sessionmaker
 from backend.models import Run, utcnow
 from backend.services import placement
 from backend.streams import hub
-from worker.app import enqueue_run
+from paralab_core.queue import enqueue_run
 
 log = logging.getLogger(__name__)
 

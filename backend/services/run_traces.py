@@ -3,7 +3,7 @@
 The worker stores `analysis.json` (jobs.analysis.write_analysis) when a run ends; until then
 (a running run, or one whose worker died before analysing) the same `jobs.analysis.analyze`
 runs here over the partial trace files. Either way the run page reads one analysis: the
-backend computes no metric of its own. The Gantt's columns (backend/gantt.py) are derived
+backend computes no metric of its own. The Gantt's columns (backend/services/gantt.py) are derived
 from the same loaded traces (`jobs.analysis.load_run_dir`, the one trace loader).
 """
 
@@ -20,7 +20,19 @@ from jobs.analysis import ANALYSIS_FILE, SCHEMA, Traces, analyze, load_run_dir
 _CACHE: OrderedDict[tuple, RunTraces] = OrderedDict()
 _LOCK = threading.Lock()
 _LOAD_LOCK = threading.Lock()
-CACHE_SIZE = 8
+# Memory of one loaded record with what is derived from it (the Gantt's columns, the
+# analysis), measured by RSS growth: 1.55 KB on the ddp preset (load 1.30, Gantt 0.20,
+# analysis 0.06), 2.3 KB on the gpt runs of docs/benchmarks.md; the larger is charged.
+RECORD_BYTES = 2_300
+LIMIT_BYTES = 256 << 20  # Settings.analysis_cache_mb, set by configure() at app start
+
+
+def configure(limit_mb: float) -> None:
+    """The cache's byte bound (Settings.analysis_cache_mb); drops what no longer fits."""
+    global LIMIT_BYTES
+    LIMIT_BYTES = int(limit_mb * (1 << 20))
+    with _LOCK:
+        _evict()
 
 
 @dataclass
@@ -28,6 +40,21 @@ class RunTraces:
     traces: Traces
     derived: dict = field(default_factory=dict)  # per-version cache: gantt columns, analysis
     lock: threading.Lock = field(default_factory=threading.Lock)
+    nbytes: int = 0  # charged against LIMIT_BYTES
+
+
+def cached_bytes() -> int:
+    """What the cache holds now, as charged (health reports it)."""
+    with _LOCK:
+        return sum(rt.nbytes for rt in _CACHE.values())
+
+
+def _evict() -> None:
+    """Least recently used first, until the rest fits (caller holds _LOCK)."""
+    total = sum(rt.nbytes for rt in _CACHE.values())
+    while _CACHE and total > LIMIT_BYTES:
+        _, old = _CACHE.popitem(last=False)
+        total -= old.nbytes
 
 
 def trace_files(run_dir: Path) -> list[Path]:
@@ -43,7 +70,7 @@ def _version(run_dir: Path, files: list[Path]) -> tuple:
 def get(run_dir: Path) -> RunTraces | None:
     """The run's loaded traces (None without trace files), parsed once per file version.
     None too for a large converted run (scale.use): its millions of records are never loaded
-    whole; its readers go through backend/gantt_columnar.py and the stored analysis."""
+    whole; its readers go through backend/services/gantt_columnar.py and the stored analysis."""
     files = trace_files(run_dir)
     if not files or _large(run_dir):
         return None
@@ -59,11 +86,14 @@ def get(run_dir: Path) -> RunTraces | None:
         with _LOCK:
             if key in _CACHE:
                 return _CACHE[key]
-        rt = RunTraces(load_run_dir(run_dir))
+        tr = load_run_dir(run_dir)
+        rt = RunTraces(tr, nbytes=RECORD_BYTES * sum(len(r) for r in tr.ranks.values()))
         with _LOCK:
-            _CACHE[key] = rt
-            while len(_CACHE) > CACHE_SIZE:
-                _CACHE.popitem(last=False)
+            for old in [k for k in _CACHE if k[0] == key[0]]:
+                del _CACHE[old]  # an older version of this run's files: never asked again
+            if rt.nbytes <= LIMIT_BYTES:  # a larger run is served, not kept
+                _CACHE[key] = rt
+                _evict()
     return rt
 
 
@@ -101,7 +131,7 @@ def _copy(tr: Traces) -> Traces:
 
 
 def _large(run_dir: Path) -> bool:
-    from backend import gantt_columnar
+    from backend.services import gantt_columnar
     return gantt_columnar.is_large(run_dir)
 
 
@@ -109,7 +139,7 @@ def warm(run_dir: Path) -> None:
     """Parse a run's traces and build its Gantt columns before the page asks (a background
     task when a run finishes or its page is opened; for a large converted run, the Gantt's
     step list and connection over the Parquet files: gantt_columnar.run_info)."""
-    from backend import gantt, gantt_columnar  # the dashboard's drawing modules
+    from backend.services import gantt, gantt_columnar  # the dashboard's drawing modules
     if gantt_columnar.is_large(run_dir):
         gantt_columnar.run_info(run_dir)
         return

@@ -17,7 +17,7 @@ from backend.services import placement, resume
 from backend.streams import hub
 from jobs.spec import JobSpec, SpecError, parse_spec, text_problem
 from jobs.theory import predict
-from worker.app import enqueue_run, revoke_run
+from paralab_core.queue import enqueue_run, revoke_run
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from backend.services.sweep_body import member_body, parse
 from jobs.spec import JobSpec, SpecError, parse_spec, to_dict
 from jobs.theory import predict
 from jobs.theory.advisor import evaluate_spec
-from worker.app import enqueue_run
+from paralab_core.queue import enqueue_run
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The analysis while the run goes (issue 19): the scale path's one read (scale_read.OneRead:
+"""The analysis while the run goes: the scale path's one read (scale_read.OneRead:
 the step sweep, the collective instances, the axis sums) fed with the row groups the live
 conversion writes (convert_live.py), so that after the run only its last steps and the
 small tables over the results are left (scale.analyze_columnar resumes from here).

@@ -11,6 +11,8 @@ import json
 import math
 from collections import defaultdict
 
+from jobs import trace_schedule as TS
+
 from . import labels as L
 from . import memory as M
 from . import moe as MOE
@@ -154,7 +156,10 @@ def result(tr, sp, spec_dict, tables: dict, headline_row: dict, trace: dict,
     run = {"world_size": tr.world_size, "ranks": sorted(tr.ranks), "strategy": strategy,
            "engine": sp.parallel.engine if sp is not None else None,
            "coords": {str(r): tr.coords(r) for r in sorted(tr.ranks)},
-           "traced_steps": trace.get("traced_steps"), "trace": trace}
+           "traced_steps": trace.get("traced_steps"),
+           # the schedule in the spec's words beside what the trace holds (a run without a
+           # spec: its traces only)
+           "trace": {**trace, "schedule": TS.describe(sp.trace) if sp is not None else None}}
     tables = {name: [headline_row] if name == "headline" else tables[name] for name in TABLES}
     return json_safe({"schema": SCHEMA, "run": run, "spec": spec_dict,
                       "headline": headline_row, "rules": rules.RULES, "tables": tables,

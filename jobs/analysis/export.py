@@ -167,7 +167,7 @@ def iter_perfetto_json(traces, spec: dict | None = None, *,
     """to_perfetto's document as JSON text in chunks of `chunk` events: what a streamed
     download (and the file the worker writes) sends without holding the document.
     `origin`: the run's time origin (ns) when `traces` holds only a window's records (a large
-    run read from its Parquet files, backend/gantt_columnar.py)."""
+    run read from its Parquet files, backend/services/gantt_columnar.py)."""
     tr = traces if isinstance(traces, Traces) else from_records(traces)
     t0 = tr.t0_ns() if origin is None else origin
     lo, hi = _window(t0, window_ms)

@@ -1,4 +1,4 @@
-"""Which steps are steps: a step that not every rank finished is not one (issue 37).
+"""Which steps are steps: a step that not every rank finished is not one.
 
 A cancelled or live run's last step has records on some ranks and no end on some: timed as the
 extent of its records so far, it read as a short step (a 6x tokens/s spike on the throughput

@@ -79,7 +79,7 @@ def admit(r: dict) -> str:
             v = r.get(k)
             if v is not None and not isinstance(v, types):
                 return BAD
-        if t == "mem" and "optim" in r:  # traces written before issue 12 named it `optim`
+        if t == "mem" and "optim" in r:  # older traces named it `optim`
             r.setdefault("optimizer", r.pop("optim"))
     return KEEP
 

@@ -1,4 +1,4 @@
-"""What a figure's name says about its unit, where the name alone did not (issue 37).
+"""What a figure's name says about its unit, where the name alone did not.
 
 `rate_unit`: tokens_per_s counts tokens for a language model and samples for the mlp (whose
 "tokens" per step are its samples: steps.tokens_per_step); the headline carries it as

@@ -126,7 +126,7 @@ def from_records(per_rank: dict[int, list[dict]], summary: dict | None = None) -
 def load_run_dir(out_dir: Path) -> Traces:
     """Every rank's trace (and `summary.json` if present) of a run folder: the Parquet files
     (columnar.py) when every `trace-rank*.jsonl` has an up-to-date one, else the JSON lines
-    (a live run, or one that ended before issue 19)."""
+    (a live run, or one from before runs were converted)."""
     out_dir = Path(out_dir)
     tr = Traces()
     from . import columnar

@@ -8,7 +8,7 @@ the data-parallel `comm_buffers`); where the trace's samples carry no model stat
 formula on the measured Ψ (summary.json `formula_check`, data-parallel strategies), which a
 reference engine matches exactly; `padding_elems` is the shard padding (ZeRO), reported apart.
 
-Peak memory has one definition (issue 37): a rank's peak is the sum of every component's peak,
+Peak memory has one definition: a rank's peak is the sum of every component's peak,
 model state + activations + transient buffers (the `total` row of each rank), the sum the run
 page's chart stacks and jobs.theory predicts (`memory.per_rank_bytes`, seed 003: "实际峰值受
 聚合粒度、预取与通信缓冲影响"); the run's `peak_memory_bytes` is the largest rank's `total`

@@ -1,4 +1,4 @@
-"""Mixture of experts: expert load per step and the all-to-all rank x rank matrix (issue 17).
+"""Mixture of experts: expert load per step and the all-to-all rank x rank matrix.
 
     expert_load  per (step, layer, expert): assignments routed there (`tokens`, before capacity)
                  and dropped, summed over the ranks and micro-batches of the step (`moe`

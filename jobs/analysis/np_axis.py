@@ -24,7 +24,7 @@ import numpy as np
 
 from .np_steps import codes
 
-COLS = ("type", "step", "cat", "axis", "op", "bytes_sent", "bytes_recv")
+COLS = ("type", "step", "cat", "axis", "op", "bytes_sent", "bytes_recv", "peer")
 DICT = ("type", "cat", "axis", "op")
 # what only MoE tables read (scale.RARE): whether a rank has any, from this same read
 RARE_TYPES, RARE_OPS = ("moe",), ("all_to_all",)
@@ -41,6 +41,9 @@ class Sums:
         self.n = {k: np.zeros((2, 0), np.int64) for k in _KINDS}
         self.span_steps: dict[int, int] = {}
         self.rare = False
+        # (rank, raw axis, peer) -> [bytes sent, records] of the training steps' point-to-point
+        # records: links takes each one's link from its two ends, not the axis's group
+        self.p2p: dict[tuple, list] = {}
 
     def _bin_of(self, kind: str, rank: int, labels: list) -> np.ndarray:
         """The bins of (rank, label) per label, new ones added (arrays grown)."""
@@ -77,6 +80,8 @@ class Sums:
         sent = _floats(t.column("bytes_sent"))[c]
         recv = _floats(t.column("bytes_recv"))[c]
         st = step[c]
+        if train:
+            self._add_p2p(rank, t, c, code, names, sent)
         for kind in _KINDS:
             label = [*names, "?" if kind == "merged" else None]
             present = np.flatnonzero(np.bincount(code, minlength=len(label)))
@@ -98,9 +103,29 @@ class Sums:
             else:
                 f[2] = np.bincount(np.r_[head, b], np.r_[f[2], sent], minlength=nb)
 
+    def _add_p2p(self, rank: int, t, c, code, names: list, sent) -> None:
+        from .collectives import P2P
+        m = codes(t.column("op"), tuple(P2P))[c]
+        if not m.any():
+            return
+        peer = t.column("peer")
+        pv = np.asarray(peer.fill_null(-1).to_numpy(zero_copy_only=False), np.int64)[c][m]
+        pnull = np.asarray(peer.is_null().to_numpy(zero_copy_only=False))[c][m]
+        label = [*names, None]
+        keys = np.column_stack((code[m], pv, pnull))
+        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+        inv = inv.reshape(-1)
+        tot = np.bincount(inv, sent[m], minlength=len(uniq))
+        cnt = np.bincount(inv, minlength=len(uniq))
+        for (a, q, z), b, k in zip(uniq.tolist(), tot.tolist(), cnt.tolist(), strict=True):
+            x = self.p2p.setdefault((rank, label[a], None if z else q), [0.0, 0])
+            x[0] += b
+            x[1] += k
+
     def result(self) -> dict:
-        """{"merged": {(rank, axis): sums}, "raw": {...}, "rare": bool}."""
-        out: dict = {"rare": self.rare}
+        """{"merged": {(rank, axis): sums}, "raw": {...}, "p2p": {(rank, raw axis, peer):
+        (sent, records)}, "rare": bool}."""
+        out: dict = {"rare": self.rare, "p2p": {k: tuple(v) for k, v in self.p2p.items()}}
         for kind in _KINDS:
             f, n = self.f[kind], self.n[kind]
             out[kind] = {key: {"sent": float(f[0, b]), "recv": float(f[1, b]),

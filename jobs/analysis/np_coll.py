@@ -47,9 +47,8 @@ ROW_KEYS = ("step", "op", "axis", "group", "seq", "group_size", "ranks", "comple
 EXTRA = ("first_key", "wait_ns", "late_ns", "others_wait_ns", "n_ranks", "bw_key", "link_key")
 
 def applies(con) -> bool:
-    """False where vec_tables.collectives_table returns None: point-to-point ops (FIFO
-    matching stays in Python) or a field the scan needs hidden in args."""
-    return not (V.has_p2p(con) or V.in_args(con, "comm", V.COMM_FIELDS))
+    """False where a field the scan needs is hidden in args (the Python path answers)."""
+    return not V.in_args(con, "comm", V.COMM_FIELDS + ("peer",))
 
 
 class _Ctx:
@@ -62,6 +61,15 @@ class _Ctx:
         self.gk: dict[tuple, int] = {}  # (rank, axis) -> id of its group_key
         self.factors: dict[tuple, float | None] = {}
         self.groups = Groups(hosts)
+        self.index = C._by_coords(tr)  # coordinates -> rank, for the peers
+        self.peers: dict[tuple, int] = {}  # (rank, axis, peer) -> global peer (-1: none)
+
+    def peer(self, rank: int, axis: str, q: int | None) -> int:
+        """collectives.resolve_peer of a record (-1 for its None), once per triple."""
+        if (rank, axis, q) not in self.peers:
+            g = C.resolve_peer(self.tr, rank, {"peer": q, "axis": axis or None}, self.index)
+            self.peers[(rank, axis, q)] = -1 if g is None else int(g)
+        return self.peers[(rank, axis, q)]
 
     def key_id(self, rank: int, axis: str) -> int:
         if (rank, axis) not in self.gk:
@@ -132,6 +140,38 @@ def _order(grp, sc, rank, row) -> np.ndarray:
     return np.argsort(key)
 
 
+def _p2p_keys(tab: pa.Table, rank, row, axcode, axes: list, ctx: _Ctx):
+    """match()'s point-to-point keys: (whether each record is one, a dense code of its
+    (sender, receiver, step), its counter: the records of its rank, pair and step before it
+    in file order; -1 for the collectives)."""
+    n = len(rank)
+    p2p = np_steps.codes(tab["op"], tuple(C.P2P)) if n else np.zeros(0, bool)
+    code, cnt = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
+    idx = np.flatnonzero(p2p)
+    if not len(idx):
+        return p2p, code, cnt
+    send = np_steps.codes(tab["op"], ("send", "isend"))[idx]
+    pv = _np(tab["peer"], 0, np.int64)[idx]
+    pnull = tab["peer"].is_null().to_numpy(zero_copy_only=False)[idx]
+    r, a = rank[idx], axcode[idx]
+    uniq, inv = np.unique(np.column_stack((r, a, pv, pnull)), axis=0, return_inverse=True)
+    glob = np.array([ctx.peer(int(x), axes[int(j)], None if z else int(q))
+                     for x, j, q, z in uniq.tolist()], np.int64)[inv.reshape(-1)]
+    snd, rcv = np.where(send, r, glob), np.where(send, glob, r)
+    st = _np(tab["step"], -1, np.int64)[idx]
+    o = np.lexsort((row[idx], st, rcv, snd, r))
+    keys = np.column_stack((r, snd, rcv, st))[o]
+    new = np.concatenate(([True], (keys[1:] != keys[:-1]).any(axis=1)))
+    first = np.flatnonzero(new)
+    pos = np.arange(len(o))
+    c = np.empty(len(o), np.int64)
+    c[o] = pos - first[np.cumsum(new) - 1]
+    cnt[idx] = c
+    code[idx] = np.unique(np.column_stack((snd, rcv, st)), axis=0,
+                          return_inverse=True)[1].reshape(-1)
+    return p2p, code, cnt
+
+
 def _compute(tab: pa.Table, ctx: _Ctx, carry_step: int | None):
     """(instances table, records to carry into the next pass or None). carry_step: carry the
     incomplete instances whose records reach this step (-2: every incomplete one; None: no
@@ -154,6 +194,11 @@ def _compute(tab: pa.Table, ctx: _Ctx, carry_step: int | None):
     sc = sv - (sv.min(initial=0) if len(sv) else 0) + 1
     sc[seq.is_null().to_numpy(zero_copy_only=False)] = 0  # None is its own key, as in match()
     grp = gcode * n_gk + gk
+    # a point-to-point record's instance: its (pair, step) after every collective group, its
+    # counter for seq (match()'s ("p2p", pair, step, counter))
+    p2p, pcode, pcnt = _p2p_keys(tab, rank, row, axcode, axes, ctx)
+    grp = np.where(p2p, grp.max(initial=0) + 1 + pcode, grp)
+    sc = np.where(p2p, pcnt + 1, sc)
     assert sc.max(initial=0) < 1 << 40 and grp.max(initial=0) < 1 << 22
     inst = grp << 40 | sc
     k = rank << 40 | row  # unique per record; its order is match()'s append order
@@ -178,11 +223,18 @@ def _compute(tab: pa.Table, ctx: _Ctx, carry_step: int | None):
     step_all = _np(tab["step"], 0, np.int64)[order]
     red = (lambda f, x: f.reduceat(x, starts)) if n else (lambda f, x: x)
     first = tab.select(list(FIRST)).take(pa.array(order[starts]))
+    pp = p2p[order[starts]] if n else p2p  # point-to-point instances: a send and its recv
     gs = _np(first["group_size"], 0, np.int64)
     size = np.where(gs != 0, gs, parts)  # int(group_size or len(parts))
     payload = _np(first["payload_bytes"], 0, np.int64)
     op = first["op"].fill_null("?")
-    dur_ns = np.maximum(e[last] - a_last, 0)
+    if pp.any():  # instance_row names them send_recv (the column keeps its type)
+        op = pc.if_else(pa.array(pp), pa.scalar("send_recv"),
+                        op.cast(pa.string())).cast(op.type)
+        op = op if isinstance(op, pa.ChunkedArray) else pa.chunked_array([op])
+    # instance_row: a transfer ends when its later side ends, a collective when its last
+    # arrival does
+    dur_ns = np.maximum(np.where(pp, red(np.maximum, e), e[last]) - a_last, 0)
     dur = dur_ns / NS
     has_bw = (dur > 0) & (payload != 0)
     alg = np.where(has_bw, payload / np.where(has_bw, dur, 1.0), np.nan)
@@ -191,12 +243,12 @@ def _compute(tab: pa.Table, ctx: _Ctx, carry_step: int | None):
     for i, name in enumerate(ops):
         m = opc == i
         for nv in np.unique(size[m]):
-            f = ctx.factor(name, int(nv))
+            f = ctx.factor("send" if name == "send_recv" else name, int(nv))
             fac[m & (size == nv)] = np.nan if f is None else f
     late_ns = np.where(parts > 1, a_last - second, 0)
     others_ns = red(np.add, a_last[seg] - ts)
     wait_ns = a_last - start
-    complete = parts >= size
+    complete = parts >= np.where(pp, 2, size)
     axis = first["axis"].combine_chunks()
     axc, axes = _codes(axis) if len(starts) else (np.zeros(0, np.int64), [])
     axes = [str(x) for x in axes] + ["None"]  # as str(axis): a null is "None"
@@ -223,7 +275,7 @@ def _compute(tab: pa.Table, ctx: _Ctx, carry_step: int | None):
     out = pa.table(cols)
     if carry_step is None:
         return out, None
-    keep = ~complete
+    keep = ~complete & ~pp  # a transfer is keyed by its step: never in two ranges
     if carry_step != -2:
         keep &= red(np.maximum, step_all) == carry_step
     if not keep.any():
@@ -233,7 +285,8 @@ def _compute(tab: pa.Table, ctx: _Ctx, carry_step: int | None):
 
 # what comm_table reads of each rank's rows (np_read), strings as dictionaries
 COLS = ("type", "ts_ns", "dur_ns", "op", "axis", "group", "seq", "group_size",
-        "payload_bytes", "bytes_sent", "backend_op", "phase", "bucket", "unit", "microbatch")
+        "payload_bytes", "bytes_sent", "backend_op", "phase", "bucket", "unit", "microbatch",
+        "peer")
 DICT = ("type", "op", "axis", "group", "backend_op", "phase")
 # comm_table's columns and types, carry's schema: strings stay dictionaries (as np_read
 # decodes them: no string is built per record, and _group_codes reads the codes as they are)
@@ -242,7 +295,8 @@ _TYPES = {"rank": pa.int32(), "row": pa.int64(), "ts_ns": pa.int64(), "e": pa.in
           "step": pa.int64(), "op": _DSTR, "axis": _DSTR, "group": _DSTR,
           "seq": pa.int64(), "group_size": pa.int64(), "payload_bytes": pa.int64(),
           "bytes_sent": pa.float64(), "backend_op": _DSTR, "phase": _DSTR,
-          "bucket": pa.int64(), "unit": pa.int64(), "microbatch": pa.int64()}
+          "bucket": pa.int64(), "unit": pa.int64(), "microbatch": pa.int64(),
+          "peer": pa.int64()}
 
 
 def comm_table(tabs: dict) -> pa.Table:

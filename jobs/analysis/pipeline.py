@@ -41,23 +41,33 @@ def stage_times(tr: Traces, p: int, v: int, steps: set[int], placement: str = "l
     """Mean measured seconds per global model stage of F, input-gradient and weight-gradient
     backward (a full BW counts as input-gradient). Spans without a `stage` are placed by their
     chunk and `placement` (jobs.schedules.placement_of(schedule))."""
-    acc: dict[tuple[str, int], list[float]] = defaultdict(list)
+    spans = []
     for rank, recs in tr.ranks.items():
-        pp = int(tr.coords(rank).get("pp", rank) or 0)
         for r in recs:
             a = r.get("action")
             if r.get("type") != "span" or a not in ACTIONS or r.get("step") not in steps:
                 continue
-            st = r.get("stage")
-            if not isinstance(st, int):
-                st = schedules.stage_of(pp, int(r.get("chunk") or 0), p, v, placement)
-            acc[("B" if a == "BW" else a, st)].append(r["dur_ns"] / 1e9)
+            spans.append((rank, a, r.get("stage"), r.get("chunk"), r["dur_ns"] / 1e9, 1))
+    return stage_means(tr, spans, p, v, placement)
+
+
+def stage_means(tr: Traces, spans, p: int, v: int, placement: str = "loop") -> dict:
+    """stage_times from (rank, action, stage, chunk, seconds, spans) per action span or per
+    group of spans alike (the scale path sums them in SQL, scale_pipe.stage_sums)."""
+    acc: dict[tuple[str, int], list] = defaultdict(lambda: [0.0, 0])
+    for rank, a, st, chunk, secs, n in spans:
+        if not isinstance(st, int):
+            pp = int(tr.coords(rank).get("pp", rank) or 0)
+            st = schedules.stage_of(pp, int(chunk or 0), p, v, placement)
+        x = acc[("B" if a == "BW" else a, st)]
+        x[0] += secs
+        x[1] += n
 
     def mean(kind):
         out = []
         for s in range(p * v):
-            xs = acc.get((kind, s), [])
-            out.append(sum(xs) / len(xs) if xs else 0.0)
+            total, n = acc.get((kind, s), (0.0, 0))
+            out.append(total / n if n else 0.0)
         return out
     return {"t_f": mean("F"), "t_b_input": mean("B"), "t_b_weight": mean("W")}
 
@@ -67,19 +77,25 @@ def bubble_steps(step_rows: list[dict]) -> list[int]:
     return rules.steady(r["step"] for r in step_rows if r.get("pipeline_window_s"))
 
 
-def simulation(tr: Traces, lay: tuple[str, int, int, int] | None, steps: list[int]) -> dict | None:
+def simulation(tr: Traces, lay: tuple[str, int, int, int] | None, steps: list[int],
+               spans=None) -> dict | None:
     """The schedule simulated with the run's mean stage times over `steps` (seconds), or None.
+    `spans`: steps -> stage_means' spans (default: tr's action spans, stage_times).
     ValueError from the simulator propagates (caller decides)."""
     if lay is None or lay[0] is None or not steps:
         return None
     schedule, p, m, v = lay
-    times = stage_times(tr, p, v, set(steps), schedules.placement_of(schedule))
+    times = stage_times(tr, p, v, set(steps), schedules.placement_of(schedule)) \
+        if spans is None else stage_means(tr, spans(steps), p, v, schedules.placement_of(
+            schedule))
     if not any(times["t_f"]):
         return None
     return schedules.simulate(schedule, p, m, v, **times)
 
 
-def stage_bubbles_table(tr: Traces, spec, pred: dict | None, step_rows: list[dict]) -> list:
+def stage_bubbles_table(tr: Traces, spec, pred: dict | None, step_rows: list[dict],
+                        spans=None) -> list:
+    """Per stage (module doc); `spans`: simulation's (the scale path's SQL sums)."""
     lay = layout(tr, spec, pred)
     pipe_rows = [r for r in step_rows if r.get("pipeline_window_s")]
     if not pipe_rows:
@@ -95,7 +111,7 @@ def stage_bubbles_table(tr: Traces, spec, pred: dict | None, step_rows: list[dic
     sim = closed = None
     if schedule is not None:
         try:
-            sim = simulation(tr, lay, sorted(use))
+            sim = simulation(tr, lay, sorted(use), spans)
             closed = schedules.closed_form_bubble(schedule, p, m, v)
         except ValueError as exc:
             tr.warnings.append(f"bubble simulation failed ({exc})")

@@ -9,6 +9,7 @@ same formula (jobs.theory.model_state_bytes) on that rank's pipeline-stage param
 from __future__ import annotations
 
 from jobs.spec import JobSpec, parse_spec
+from jobs.strategies import ps_worker
 
 COMPONENTS = {"params": "params", "grads": "grads", "optimizer": "optimizer"}
 
@@ -52,8 +53,7 @@ def rank_model_state(pred: dict | None, spec: JobSpec | None, pp_coord: int,
                           bytes_params=mm["params"], bytes_grads=mm["grads"],
                           bytes_optimizer=mm["optimizer"])
     out = {k: c[v] for k, v in COMPONENTS.items()}
-    if spec.parallel.dp > 1 and spec.parallel.dp_mode == "ps" and dp_coord != 0 \
-            and not spec.parallel.zero_stage:
+    if ps_worker(spec.parallel.dp_mode, spec.parallel.zero_stage, dp_coord):
         out["optimizer"] = 0.0
     return out
 
@@ -68,7 +68,7 @@ def rank_extra(pred: dict | None, spec: JobSpec | None, pp_coord: int,
         return {"activations": a} if a else {}
     row = rows[min(max(pp_coord, 0), len(rows) - 1)]
     out = {k: row[k] for k in ("activations", "recv_buffers", "gathered_unit", "comm_buffers")}
-    if spec.parallel.dp_mode == "ps" and dp_coord != 0 and not spec.parallel.zero_stage:
+    if ps_worker(spec.parallel.dp_mode, spec.parallel.zero_stage, dp_coord):
         out["comm_buffers"] = 0.0
     return out
 

@@ -24,7 +24,6 @@ from . import stragglers as SG
 from . import vec_steps as VS
 from . import vec_tables as V
 from .assemble import ANALYSIS_FILE, PERFETTO_FILE, SCHEMA, TABLES  # noqa: F401 - re-exported
-from .export import write_perfetto
 from .load import Traces, load_run_dir
 
 
@@ -122,14 +121,13 @@ def _write_json(path: Path, obj) -> None:
 
 def write_analysis(out_dir: Path, spec=None, scale_records: int | None = None,
                    live=None) -> dict:
-    """Analyze `out_dir`, write `analysis.json` and `trace.perfetto.json` there, return the
-    headline. Never raises (failures land in the analysis' warnings or the returned
-    headline's `analysis_error`). A converted run of at least `scale_records` records
-    (default scale.SCALE_RECORDS) takes the columnar scale path (scale.py): its large tables
-    go to `table-<name>.parquet`, and it writes no whole-run Perfetto file (the export
-    streams it, or a window of it, from the Parquet files on request). `live`: the
-    worker's analyze_live.LiveAnalysis of the run, which the scale path goes on from (else
-    it is discarded)."""
+    """Analyze `out_dir`, write `analysis.json` there, return the headline (no Perfetto
+    file: the export builds it on request from the traces, perfetto.py). Never raises
+    (failures land in the analysis' warnings or the returned headline's `analysis_error`).
+    A converted run of at least `scale_records` records (default scale.SCALE_RECORDS) takes
+    the columnar scale path (scale.py): its large tables go to `table-<name>.parquet`.
+    `live`: the worker's analyze_live.LiveAnalysis of the run, which the scale path goes on
+    from (else it is discarded)."""
     out_dir = Path(out_dir)
     columnar.use_system_pool()
     try:
@@ -142,11 +140,6 @@ def write_analysis(out_dir: Path, spec=None, scale_records: int | None = None,
             _python_fits(out_dir)
             tr = load_run_dir(out_dir)
             result = analyze(tr, spec, vector_source(out_dir, tr.warnings), out_dir)
-            try:
-                write_perfetto(out_dir / PERFETTO_FILE, tr, result["spec"])
-            except Exception as exc:  # noqa: BLE001
-                result["warnings"].append(f"perfetto export failed ({type(exc).__name__}: "
-                                          f"{exc})")
         _write_json(out_dir / ANALYSIS_FILE, result)
         return result["headline"]
     except Exception as exc:  # noqa: BLE001 - the worker must finish the run regardless
@@ -165,8 +158,8 @@ def _python_fits(out_dir: Path) -> None:
         raise ValueError(
             f"{n:,} trace records: more than the Python analysis loads "
             f"({scale.PYTHON_MAX_RECORDS:,}), and the columnar engine does not cover this run "
-            "(pipeline actions, point-to-point ops or fields kept in args); trace fewer steps "
-            "(spec trace: a schedule or steps) to analyse it")
+            "(a field its tables read kept in args, of another type than its column); trace "
+            "fewer steps (spec trace: a schedule or steps) to analyse it")
 
 
 def _scale_result(out_dir: Path, spec, scale_records: int | None, live=None) -> dict | None:

@@ -14,8 +14,11 @@ Tables of more than JSON_ROWS rows stay whole in `table-<name>.parquet` beside t
 analysis.json keeps an even sample of them (every k-th row) and says so in `table_files`
 (`table_rows` pages the file: the API's `?table=`, the CSV export).
 
-Applies to runs without pipeline actions, point-to-point ops or fields hidden in `args`
-(`applies`); the others keep the Python path whatever their size.
+A pipeline run's bubble figures come from its action spans by DuckDB and numpy (scale_pipe.py)
+into the step_rank rows, and its stage_bubbles from pipeline.py's own function over them; its
+point-to-point ops are matched as collectives.match matches them (np_coll). Applies to runs
+without fields hidden in `args` that a table reads (`applies`); those keep the Python path
+whatever their size.
 """
 
 from __future__ import annotations
@@ -38,7 +41,6 @@ from .load import Traces, finish, rank_warnings
 
 SCALE_RECORDS = 1_000_000  # a converted run with at least this many records takes this path
 JSON_ROWS = 5_000  # rows of one table analysis.json holds; a larger table keeps a sample
-PERFETTO_MAX_RECORDS = 2_000_000  # above: no whole-run Perfetto file, windows on request
 # the most records the Python path loads: about 2.3 KB of memory each (1.16 GiB at 0.5 M,
 # docs/benchmarks.md), so ~9 GiB here; a larger run the columnar path does not cover gets an
 # analysis error that says so instead of a worker killed for memory (run.write_analysis)
@@ -65,10 +67,17 @@ def record_count(out_dir: Path) -> int:
                for p in Path(out_dir).glob("trace-rank*" + columnar.SUFFIX))
 
 
+# what a pipeline's tables read of its action spans besides vec_steps.FIELDS (a span's
+# `chunk` is read from args where it has no `stage`)
+PIPE_FIELDS = ("action", "stage")
+
+
 def applies(con) -> bool:
-    """Whether every table of this path applies (else the Python path answers)."""
+    """Whether every table of this path applies (else the Python path answers): no field a
+    table reads hidden in args."""
     from . import np_coll
-    return VS.applies(con) and np_coll.applies(con)
+    return not (V.in_args(con, "span", VS.FIELDS + PIPE_FIELDS)
+                or V.in_args(con, "comm", VS.FIELDS)) and np_coll.applies(con)
 
 
 def use(out_dir: Path, threshold: int | None = None) -> bool:
@@ -306,6 +315,7 @@ def analyze_columnar(out_dir: Path, spec=None, con=None, live=None) -> dict:
     whole (LiveAnalysis.resume; else it is discarded and every pass is read)."""
     from . import scale_comm as SC
     from . import scale_late as SL
+    from . import scale_pipe as SP
     from . import scale_read as SR
     from . import scale_steps as SS
     out_dir = Path(out_dir)
@@ -322,8 +332,8 @@ def analyze_columnar(out_dir: Path, spec=None, con=None, live=None) -> dict:
     resume = live.resume(out_dir, tr, path, hosts) if live is not None else None
     # analysis.json's rows of the collectives, taken as they stream
     coll_sample = resume.sampler if resume is not None else Sampler()
-    sr, sizes["collectives"], axis, late = SR.one_read(tr, out_dir, path, coll_sample, resume,
-                                                       hosts)
+    sr, sizes["collectives"], axis, late = SR.one_read(
+        tr, out_dir, path, coll_sample, resume, hosts, lambda c: SP.figures(con, tr, c, out_dir))
     columnar.release_memory()  # what the read freed, before the tables over its results
     sizes["step_rank"] = sr.num_rows if sr is not None else 0
     # the two tables over the instance file: its value columns read once for both
@@ -350,7 +360,8 @@ def analyze_columnar(out_dir: Path, spec=None, con=None, live=None) -> dict:
     mem_tr = rare if peaks is not None else sparse(con, tr, "type IN ('mem', 'moe')")
     t["memory"] = A.safe(w, "memory", lambda: M.memory_table(mem_tr, sp, pred, peaks), [])
     t["stage_bubbles"] = A.safe(w, "stage_bubbles", lambda: PL.stage_bubbles_table(
-        tr, sp, P.pipeline(pred), []), [])
+        tr, sp, P.pipeline(pred), _pipe_rows(sr, tr), lambda steps: SP.stage_sums(con, steps)),
+        [])
     t["expert_load"] = A.safe(w, "expert_load", lambda: MOE.expert_load_table(rare), [])
     t["all_to_all"] = A.safe(w, "all_to_all", lambda: MOE.all_to_all_table(rare), [])
     sizes["throughput"] = A.safe(w, "throughput", lambda: SS.write_throughput(
@@ -372,6 +383,20 @@ def analyze_columnar(out_dir: Path, spec=None, con=None, live=None) -> dict:
             path[name].unlink(missing_ok=True)
     return A.result(tr, sp, spec_dict, t, headline, trace, engine="columnar",
                     table_files=table_files(out_dir, sizes, strides))
+
+
+def _pipe_rows(sr, tr: Traces) -> list[dict]:
+    """The step_rank rows with a pipeline window, with what stage_bubbles_table reads of
+    them (rows without one it skips)."""
+    if sr is None:
+        return []
+    import pyarrow.compute as pc
+    part = sr.select(["step", "rank", "pipeline_window_s", "pipeline_idle_s"]).filter(
+        pc.is_valid(sr.column("pipeline_window_s")))
+    rows = [x for x in part.to_pylist() if x["pipeline_window_s"]]  # as pipe_rows there
+    for x in rows:
+        x["pp"] = tr.coords(x["rank"]).get("pp")
+    return rows
 
 
 def _write(table, path: Path) -> int:

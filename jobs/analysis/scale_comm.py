@@ -230,6 +230,24 @@ def bandwidth_table(coll) -> list[dict]:
                                        r["group_size"]))
 
 
+def _sent_by_link(rank: int, axis, v: dict, p2p: dict, groups, hosts: dict) -> dict:
+    """link -> bytes sent by a rank's training records on one axis: a point-to-point
+    record's link is its two ends' (np_axis' per-peer sums), the others' the axis group's."""
+    out: dict[str, float] = {}
+    rest, left = v["sent"], v["records"]
+    for (r, a, peer), (b, k) in p2p.items():
+        if r == rank and a == axis:
+            rec = {"op": "send", "peer": peer, "axis": axis}
+            link = LK.link_of(groups.members(rank, rec), hosts)
+            out[link] = out.get(link, 0.0) + b
+            rest, left = rest - b, left - k
+    if left:
+        link = LK.link_of(groups.members(rank, {"axis": axis} if axis is not None else {}),
+                          hosts)
+        out[link] = out.get(link, 0.0) + rest
+    return out
+
+
 def links_table(con, tr: Traces, spec, coll, pred: dict | None,
                 sums: dict) -> list[dict] | None:
     """links.links_table: per-record bytes from np_axis.axis_sums' `raw` sums (the axis_bytes
@@ -247,13 +265,13 @@ def links_table(con, tr: Traces, spec, coll, pred: dict | None,
     for (rank, axis), v in sums["raw"].items():
         if not v["records"]:  # setup records only: no per-step bytes
             continue
-        b, n = v["sent"], v["steps"]
-        link = LK.link_of(groups.members(rank, {"axis": axis} if axis is not None else {}),
-                          hosts)
-        row = per.setdefault(("?" if axis is None else axis, link), {"ranks": set(),
-                                                                     "per_step": []})
-        row["ranks"].add(rank)
-        row["per_step"].append(b / n if n else 0.0)
+        n = v["steps"]
+        for link, b in _sent_by_link(rank, axis, v, sums.get("p2p", {}), groups,
+                                     hosts).items():
+            row = per.setdefault(("?" if axis is None else axis, link), {"ranks": set(),
+                                                                         "per_step": []})
+            row["ranks"].add(rank)
+            row["per_step"].append(b / n if n else 0.0)
     inst: dict[tuple, tuple] = {}
     if coll.exists():
         k = coll.keys()

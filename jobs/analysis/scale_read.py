@@ -98,13 +98,14 @@ class OneRead:
         self.out.close()
         Path(self.path["collectives"]).unlink(missing_ok=True)
 
-    def finish(self, tr: Traces):
+    def finish(self, tr: Traces, pipe=None):
         """(step_rank table or None, collective instances, axis, lateness) with the two tables
         written to path["step_rank"] and path["collectives"]; `axis`: a callable giving
         np_axis.axis_sums' result or raising what computing it raised; `lateness`: the
         instances' scale_late.Lateness (empty where they failed). Warnings on tr.warnings in the
         Python path's order (step_rank's, then the collectives'). Failed instances leave no
-        file (no table may read a part of them)."""
+        file (no table may read a part of them). `pipe`: write_step_rank's (a pipeline's
+        bubble)."""
         from . import scale_steps as SS
         if not self.ended:  # records carried past the last pass fed
             self._guard("collectives", lambda: self._flush())
@@ -117,7 +118,7 @@ class OneRead:
             self.discard()
         coll_warnings, w[at:] = w[at:], []
         sr = A.safe(w, "step_rank", lambda: _unless(self.failed.get("step_rank"), lambda: (
-            SS.write_step_rank(tr, self.path["step_rank"], self.parts))), None)
+            SS.write_step_rank(tr, self.path["step_rank"], self.parts, pipe))), None)
         w.extend(coll_warnings)
         self.parts = []
 
@@ -133,17 +134,17 @@ class OneRead:
 
 
 def one_read(tr: Traces, out_dir: Path, path: dict, sampler=None,
-             resume: OneRead | None = None, hosts: dict | None = None):
+             resume: OneRead | None = None, hosts: dict | None = None, pipe=None):
     """OneRead.finish of every pass of the run in `out_dir` (`resume`: a OneRead fed the
     first passes already, by the live analysis: the rest read from its next step; `hosts`:
-    links.rank_hosts', which the instances' links are taken with)."""
+    links.rank_hosts', which the instances' links are taken with; `pipe`: finish's)."""
     if resume is None:
         reader = OneRead(tr, path, sampler, hosts)
         reader.read(out_dir)
     else:
         reader = resume
         reader.read(out_dir, start=reader.next_step)
-    return reader.finish(tr)
+    return reader.finish(tr, pipe)
 
 
 def _unless(exc: Exception | None, fn):

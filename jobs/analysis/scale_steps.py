@@ -1,8 +1,9 @@
 """The per-step tables at scale (issue 19, scale.py): steps.py's tables over a converted run's
 Parquet files, without its records in Python.
 
-    write_step_rank(tr, path)        steps.step_rank_table (non-pipeline runs), streamed per
-                                     step range (np_steps.build: the interval sweep) to Parquet
+    write_step_rank(tr, path)        steps.step_rank_table, from the sweep per step range
+                                     (np_steps.build) and a pipeline run's bubble
+                                     (scale_pipe.figures), to Parquet
     step_rank_rows(table, tr)        its rows as steps.step_row's dicts (coords from `tr`)
     ranks_table(sr, tr)              steps.ranks_table
     step_times(sr)                   per step the slowest rank's step_s (stragglers' input)
@@ -36,6 +37,8 @@ NS = 1e9
 FLOATS = ("step_s", "compute_s", "comm_s", "overlap_s", "exposed_comm_s", "idle_s",
           "overlap_pct")
 NULLS = ("bubble_s", "pipeline_window_s", "pipeline_idle_s")  # non-pipeline runs: None
+PIPE = {"bubble_s": "bubble_ns", "pipeline_window_s": "window_ns",
+        "pipeline_idle_s": "idle_ns"}  # their integer ns (scale_pipe.figures)
 
 
 def _chunk_table(c: dict) -> pa.Table:
@@ -57,17 +60,35 @@ def _chunk_table(c: dict) -> pa.Table:
         v = c[k]
         cols[k] = pa.array(np.ma.getdata(v).astype(float), pa.float64(),
                            mask=np.ma.getmaskarray(v))
-    for k in NULLS:
-        cols[k] = pa.nulls(len(span), pa.float64())
+    for k in NULLS:  # None where the row has no pipeline window (every row off a pipeline)
+        cols[k] = pa.array(c[PIPE[k]] / NS, pa.float64(), mask=~c["has_window"]) \
+            if "has_window" in c else pa.nulls(len(span), pa.float64())
     return pa.table(cols)
 
 
-def write_step_rank(tr: Traces, path: Path, chunks=None) -> pa.Table | None:
+def _with_bubble(c: dict, pipe: dict) -> dict:
+    """The sweep's integers with a pipeline's figures (scale_pipe.figures): the bubble taken
+    out of exposed comm and added to busy (steps.step_row)."""
+    x = pipe["comm_bubble_ns"]
+    return {**c, **pipe, "exposed_ns": c["exposed_ns"] - x,
+            "busy_ns": c["busy_ns"] + pipe["bubble_ns"] - x}
+
+
+def _concat(chunks: list[dict]) -> dict:
+    return {k: (np.ma.concatenate if isinstance(chunks[0][k], np.ma.MaskedArray)
+                else np.concatenate)([c[k] for c in chunks]) for k in chunks[0]}
+
+
+def write_step_rank(tr: Traces, path: Path, chunks=None, pipe=None) -> pa.Table | None:
     """steps.step_rank_table to `path` in (rank, step) order, its warning on tr.warnings;
     the table written (None: no row, no file). `chunks`: np_steps.rows_of's dicts, read
-    already (default: vec_steps.build over path's folder). Call only where
-    vec_steps.applies."""
-    chunks = chunks if chunks is not None else VS.build(Path(path).parent)
+    already (default: vec_steps.build over path's folder). `pipe`: the sweep's integers ->
+    scale_pipe.figures' (None: not a pipeline run)."""
+    chunks = list(chunks if chunks is not None else VS.build(Path(path).parent))
+    if pipe is not None and chunks:
+        c = _concat(chunks)
+        fig = pipe(c)
+        chunks = [c if fig is None else _with_bubble(c, fig)]
     parts = [_chunk_table(c) for c in chunks]
     parts = [p for p in parts if p.num_rows]
     if not parts:

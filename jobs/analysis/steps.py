@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from jobs.spec import step_tokens
 from jobs.trace_schedule import compact_ranges
 
 from . import finished as F
@@ -187,15 +188,15 @@ def ranks_table(step_rows: list[dict]) -> list[dict]:
 
 
 def tokens_per_step(spec: dict | None) -> int | None:
-    """Tokens in one optimizer step (the same rule as jobs.summary.tokens_per_step): samples,
-    times seq_len for gpt."""
+    """Tokens in one optimizer step of a trace's spec dict (jobs.spec.step_tokens, the rule
+    JobSpec.tokens_per_step uses); None for a bench or a spec without a global batch."""
     if not spec or spec.get("kind", "train") != "train":
         return None
     model, train = spec.get("model") or {}, spec.get("train") or {}
     gb = train.get("global_batch")
     if not gb:
         return None
-    return int(gb) * (int(model.get("seq_len", 1)) if model.get("arch") == "gpt" else 1)
+    return step_tokens(int(gb), model.get("arch"), int(model.get("seq_len") or 1))
 
 
 def traced_losses(step_rows: list[dict]) -> dict[int, float]:

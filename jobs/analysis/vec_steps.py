@@ -1,4 +1,4 @@
-"""The step_rank table vectorised (issue 19), for runs without pipeline actions (a pipeline's
+"""The step_rank table vectorised, for runs without pipeline actions (a pipeline's
 bubble windows stay in steps.py: `None`): np_steps.build sweeps each rank's Parquet file per
 step range (the interval algebra is described there); this module decides where it applies,
 cuts step ranges for np_coll, and forms steps.step_row's dicts from the sweep's integers

@@ -1,4 +1,4 @@
-"""Vectorised analysis (issue 19): DuckDB over a run's Parquet trace files (columnar.py).
+"""Vectorised analysis: DuckDB over a run's Parquet trace files (columnar.py).
 
 Each function gives the rows of its Python counterpart (the oracle, tests/analysis/
 test_columnar.py compares them) without loading records into Python:
@@ -18,8 +18,6 @@ from __future__ import annotations
 import json
 import weakref
 from pathlib import Path
-
-from jobs import commbytes
 
 from . import columnar
 from . import memory as M
@@ -90,12 +88,6 @@ def in_args(con, typ: str, fields) -> bool:
 COMM_FIELDS = ("ts_ns", "dur_ns", "step", "op", "axis", "group", "seq", "group_size",
                "payload_bytes", "bytes_sent", "bytes_recv", "backend_op", "phase", "bucket",
                "unit", "microbatch")
-
-
-def has_p2p(con) -> bool:
-    ops = ", ".join(f"'{o}'" for o in commbytes.P2P_OPS)
-    return con.execute(f"SELECT count(*) FROM t WHERE type = 'comm' AND op IN ({ops})"
-                       ).fetchall()[0][0] > 0
 
 
 def axis_bytes_table(con, tr: Traces, out_dir: Path, sums: dict | None = None

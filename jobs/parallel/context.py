@@ -181,15 +181,13 @@ class CPEmbedding(nn.Module):
 
 def cp_groups(ctx) -> tuple:
     """(CP group, its global ranks) of this rank; every rank creates every group (new_group
-    is collective), in the same order."""
-    dims, cp = ctx.dims, ctx.spec.parallel.cp
+    is collective), in the same order (jobs.dims: the layout)."""
+    assert ctx.dims.cp == ctx.spec.parallel.cp, "dims built without the spec's cp"
     mine = None
-    for dp_ranks in sorted({tuple(dims.group_ranks("dp", r)) for r in range(ctx.world)}):
-        for g in range(dims.dp // cp):
-            ranks = list(dp_ranks[g * cp:(g + 1) * cp])
-            pg = dist.new_group(ranks)
-            if ctx.rank in ranks:
-                mine = (pg, ranks)
+    for ranks in ctx.dims.groups("cp"):
+        pg = dist.new_group(ranks)
+        if ctx.rank in ranks:
+            mine = (pg, ranks)
     return mine
 
 

@@ -76,20 +76,15 @@ class EPExperts(nn.Module):
 
 def ep_groups(ctx) -> tuple:
     """(EP group, expert-DP group, their global ranks) of this rank; every rank takes part in
-    creating every group (torch.distributed.new_group is collective)."""
-    dims, ep = ctx.dims, ctx.spec.parallel.ep
-    ep_g = edp_g = ep_ranks = edp_ranks = None
-    for dp_ranks in sorted({tuple(dims.group_ranks("dp", r)) for r in range(ctx.world)}):
-        for g in range(dims.dp // ep):
-            ranks = list(dp_ranks[g * ep:(g + 1) * ep])
+    creating every group (torch.distributed.new_group is collective; jobs.dims: the layout)."""
+    assert ctx.dims.ep == ctx.spec.parallel.ep, "dims built without the spec's ep"
+    mine = {}
+    for axis in ("ep", "edp"):
+        for ranks in ctx.dims.groups(axis):
             pg = dist.new_group(ranks)
             if ctx.rank in ranks:
-                ep_g, ep_ranks = pg, ranks
-        for j in range(ep):
-            ranks = list(dp_ranks[j::ep])
-            pg = dist.new_group(ranks)
-            if ctx.rank in ranks:
-                edp_g, edp_ranks = pg, ranks
+                mine[axis] = (pg, ranks)
+    (ep_g, ep_ranks), (edp_g, edp_ranks) = mine["ep"], mine["edp"]
     return ep_g, edp_g, ep_ranks, edp_ranks
 
 

@@ -11,11 +11,9 @@ ZeRO-3 also gathers the parameters twice per round; the others communicate once 
 from __future__ import annotations
 
 from jobs import commbytes
+from jobs.strategies import DP_STRATEGIES, ZERO_STAGE, memory_model, ps_worker
 from jobs.theory.comm import dp_bytes_per_rank, dp_collectives
 from jobs.theory.memory import MEMORY_MODELS, model_state_bytes
-
-ZERO_STAGE = {"dp-ps": 0, "dp-allreduce": 0, "ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3,
-              "fsdp": 3}
 
 
 def comm_per_step(strategy: str, n: int, psi_bytes: int, rank: int = 0,
@@ -23,7 +21,7 @@ def comm_per_step(strategy: str, n: int, psi_bytes: int, rank: int = 0,
     """{"ops": [[op, payload, times], ...], "bytes_sent": .., "bytes_recv": ..} for one rank
     and one step of `rounds` accumulation rounds."""
     stage = ZERO_STAGE[strategy]
-    if strategy == "dp-ps":
+    if DP_STRATEGIES[strategy].parameter_server:
         k = (n - 1) if rank == 0 else 1
         role = dp_bytes_per_rank(psi_bytes, n, 0, 1, "ps")["per_role"]
         b = role["server" if rank == 0 else "worker"]
@@ -41,12 +39,13 @@ def comm_per_step(strategy: str, n: int, psi_bytes: int, rank: int = 0,
 def model_state(strategy: str, n: int, psi: int, precision: str = "fp32",
                 fp32_grads: bool = False, rank: int = 0) -> dict:
     """Bytes of `params` / `grads` / `optimizer` one rank holds (exact, unpadded)."""
-    mm = MEMORY_MODELS["fp32" if precision == "fp32" else "20psi" if fp32_grads else "16psi"]
-    out = model_state_bytes(psi, n, ZERO_STAGE[strategy], bytes_params=mm["params"],
+    mm = MEMORY_MODELS[memory_model(precision, fp32_grads)]
+    s = DP_STRATEGIES[strategy]
+    out = model_state_bytes(psi, n, s.zero_stage, bytes_params=mm["params"],
                             bytes_grads=mm["grads"], bytes_optimizer=mm["optimizer"])
     out = {k: int(v) if float(v).is_integer() else v for k, v in out.items()}
-    if strategy == "dp-ps" and rank != 0:
-        out["optimizer"] = 0  # only the server holds optimizer state
+    if ps_worker(s.dp_mode, s.zero_stage, rank):
+        out["optimizer"] = 0
     return out
 
 

@@ -61,7 +61,5 @@ def zero_table(psi: float, n: int, memory_model: str) -> dict:
 
 def memory_model_of_spec(spec) -> str:
     """fp32 -> 'fp32'; bf16 -> '16psi', or '20psi' with train.fp32_grads."""
-    t = spec.train
-    if t.precision == "fp32":
-        return "fp32"
-    return "20psi" if t.fp32_grads else "16psi"
+    from jobs.strategies import memory_model
+    return memory_model(spec.train.precision, spec.train.fp32_grads)

@@ -111,9 +111,10 @@ def test_vectorised_tables_equal_the_python_ones(tmp_path, monkeypatch):
     assert {r: (peaks[r], "trace") for r in peaks} == {r: M.measured(tr, r) for r in tr.ranks}
 
 
-def test_point_to_point_runs_keep_the_python_matching(tmp_path):
-    """send / recv matching (FIFO per pair, peer resolution) is not vectorised: None, and the
-    analysis still equals the JSON path's."""
+def test_point_to_point_runs_keep_the_python_step_rank(tmp_path):
+    """send / recv runs: the columnar engine applies (it matches transfers too), the
+    vectorised step_rank of non-pipeline runs does not (None), and the analysis still equals
+    the JSON path's."""
     per = {}
     for rank in range(2):
         recs = [s.meta(rank, 2, {"pp": rank, "dp": 0, "tp": 0})]
@@ -131,7 +132,7 @@ def test_point_to_point_runs_keep_the_python_matching(tmp_path):
     want = analyze_run_dir(run)
     convert.convert_run_dir(run)
     from jobs.analysis import np_coll as N
-    assert not N.applies(V.connect(run))
+    assert N.applies(V.connect(run))  # matched by the columnar engine too (test_scale_pipeline)
     assert VS.step_rank_table(V.connect(run), V.meta_traces(run), run) is None  # pipeline
     assert analyze_run_dir(run) == want
 

@@ -3,11 +3,14 @@
 import csv
 import io
 import json
+import shutil
 
 from jobs.analysis import assign_lanes, tables_to_csv, to_perfetto, write_analysis
+from jobs.analysis.convert import convert_run_dir
 from jobs.analysis.export import iter_perfetto_json
+from jobs.analysis.perfetto import iter_perfetto_columnar
 from tests.analysis import tef
-from tests.analysis.synth import comm, end, mem, meta, span
+from tests.analysis.synth import comm, end, mem, meta, span, write
 
 
 def test_lanes_nest_perfectly():
@@ -51,10 +54,15 @@ def test_csv_of_a_table_round_trips():
     assert rows[1]["a"] == "2.5"
 
 
-def test_real_4_rank_run_export_is_strict_tef(zero3_run):
-    headline = write_analysis(zero3_run)
-    assert "analysis_error" not in headline
-    trace = json.loads((zero3_run / "trace.perfetto.json").read_text())
+def test_real_4_rank_run_export_is_strict_tef(zero3_run, tmp_path):
+    """A real run's document, streamed rank by rank from its Parquet traces (a copy: the
+    fixture's folder is shared), the way GET /export builds it; no analysis writes one."""
+    run = tmp_path / "run"
+    shutil.copytree(zero3_run, run)
+    headline = write_analysis(run)
+    assert "analysis_error" not in headline and not (run / "trace.perfetto.json").exists()
+    convert_run_dir(run)
+    trace = json.loads("".join(iter_perfetto_columnar(run, chunk=7)))
     info = tef.check(trace, 4)
     assert info["spans"] > 0 and set(info["counters"]) == {0, 1, 2, 3}
     mem = [e for e in trace["traceEvents"] if e["ph"] == "C" and e["name"] == "memory"]
@@ -84,6 +92,35 @@ def test_streamed_json_is_the_same_document():
         text = "".join(iter_perfetto_json(synthetic(), window_ms=window, chunk=3))
         assert json.loads(text) == json.loads(json.dumps(to_perfetto(synthetic(),
                                                                      window_ms=window)))
+
+
+def test_the_document_streamed_from_parquet_matches_the_hand_times(tmp_path, monkeypatch):
+    """The synthetic run converted to Parquet and streamed rank by rank: its events at the
+    times written by hand above (µs from the first record), the same on every rank; a window
+    keeps the run's origin; a rank over the per-rank bound is refused before a byte."""
+    import pytest
+
+    from jobs.analysis import perfetto
+    run = write(tmp_path / "run", synthetic())
+    convert_run_dir(run)
+    doc = json.loads("".join(iter_perfetto_columnar(run, chunk=2)))
+    info = tef.check(doc, 2)
+    assert info["counters"] == {0: 2, 1: 2}
+    xs = {(e["pid"], e["name"]): (e["ts"], e["dur"]) for e in doc["traceEvents"]
+          if e["ph"] == "X" and e["name"] in ("forward", "backward", "step")}
+    assert xs == {(r, n): t for r in range(2) for n, t in (
+        ("step", (0.0, 100.0)), ("forward", (1.0, 29.0)), ("backward", (30.0, 40.0)))}
+    comms = sorted((e["pid"], e["ts"], e["dur"]) for e in doc["traceEvents"]
+                   if e["ph"] == "X" and e["name"] == "all_reduce")
+    assert comms == sorted((r, a, b) for r in range(2) for a, b in ((40.0, 50.0), (60.0, 35.0)))
+    assert [e["pid"] for e in doc["traceEvents"] if e["name"] == "process_name"] == [0, 1]
+    part = json.loads("".join(iter_perfetto_columnar(run, window_ms=(0.035, 0.065))))
+    back = [e for e in part["traceEvents"] if e["ph"] == "X" and e["name"] == "backward"]
+    assert [e["ts"] for e in back] == [30.0, 30.0]
+    assert not [e for e in part["traceEvents"] if e["name"] == "forward"]
+    monkeypatch.setattr(perfetto, "RANK_MAX_RECORDS", 5)
+    with pytest.raises(ValueError, match="rank [01] holds 1[01] trace records"):
+        next(iter_perfetto_columnar(run))
 
 
 def test_scalars_of_every_step_are_counters():

@@ -1,10 +1,10 @@
-"""The Gantt of a large converted run (backend/gantt_columnar.py, issue 19): a window's
+"""The Gantt of a large converted run (backend/services/gantt_columnar.py, issue 19): a window's
 records from the Parquet files give the same segments as the whole loaded trace's Gantt
-(backend/gantt.py, the oracle), on the run's time origin and its full step list."""
+(backend/services/gantt.py, the oracle), on the run's time origin and its full step list."""
 
 from __future__ import annotations
 
-from backend import gantt, gantt_columnar
+from backend.services import gantt, gantt_columnar
 from jobs.analysis import convert, load_run_dir, scale
 from tests.analysis.test_columnar import dp_tp_run
 
@@ -87,7 +87,7 @@ def test_a_large_runs_json_lines_are_never_loaded_and_its_page_warms_the_step_li
     """Its JSON lines stay next to the Parquet files, but run_traces never parses them (a
     50 M-record run would not fit in the server's memory); opening the page builds the Gantt's
     step list (gantt_columnar.run_info) in the background instead."""
-    from backend import run_traces
+    from backend.services import run_traces
     run = dp_tp_run(tmp_path / "run", steps=3)
     convert.convert_run_dir(run)
     assert run_traces.get(run) is not None  # below SCALE_RECORDS: the loaded traces

@@ -83,7 +83,7 @@ def test_summary_and_headline_carry_the_strategy(analysed, name):
     run, analysis = analysed[name]
     summary = json.loads((run / "summary.json").read_text())
     check_train_summary(name, parse_spec(SPECS[name], max_world_size=1 << 30), summary,
-                        analysis["headline"])
+                        analysis)
 
 
 def rel_err(m, p) -> float:

@@ -79,6 +79,29 @@ def test_exports_download(client, settings, run_id):
     assert isinstance(r.json(), list) and r.json()
 
 
+def test_a_converted_runs_document_is_streamed_from_parquet(client, settings, run_id,
+                                                             monkeypatch):
+    """No analysis writes a Perfetto file: a converted run's document is built on request
+    from its Parquet traces (the same document as its JSON lines give), and a rank too large
+    to build is refused with the window to use instead."""
+    from jobs.analysis import perfetto
+    from jobs.analysis.convert import convert_run_dir
+    analyzed(settings, run_id)
+    run_dir = settings.runs_dir / run_id
+    assert not (run_dir / "trace.perfetto.json").exists()
+    from_lines = client.get(f"/api/runs/{run_id}/export").json()
+    convert_run_dir(run_dir)
+    r = client.get(f"/api/runs/{run_id}/export")
+    assert r.status_code == 200 and r.json() == from_lines
+    assert f"paralab-{run_id}.perfetto.json" in r.headers["content-disposition"]
+    tef.check(r.json(), 2)
+    monkeypatch.setattr(perfetto, "RANK_MAX_RECORDS", 3)
+    r = client.get(f"/api/runs/{run_id}/export")
+    assert r.status_code == 422, r.text
+    err = r.json()["detail"][0]
+    assert err["loc"] == ["query", "t0_ms"] and "export a window" in err["msg"], err
+
+
 def test_perfetto_window_is_streamed_and_checked(client, settings, run_id):
     analyzed(settings, run_id)  # ranks' records in 0-120 µs
     r = client.get(f"/api/runs/{run_id}/export", params={"t0_ms": 0.0, "t1_ms": 0.015})

@@ -241,10 +241,10 @@ def test_each_transfer_is_in_flight_across_its_ring_steps_attention(launched):
 
 
 def test_the_gantt_draws_every_ring_step_and_its_transfers(launched):
-    """The dashboard's Gantt (backend/gantt.py, the run page's chart): on every rank's compute
-    lane one labelled segment per ring step and phase inside the block's forward / backward,
+    """The dashboard's Gantt (backend/services/gantt.py, the run page's chart): on every rank's
+    compute lane one labelled segment per ring step and phase inside the block's forward / backward,
     and on its `comm cp` lane the K / V (dK / dV) sends and receives, for cp = 2 and 4."""
-    from backend.gantt import columns, gantt
+    from backend.services.gantt import columns, gantt
     from jobs.analysis import load_run_dir
 
     for name in ("cp2-dp2", "cp4-accum"):

@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from devtools.browser import CHROMIUM, launch_chromium
 from tests.conftest import ROOT
 
-CHROMIUM = os.environ.get("PARALAB_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--no-first-run"]
 SHOTS = ROOT / "test-artifacts" / "screenshots"
-
-
-def launch_chromium(pw):
-    return pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
 
 
 def chromium_browser() -> Iterator:

@@ -1,6 +1,6 @@
-"""The dashboard's Gantt (backend/gantt.py) without a browser: level of detail keeps it bounded
-and accounts for every span; its simulated schedule is the analysis' own; the run's endpoints
-answer from the trace files while no stored analysis exists."""
+"""The dashboard's Gantt (backend/services/gantt.py) without a browser: level of detail keeps it
+bounded and accounts for every span; its simulated schedule is the analysis' own; the run's
+endpoints answer from the trace files while no stored analysis exists."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from backend import gantt, run_traces
 from backend.core.config import Settings
 from backend.main import create_app
 from backend.migrate import upgrade
+from backend.services import gantt, run_traces
 from jobs.spec import parse_spec
 
 

@@ -79,8 +79,18 @@ def test_a_crashed_run_leads_with_the_rank_that_failed_first(svc, page):
     expect(lost.first).to_contain_text(phrase)
     head = page.locator("#run-head").inner_text()
     assert head.count("closed by peer") == 1, head
+    # measured in one script: a locator's bounding_box is None if the page redraws between
+    # finding the element and measuring it
+    tops = page.evaluate("""() => Object.fromEntries(["#run-cause", "#run-meta", "#cards"]
+        .map((s) => [s, document.querySelector(s).getBoundingClientRect().top]))""")
     for box in ("#run-meta", "#cards"):
-        assert cause.bounding_box()["y"] < page.locator(box).bounding_box()["y"], box
+        assert tops["#run-cause"] < tops[box], (box, tops)
+    # an ended run's head is drawn once: the log stream's end does not redraw it (that would
+    # close a traceback the reader opened)
+    tb.locator("summary").click()
+    expect(tb).not_to_have_attribute("open", "")
+    expect(page.locator("body")).to_have_attribute("data-log-end", "kept")
+    expect(tb).not_to_have_attribute("open", "")
     # the tracebacks below (What went wrong) follow the same order
     expect(page.locator("#diagnosis-title")).to_have_text("What went wrong")
     expect(page.locator("#diagnosis-stacks details summary").first).to_have_text(

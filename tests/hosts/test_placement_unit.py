@@ -16,7 +16,7 @@ from backend.core.db import get_sessionmaker
 from backend.models import Run, RunNode, utcnow
 from backend.services import placement
 from jobs.spec import parse_spec
-from worker.app import node_queue
+from paralab_core.queue import node_queue
 from worker.nodes import run_outcome
 
 

@@ -83,9 +83,10 @@ def test_every_train_preset_on_two_hosts_equals_one_process(hosts):
         ref = reference(spec)
         err = loss_err(done["summary"]["loss"], ref["loss"])
         assert err <= TOL, (name, err, done["summary"]["loss"], ref["loss"])
-        # what its strategy's summary carries, measured over both hosts' traces (node 0's
-        # worker gathers them and recomputes the trace sections: summary_traces.py)
-        check_train_summary(name, spec, done["summary"], done["metrics"])
+        # what its strategy's summary and analysis carry, the analysis over both hosts'
+        # traces (node 0's worker gathers them before it analyses)
+        check_train_summary(name, spec, done["summary"],
+                            hosts.http.get(f"/api/runs/{run['id']}/metrics").json())
         # each axis's measured bytes on the link the theory says it crosses (hosts from the
         # trace meta every rank wrote on its own host)
         rows = hosts.http.get(f"/api/runs/{run['id']}/metrics",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from torch.profiler import ProfilerAction, schedule
 
+from jobs import trace_schedule as TS
 from jobs.spec import SpecError, TraceSpec, parse_spec
 from jobs.trace_schedule import (
     compact_ranges,
@@ -28,11 +29,22 @@ def errors(trace: dict, **extra) -> list[dict]:
     return exc.value.errors
 
 
-def test_default_traces_every_step_at_layer_level():
+def test_default_is_bounded_and_every_step_is_explicit():
     t = parse_spec(BASE).trace
     assert t == TraceSpec() and t.level == "layer" and not t.max_records
-    assert traced_steps(t, 40) == list(range(40))
     assert parse_spec(BASE).to_dict()["trace"]["level"] == "layer"
+    # by hand: the first 20 steps, then the last 5 of every 100, capped at 500,000 records
+    assert traced_steps(t, 40) == list(range(20))
+    assert traced_steps(t, 300) == [*range(20), *range(95, 100), *range(195, 200),
+                                    *range(295, 300)]
+    assert traced_steps(t, 300, start=150) == [*range(195, 200), *range(295, 300)]
+    assert traced_step_count(t, 1_000_000) == 20 + 10_000 * 5
+    assert TS.max_records(t) == 500_000 and TS.mode(t) == "default"
+    every = parse_spec({**BASE, "trace": {"steps": "all"}}).trace
+    assert traced_steps(every, 40) == list(range(40)) and TS.max_records(every) == 0
+    # a schedule of the user's own keeps "0 = no cap"
+    own = parse_spec({**BASE, "trace": {"active": 2}}).trace
+    assert TS.max_records(own) == 0 and traced_steps(own, 4) == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize("trace,loc,words", [
@@ -45,6 +57,7 @@ def test_default_traces_every_step_at_layer_level():
     ({"steps": "5-2"}, ["trace", "steps"], "runs backwards"),
     ({"steps": "39,40"}, ["trace", "steps"], "step 40 is beyond the run"),
     ({"steps": "1", "active": 2}, ["trace", "steps"], "not both"),
+    ({"steps": "all", "active": 2}, ["trace", "steps"], "leave the schedule"),
     ({"every": 2}, ["trace", "every"], "unknown field"),
 ])
 def test_invalid_trace_sections_name_field_and_rule(trace, loc, words):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from jobs.analysis import analyze_run_dir
 from jobs.spec import parse_spec
 from tests.support.gate import TOL, assemble, loss_err, reference, rel_err
 from tests.support.launch import run_worker
@@ -100,6 +101,15 @@ def runs(tmp_path_factory):
     return out
 
 
+def stage_peaks(summary: dict, key: str) -> list[int]:
+    """Per pipeline stage (in order), the largest of its ranks' runtime peaks."""
+    by: dict[int, int] = {}
+    for r in summary["ranks"]:
+        s = int(r["coords"].get("pp", 0))
+        by[s] = max(by.get(s, 0), r["pipeline_peak"][key])
+    return [by[s] for s in sorted(by)]
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_preset_matches_single_process(name, runs):
     spec = _spec(CASES[name])
@@ -110,16 +120,20 @@ def test_preset_matches_single_process(name, runs):
     summary = json.loads((out / "summary.json").read_text())
     assert loss_err(summary["loss"], ref["loss"]) <= TOL
     assert summary["strategy"] == spec.strategy
-    pipe = summary["pipeline"]
-    assert set(pipe["stages"]) == {str(i) for i in range(spec.parallel.pp)}
-    for st in pipe["stages"].values():
-        assert 0 <= st["idle_fraction"] < 1 and st["peak_inflight_microbatches"] >= 1
-        assert st["peak_activation_bytes"] > 0
+    # the bubble per stage and the bytes per axis: the analysis of the traces (their one
+    # home); the in-flight peaks: each rank's runtime's own count, in the summary
+    analysis = analyze_run_dir(out)
+    bubbles = {r["stage"]: r for r in analysis["tables"]["stage_bubbles"]}
+    assert set(bubbles) == set(range(spec.parallel.pp))
+    assert all(0 <= r["measured_idle_fraction"] < 1 for r in bubbles.values())
+    for rank in summary["ranks"]:
+        peak = rank["pipeline_peak"]
+        assert peak["inflight_microbatches"] >= 1 and peak["activation_bytes"] > 0
         if spec.parallel.pp > 1 and spec.parallel.pp_schedule == "gpipe":  # m in flight
-            assert st["peak_inflight_microbatches"] == spec.parallel.microbatches
+            assert peak["inflight_microbatches"] == spec.parallel.microbatches
         if spec.parallel.pp > 1 and spec.parallel.pp_schedule == "1f1b":  # at most p
-            assert st["peak_inflight_microbatches"] <= spec.parallel.pp
-    axes = set().union(*(v.keys() for v in summary["bytes_by_axis"].values()))
+            assert peak["inflight_microbatches"] <= spec.parallel.pp
+    axes = {r["axis"] for r in analysis["tables"]["axis_bytes"] if r["bytes_sent"]}
     want = {a for a, n in (("tp", spec.parallel.tp), ("pp", spec.parallel.pp),
                            ("dp", spec.parallel.dp)) if n > 1}
     assert want <= axes
@@ -179,7 +193,7 @@ def test_checkpointing_memory_and_recompute_comm(runs, plain, ac):
     meas, pred = {}, {}
     for name in (plain, ac):
         summary = json.loads((runs / name / "summary.json").read_text())
-        meas[name] = [st["peak_activation_bytes"] for st in summary["pipeline"]["stages"].values()]
+        meas[name] = stage_peaks(summary, "activation_bytes")
         pred[name] = predict(_spec(CASES[name]))["memory"]["components"]["activations"]
     assert all(a < p for a, p in zip(meas[ac], meas[plain], strict=True)), meas
     assert 0 < pred[ac] < pred[plain] and max(meas[ac]) >= pred[ac], (meas, pred)

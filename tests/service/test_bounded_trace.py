@@ -73,3 +73,33 @@ def test_2000_steps_with_3_windows_of_5(svc):
                        and e["name"] == "step")
         assert spans == WINDOWS
         assert len([e for e in ev if e["pid"] == rank and e["name"] == "step scalars"]) == 2000
+
+
+# no `trace` section: the default schedule, written out by hand (the first 20 steps, then the
+# last 5 of every 100)
+PLAIN = {"preset": "ddp", "name": "2000 steps, no trace section",
+         "train": {"steps": 2000, "global_batch": 4}}
+DEFAULT_STEPS = list(range(20)) + [s for base in range(0, 2000, 100)
+                                   for s in range(base + 95, base + 100)]
+
+
+def test_a_run_without_a_trace_section_stores_a_bounded_trace(svc):
+    """A 2,000-step run submitted with no `trace` section traces 120 steps in detail and
+    keeps every step's loss and step time; the form's prediction and the run's analysis state
+    the schedule; tracing every step is the explicit `steps: "all"`."""
+    pred = svc.http.post("/api/predict", json=PLAIN).json()["trace"]
+    assert pred["traced_step_count"] == 120 and pred["max_records"] == 500_000
+    assert pred["schedule"].startswith("default: the first 20 steps, then 5 in every 100")
+    every = svc.http.post("/api/predict", json={**PLAIN, "trace": {"steps": "all"}}).json()
+    assert every["trace"]["traced_step_count"] == 2000 and every["trace"]["max_records"] == 0
+    run = svc.submit(PLAIN)
+    done = svc.wait_status(run["id"], ("succeeded", "failed"), 600)
+    assert done["status"] == "succeeded", done["error"]
+    assert len(done["summary"]["loss"]) == 2000
+    m = svc.http.get(f"/api/runs/{run['id']}/metrics").json()
+    assert m["run"]["trace"]["schedule"] == pred["schedule"]
+    thr = m["tables"]["throughput"]
+    assert [r["step"] for r in thr] == list(range(2000))
+    assert all(r["loss"] is not None and r["step_s"] > 0 for r in thr)
+    assert [r["step"] for r in thr if r["traced"]] == DEFAULT_STEPS
+    assert sorted({r["step"] for r in m["tables"]["step_rank"]}) == DEFAULT_STEPS

@@ -1,4 +1,4 @@
-"""The embedded broker never hands a worker a half-written message (worker/fs_transport.py).
+"""The embedded broker never hands a worker a half-written message (paralab_core/fs_transport.py).
 
 The oracle is kombu's own `_get`, called at the worst moment: while the message is being
 written. kombu's stock `_put` (planted below) shows the defect the transport fixes."""
@@ -9,7 +9,7 @@ import pytest
 from kombu import Connection
 from kombu.transport import filesystem
 
-from worker import fs_transport
+from paralab_core import fs_transport
 
 
 def channel(tmp_path, transport):
@@ -40,7 +40,7 @@ def get_while_writing(monkeypatch, module, ch):
 
 def test_a_consumer_polling_mid_write_sees_nothing_then_the_whole_message(tmp_path,
                                                                          monkeypatch):
-    conn, ch = channel(tmp_path, "worker.fs_transport:Transport")
+    conn, ch = channel(tmp_path, "paralab_core.fs_transport:Transport")
     assert isinstance(ch, fs_transport.Channel)
     assert get_while_writing(monkeypatch, fs_transport, ch) == [None]
     assert ch._get("q") == {"body": "run 42"}
@@ -61,7 +61,48 @@ def test_kombus_own_put_loses_the_message_to_a_mid_write_poll(tmp_path, monkeypa
 
 def test_the_embedded_default_publishes_through_it(tmp_path):
     from backend.core.config import Settings
-    from worker.app import make_celery
+    from paralab_core.queue import make_celery
     app = make_celery(Settings(data_dir=tmp_path))
     with app.connection_for_write() as conn:
         assert isinstance(conn.default_channel, fs_transport.Channel)
+
+
+def test_a_publish_wakes_a_consumer_in_its_pause(tmp_path):
+    """A consumer between two polls (its pause set to an hour) takes a message published
+    meanwhile at once: the publish writes to its pipe. A consumer that only slept would still
+    be asleep when the join gives up (the check can fail)."""
+    import threading
+
+    from tests.conftest import wait_for
+    folder = tmp_path / "queue"
+    folder.mkdir()
+    opts = {"data_folder_in": str(folder), "data_folder_out": str(folder),
+            "control_folder": str(tmp_path / "control"),  # kombu's default: ./control
+            "store_processed": False, "polling_interval": 3600}
+    transport = "paralab_core.fs_transport:Transport"
+    consumer = Connection("filesystem://", transport=transport, transport_options=opts)
+    got = []
+    sq = consumer.SimpleQueue("q")
+    t = threading.Thread(target=lambda: got.append(sq.get(block=True, timeout=None)),
+                         daemon=True)
+    t.start()
+    # the consumer polled, found nothing, and now waits on its own pipe
+    wait_for(lambda: list((folder / fs_transport.WAKE).glob("*.fifo")), 30, "its pipe")
+    publisher = Connection("filesystem://", transport=transport, transport_options=opts)
+    publisher.SimpleQueue("q").put({"run": "42"})
+    t.join(60)
+    assert not t.is_alive(), "the consumer slept through the publish"
+    assert got[0].payload == {"run": "42"}
+    got[0].ack()
+    publisher.close()
+    consumer.close()
+    assert not list((folder / fs_transport.WAKE).iterdir())  # closed: its pipe is gone
+
+
+def test_a_dead_consumers_pipe_is_removed_by_the_next_publish(tmp_path):
+    import os
+    d = tmp_path / "queue" / fs_transport.WAKE
+    d.mkdir(parents=True)
+    os.mkfifo(d / "123-dead.fifo")  # no process reads it
+    fs_transport.wake(str(tmp_path / "queue"))
+    assert not list(d.iterdir())

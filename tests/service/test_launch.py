@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from jobs.spec import parse_spec
-from worker.launch import build_argv, build_env, job_timeout_s, supervised
+from paralab_core.config import job_timeout_s
+from worker.launch import build_argv, build_env, supervised
 
 
 def _argv(spec):

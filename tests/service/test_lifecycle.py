@@ -161,7 +161,8 @@ def test_a_long_run_is_converted_while_it_runs(redis_service):
 
     import pyarrow.parquet as pq
     svc = redis_service
-    run = svc.submit(LONG)
+    # every step traced (the default schedule would take minutes to fill a row group)
+    run = svc.submit({**LONG, "trace": {"steps": "all"}})
     svc.wait_status(run["id"], "running", 60)
     # a row group holds 64 Ki rows: a few hundred steps of the DDP preset
     wait_for(lambda: list(svc.tmp.glob(f"var/**/{run['id']}/**/trace-rank0.parquet.live")),

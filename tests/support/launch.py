@@ -1,63 +1,24 @@
-"""The one launcher of the multi-rank tests and benchmarks: `torchrun` (python -m
-torch.distributed.run) from the repository root on a free port, gloo on CPU, one thread per rank.
+"""The multi-rank tests' launches: devtools/launch.py's (shared with bench/), and several train
+runs in one launch (one process group) for the correctness gate.
 
-    torchrun(nproc, args)           the process, ARGS after `--nproc-per-node N --master-*`
-    run_job(out, spec, nproc)       one `-m jobs.train` run into OUT (raises with the ranks' errors)
+    torchrun, run_job, run_worker, read_trace   devtools/launch.py
     multirun(nproc, runs, out)      several train runs in one launch (tests/jobs/multirun.py)
-    run_worker(script, nproc, out)  a worker script that writes OUT/result.json; returns it
+    launch_by_world(...)            one multirun launch per world size
 """
 
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def torchrun(nproc: int, args: list[str], *, env: dict | None = None, inherit: bool = True,
-             timeout: float = 600) -> subprocess.CompletedProcess:
-    """`torchrun --nproc-per-node nproc ARGS` from the repo root; retried on a new port when
-    another process grabbed the probed one before the rendezvous bound it. The environment is
-    this process's (unless `inherit` is False) with OMP_NUM_THREADS=1 and PYTHONPATH=ROOT,
-    then `env` over it."""
-    base = dict(os.environ) if inherit else {"PATH": "/usr/bin:/bin"}
-    e = {**base, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
-    for _ in range(3):
-        argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-                "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *args]
-        proc = subprocess.run(argv, cwd=ROOT, env=e, capture_output=True, text=True,
-                              timeout=timeout)
-        if proc.returncode == 0 or "ddress already in use" not in proc.stderr:
-            break
-    return proc
-
-
-def _raise(proc: subprocess.CompletedProcess, out: Path | None) -> None:
-    errs = "\n".join(f.read_text() for f in out.rglob("error-rank*.txt")) if out else ""
-    raise AssertionError(f"torchrun failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
-                         f"{proc.stderr[-4000:]}\n{errs}")
-
-
-def run_job(out: Path, spec: dict, nproc: int, *, env: dict | None = None,
-            timeout: float = 600) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "spec.json").write_text(json.dumps(spec))
-    proc = torchrun(nproc, ["-m", "jobs.train", "--spec", str(out / "spec.json"), "--out",
-                            str(out)], env=env, timeout=timeout)
-    if proc.returncode != 0:
-        _raise(proc, out)
-    return out
+from devtools.launch import ROOT as ROOT
+from devtools.launch import free_port as free_port
+from devtools.launch import raise_failed as _raise
+from devtools.launch import read_trace as read_trace
+from devtools.launch import run_job as run_job
+from devtools.launch import run_worker as run_worker
+from devtools.launch import torchrun
 
 
 def multirun(nproc: int, runs: list[tuple[str, dict]], out: Path, *, env: dict | None = None,
@@ -73,21 +34,6 @@ def multirun(nproc: int, runs: list[tuple[str, dict]], out: Path, *, env: dict |
     if proc.returncode != 0:
         _raise(proc, out)
     return proc
-
-
-def run_worker(script: Path, nproc: int, out: Path, *args: str, env: dict | None = None,
-               timeout: float = 600) -> dict:
-    """Run a worker script on `nproc` ranks; return rank 0's `result.json` from `out`."""
-    out.mkdir(parents=True, exist_ok=True)
-    proc = torchrun(nproc, [str(script), str(out), *args], env=env, timeout=timeout)
-    if proc.returncode != 0:
-        _raise(proc, out)
-    return json.loads((out / "result.json").read_text())
-
-
-def read_trace(run_dir: Path, rank: int) -> list[dict]:
-    return [json.loads(line) for line in
-            (run_dir / f"trace-rank{rank}.jsonl").read_text().splitlines()]
 
 
 def launch_by_world(tmp_path_factory, runs: dict[int, list[tuple[str, dict]]],

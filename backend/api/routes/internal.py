@@ -16,7 +16,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, BackgroundTasks, Depends, Header, Query, Request
 from fastapi.responses import FileResponse
 
-from backend import crud, run_traces
+from backend import crud
 from backend.api.deps import check_params, get_run_or_404, require_worker
 from backend.api.schemas import (
     FILE_RESPONSES,
@@ -32,7 +32,8 @@ from backend.api.threads import on_channel
 from backend.core.config import Settings
 from backend.core.db import get_sessionmaker
 from backend.errors import NotFound
-from backend.storage import append_at, resolve_run_path, save_stream
+from backend.services import run_traces
+from backend.storage import append_at, resolve_run_path, save_stream, seal_live
 from backend.streams import hub
 from jobs.ckpt_index import complete_checkpoints
 
@@ -129,6 +130,19 @@ async def upload(request: Request, run_id: str, settings: ChannelSettings, path:
         hub.publish_event(run_id)  # (append_at: a gap is a Conflict)
         return {"path": path, "size": size}
     size, sha = await on_channel(settings, save_stream, target, chunks)
+    await in_channel(settings, None, crud.record_file, run_id, path, size, sha)
+    return {"path": path, "size": size, "sha256": sha}
+
+
+@router.post("/runs/{run_id}/sealed-files/{path:path}")
+async def seal(run_id: str, settings: ChannelSettings, path: RunFilePath, _: ChannelWorker,
+               size: int = Query(..., ge=0, le=INT64_MAX)) -> dict:
+    """A trace file shipped live (PUT with `offset`) is complete at `size` bytes: recorded as
+    a run file from the copy here, its bytes not uploaded again (409 when this copy is not
+    that size: the worker then uploads it whole)."""
+    run_id = await in_channel(settings, run_id, lambda db, run: run.id)  # 404 first
+    target = resolve_run_path(settings.runs_dir, run_id, path)  # UnsafePath: 400
+    sha = await on_channel(settings, seal_live, target, size)
     await in_channel(settings, None, crud.record_file, run_id, path, size, sha)
     return {"path": path, "size": size, "sha256": sha}
 

@@ -13,7 +13,7 @@ from backend.migrate import schema_behind
 from backend.services import health as health_checks
 from jobs.faultspec import EXAMPLES as FAULT_EXAMPLES
 from jobs.spec import SPEC_VERSION, field_docs, presets_table
-from worker.app import broker_ok
+from paralab_core.queue import broker_ok
 
 router = APIRouter(prefix="/api", tags=["meta"])
 
@@ -52,6 +52,7 @@ def health(db: DbDep, settings: SettingsDep) -> JSONResponse:
     checks["disk"], said = health_checks.disk_check(settings.data_dir,
                                                     settings.disk_min_free_bytes)
     problems += said
+    checks["memory"] = health_checks.memory_check()
     up = checks["database"]["ok"] and checks["broker"]["ok"]
     status = "down" if not up else ("degraded" if problems else "ok")
     return JSONResponse({"ok": status == "ok", "status": status, "problems": problems,

@@ -13,9 +13,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from starlette.background import BackgroundTask
 
-from backend import crud, run_traces
+from backend import crud
 from backend.api.deps import DbDep, SettingsDep
 from backend.errors import NotFound
+from backend.services import run_traces
 
 router = APIRouter(include_in_schema=False)
 FRONTEND = Path(__file__).resolve().parents[3] / "frontend"

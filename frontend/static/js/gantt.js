@@ -197,7 +197,7 @@ export async function mountGantt(runId, pipeline = false, headline = {}) {
       await g.load();
     } else {
       const data = await g.load();
-      // a large run opens on one step (backend/gantt_columnar.py): select the one shown
+      // a large run opens on one step (backend/services/gantt_columnar.py): select the one shown
       const shown = data.lod?.shown_step;
       if (shown !== undefined && shown !== null) g.step = shown;
       fillSteps(sel, data.steps.map((s) => s.step), g.step);

@@ -273,7 +273,8 @@ function renderTraceSize(t) {
     `(${t.traced_steps || "none"}; level ${t.level}), ${ge}${t.records.toLocaleString()} records, ` +
     `${ge}${fmtBytes(t.bytes)} over all ranks` + (t.records_per_traced_step === null ? ""
     : ` · ${ge}${t.records_per_traced_step} records per traced step and rank`) +
-    "; every step keeps its loss and step time";
+    "; every step keeps its loss and step time" + (t.schedule ? ` · schedule: ${t.schedule}` : "");
+  box.dataset.schedule = t.schedule || "";
 }
 
 function usePreset(name) {

@@ -89,11 +89,11 @@ function renderTraceCoverage() {
   if (box.hidden) return;
   const all = t.traced_step_count === t.steps;
   box.dataset.tracedSteps = t.traced_steps || "";
-  box.textContent = all ? `Traced steps: all ${t.steps}` : `Traced steps: ` +
+  box.textContent = (all ? `Traced steps: all ${t.steps}` : `Traced steps: ` +
     `${t.traced_steps || "none"} (${t.traced_step_count} of ${t.steps}; the others have loss ` +
-    "and step time only)" + (t.capped_ranks?.length
+    "and step time only)") + (t.capped_ranks?.length
       ? ` · record cap reached on rank${t.capped_ranks.length > 1 ? "s" : ""} ` +
-        t.capped_ranks.join(", ") : "");
+        t.capped_ranks.join(", ") : "") + (t.schedule ? ` · schedule: ${t.schedule}` : "");
 }
 
 // A run analysed by the columnar scale path keeps its large tables whole in Parquet
@@ -221,8 +221,13 @@ function connect() {
   stream.addEventListener("end", async () => {
     stream.close();
     $("#log-info").textContent = "run finished";
-    run = await api.run(run.id);
-    renderHead();
+    // a run that had already ended when the page opened is drawn again only if something the
+    // head shows changed: redrawing it would close a traceback the reader had just opened
+    const fresh = await api.run(run.id);
+    const changed = fresh.status !== run.status || !fresh.summary !== !run.summary;
+    run = fresh;
+    if (changed) renderHead();
+    document.body.dataset.logEnd = changed ? "redrawn" : "kept";
     loadCharts();
   });
 }

@@ -1,0 +1,150 @@
+"""One run's analysis as the API serves it, whichever engine computed it: the analysis
+document, a page of a table, a table's rows streamed, the Perfetto document or a window of it,
+and the Gantt. The routes (api/routes/runs/analysis.py) call these and never ask which engine
+ran: a large run's tables live in Parquet files (jobs.analysis.scale), its Gantt and Perfetto
+windows are read from the columnar trace (gantt_columnar), a small or running run's from its
+loaded traces (run_traces); that choice is made here, once per answer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+from backend.errors import Invalid, NotFound
+from backend.services import gantt, gantt_columnar, run_traces
+from backend.storage import resolve_run_path
+from jobs.analysis import PERFETTO_FILE, scale, tables_to_csv
+from jobs.analysis.columnar import has_columnar
+from jobs.analysis.export import iter_csv, iter_json_rows, iter_perfetto_json
+from jobs.analysis.labels import csv_header
+from jobs.analysis.perfetto import iter_perfetto_columnar
+
+
+def _bad_query(field: str, msg: str) -> Invalid:
+    return Invalid(msg, field=field, where="query")
+
+
+class Download:
+    """A download's body (text, or an iterator of text chunks), media type and file name;
+    `path`: a stored file served as it is instead."""
+
+    def __init__(self, name: str, media: str, body=None, path: Path | None = None):
+        self.name, self.media, self.body, self.path = name, media, body, path
+
+    @property
+    def streamed(self) -> bool:
+        return not isinstance(self.body, str)
+
+
+class RunAnalysis:
+    def __init__(self, runs_dir: Path, run):
+        self.run, self.runs_dir, self.dir = run, runs_dir, runs_dir / run.id
+
+    # --- the analysis and its tables ------------------------------------------------------
+    def document(self) -> dict:
+        """The stored analysis, or the partial traces' while the run goes (NotFound: none)."""
+        a = run_traces.analysis(self.dir, self.run.spec)
+        if a is None:
+            raise NotFound(f"run {self.run.id} has no analysis yet (status {self.run.status}): "
+                           "no trace has been written")
+        return a
+
+    def table_page(self, table: str, offset: int, limit: int | None) -> dict:
+        """Rows [offset, offset + limit) of a table and its total: a large table's from its
+        Parquet file, else from the document."""
+        a = self.document()
+        if table in (a.get("table_files") or {}):
+            total, rows = scale.table_rows(self.dir, table, offset, limit)
+        else:
+            every = (a.get("tables") or {}).get(table, [])
+            total = len(every)
+            rows = every[offset:None if limit is None else offset + limit]
+        return {"run_id": self.run.id, "table": table, "total": total, "offset": offset,
+                "rows": rows}
+
+    def table_download(self, fmt: str, table: str | None) -> Download:
+        """The analysis (table None, json) or one whole table as json / csv, its CSV header
+        labelled with units; a large table streamed a row group at a time."""
+        a = self.document()
+        rid = self.run.id
+        if table is None:
+            return Download(f"paralab-{rid}-analysis.json", "application/json", json.dumps(a))
+        unit = (a.get("headline") or {}).get("throughput_unit")
+        name = f"paralab-{rid}-{table}.{fmt}"
+        if table in (a.get("table_files") or {}):  # whole, not the document's sample
+            batches = scale.iter_table_rows(self.dir, table)
+            if fmt == "csv":
+                cols = scale.table_header(self.dir, table)
+                return Download(name, "text/csv",
+                                iter_csv(batches, cols, csv_header(table, cols, unit)))
+            return Download(name, "application/json", iter_json_rows(batches))
+        rows = (a.get("tables") or {}).get(table, [])
+        if fmt == "csv":
+            return Download(name, "text/csv", tables_to_csv({table: rows}, table, unit))
+        return Download(name, "application/json", json.dumps(rows))
+
+    # --- Perfetto ---------------------------------------------------------------------------
+    def perfetto(self, window_ms: tuple[float, float] | None = None) -> Download:
+        """The whole run's Perfetto document, or the records overlapping a window: built on
+        request (never stored any more), from the Parquet traces of a converted run (rank by
+        rank; a large run's window from the row groups it overlaps), from the JSON lines of a
+        run not converted yet; a run analysed before that serves its stored file."""
+        rid, spec = self.run.id, self.run.spec
+        if window_ms is not None:
+            t0, t1 = window_ms
+            name = f"paralab-{rid}-{t0:g}-{t1:g}ms.perfetto.json"
+            if gantt_columnar.is_large(self.dir):
+                try:
+                    tr, origin = gantt_columnar.export_window(self.dir, t0, t1)
+                except ValueError as exc:
+                    raise _bad_query("t1_ms", str(exc)) from None
+                return Download(name, "application/json", iter_perfetto_json(
+                    tr, spec, window_ms=window_ms, origin=origin))
+            return Download(name, "application/json", iter_perfetto_json(
+                self._traces().traces, spec, window_ms=window_ms))
+        name = f"paralab-{rid}.perfetto.json"
+        stored = resolve_run_path(self.runs_dir, rid, PERFETTO_FILE)
+        if stored.is_file():
+            return Download(name, "application/json", path=stored)
+        if has_columnar(self.dir):
+            chunks = iter_perfetto_columnar(self.dir, spec)
+            try:  # a rank too large to build is refused before the first byte
+                first = next(chunks)
+            except ValueError as exc:
+                raise _bad_query("t0_ms", str(exc)) from None
+            return Download(name, "application/json", itertools.chain([first], chunks))
+        return Download(name, "application/json",
+                        iter_perfetto_json(self._traces().traces, spec))
+
+    # --- the Gantt --------------------------------------------------------------------------
+    def gantt(self, *, step, t0_ms, t1_ms, max_spans: int, px: int) -> dict:
+        """Per-rank segments of a window (a large run: only the window's records read)."""
+        if gantt_columnar.is_large(self.dir):
+            return gantt_columnar.answer(self.dir, step=step, t0_ms=t0_ms, t1_ms=t1_ms,
+                                         max_spans=max_spans, px=px)
+        return gantt.gantt(self._gantt_trace(), step=step, t0_ms=t0_ms, t1_ms=t1_ms,
+                           max_spans=max_spans, px=px)
+
+    def gantt_steps(self) -> dict:
+        """The trace's optimizer steps and their windows, without any span."""
+        if gantt_columnar.is_large(self.dir):
+            info = gantt_columnar.run_info(self.dir)
+            return {"steps": gantt_columnar.listed_steps(info["steps"]),
+                    "steps_total": len(info["steps"]), "ranks": len(info["meta"].ranks),
+                    "spans": None}  # not counted: the run is read one window at a time
+        trace = self._gantt_trace()
+        return {"steps": trace.steps, "ranks": len(gantt.rows_of(trace)),
+                "spans": int(len(trace.cols["t0"]))}
+
+    def _traces(self) -> run_traces.RunTraces:
+        rt = run_traces.get(self.dir)
+        if rt is None:
+            raise NotFound(f"run {self.run.id} has no trace files (yet; status "
+                           f"{self.run.status})")
+        return rt
+
+    def _gantt_trace(self) -> gantt.Trace:
+        return run_traces.derived(self._traces(), "gantt", gantt.columns)
+
