@@ -171,17 +171,22 @@ def iter_perfetto_json(traces, spec: dict | None = None, *,
     tr = traces if isinstance(traces, Traces) else from_records(traces)
     t0 = tr.t0_ns() if origin is None else origin
     lo, hi = _window(t0, window_ms)
+    yield from document_chunks(_events(tr, t0, lo, hi), _other(tr, t0, spec, window_ms), chunk)
+
+
+def document_chunks(events, other: dict, chunk: int = 2000):
+    """The Trace Event Format document of `events` (consumed lazily) and `otherData`, as
+    JSON text in chunks of `chunk` events: the one writer of every Perfetto download."""
     yield '{"traceEvents":['
     buf, first = [], True
-    for ev in _events(tr, t0, lo, hi):
+    for ev in events:
         buf.append(_encode(ev))
         if len(buf) >= chunk:
             yield ("" if first else ",") + ",".join(buf)
             buf, first = [], False
     if buf:
         yield ("" if first else ",") + ",".join(buf)
-    yield '],"displayTimeUnit":"ms","otherData":' + _encode(
-        _other(tr, t0, spec, window_ms)) + "}"
+    yield '],"displayTimeUnit":"ms","otherData":' + _encode(other) + "}"
 
 
 _ENC = json.JSONEncoder(separators=(",", ":"), default=str, allow_nan=False)

@@ -12,10 +12,11 @@ export a window instead, backend/services/gantt_columnar.py). The time origin is
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 from . import columnar
-from .export import _encode, _events, _other, _window
+from .export import _events, _other, _window, document_chunks
 from .jsonl import sort_key
 from .load import Traces
 
@@ -76,21 +77,10 @@ def iter_perfetto_columnar(run_dir: Path, spec: dict | None = None, *,
 
 
 def _stream(con, meta: Traces, t0: int, lo, hi, spec, window_ms, chunk: int):
-    yield '{"traceEvents":['
-    first = True
-    for rank in sorted(meta.ranks):
-        one = Traces(ranks={rank: _rank_records(con, rank)}, meta=meta.meta)
-        buf = []
-        for ev in _events(one, t0, lo, hi):
-            buf.append(_encode(ev))
-            if len(buf) >= chunk:
-                yield ("" if first else ",") + ",".join(buf)
-                buf, first = [], False
-        if buf:
-            yield ("" if first else ",") + ",".join(buf)
-            first = False
-    yield '],"displayTimeUnit":"ms","otherData":' + _encode(
-        _other(meta, t0, spec, window_ms)) + "}"
+    events = itertools.chain.from_iterable(  # a rank's records are read when its turn comes
+        _events(Traces(ranks={rank: _rank_records(con, rank)}, meta=meta.meta), t0, lo, hi)
+        for rank in sorted(meta.ranks))
+    yield from document_chunks(events, _other(meta, t0, spec, window_ms), chunk)
 
 
 def _rank_records(con, rank: int) -> list[dict]:
