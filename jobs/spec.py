@@ -216,7 +216,8 @@ class TraceSpec:
                           f"{TS.DEFAULT_MAX_RECORDS:,} when no schedule is set)", ge=0,
                           le=10**9)
     level: str = _f("layer", "detail of a traced step: layer (per-layer spans), block (no "
-                    "per-layer spans), step (only the step span)", choices=LEVELS)
+                    "per-layer spans), step (only the step span), off (no detailed records: "
+                    "every step's loss and step time only)", choices=LEVELS)
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,13 @@ from pathlib import Path
 
 from jobs import commbytes, trace_blocks
 from jobs.flight import FlightRecorder
-from jobs.trace_schedule import DETAIL_TYPES, is_scheduled, keeps_span, max_records
+from jobs.trace_schedule import (
+    DETAIL_TYPES,
+    NO_SAMPLES,
+    is_scheduled,
+    keeps_span,
+    max_records,
+)
 
 SCHEMA_VERSION = 2  # 2: bounded tracing (untraced steps, `scalars` records)
 _ENCODER = json.JSONEncoder(default=str, separators=(",", ":"))
@@ -352,7 +358,7 @@ class Tracer:
             rec["backend_op"], rec["backend_payload_bytes"] = backend_op, int(bp)
             rec["backend_bytes_sent"] = _bytes(backend_op, int(bp), group_size,
                                                bool(is_root))[0]
-        keep = self.enabled and self.level != "step"
+        keep = self.enabled and self.level not in NO_SAMPLES
         ev0 = self._event() if (keep and self.cuda and device) else None  # async: host timing
         t0 = self.now()
         entry = self.flight.enter(gkey, {
@@ -374,7 +380,7 @@ class Tracer:
 
     def memory(self, **bytes_by_component) -> dict:
         """A memory sample: the given components (bytes) plus RSS / CUDA allocator figures."""
-        if not self.enabled or self.level == "step":
+        if not self.enabled or self.level in NO_SAMPLES:
             return {}
         rec = {"type": "mem", "ts_ns": self.now(), "step": self.step,
                "microbatch": self.microbatch, "rss_bytes": _rss_bytes(),
@@ -394,7 +400,7 @@ class Tracer:
     def record(self, type: str, **fields) -> None:
         """Any other record type (e.g. `summary`-like facts another module wants kept); the
         detailed ones (`moe`) only on traced steps."""
-        if type in DETAIL_TYPES and (not self.enabled or self.level == "step"):
+        if type in DETAIL_TYPES and (not self.enabled or self.level in NO_SAMPLES):
             return
         self._emit({"type": type, "ts_ns": self.now(), **fields})
 

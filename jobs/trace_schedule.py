@@ -21,7 +21,10 @@ from __future__ import annotations
 import math
 import re
 
-LEVELS = ("layer", "block", "step")
+LEVELS = ("layer", "block", "step", "off")
+# levels that write no `mem`, `comm` or `moe` record (`step`: the step span only; `off`: no
+# detailed record at all, every step's `scalars` only)
+NO_SAMPLES = frozenset({"step", "off"})
 _RANGE_RE = re.compile(r"^\s*(\d{1,7})\s*(?:-\s*(\d{1,7})\s*)?$")
 
 # The default schedule (a `trace` section with neither `active` nor `steps`): a short run is
@@ -60,7 +63,10 @@ def parse_steps(text: str) -> list[int]:
 
 def mode(trace) -> str:
     """"all" (every step: no section, as the benchmarks' tracers have, or `steps: "all"`),
-    "steps" (an explicit list), "schedule" (wait / warmup / active / repeat) or "default"."""
+    "steps" (an explicit list), "schedule" (wait / warmup / active / repeat), "default", or
+    "off" (`level: off`: no step in detail)."""
+    if trace is not None and trace.level == "off":
+        return "off"
     if trace is None or trace.steps.strip() == ALL:
         return "all"
     if trace.steps:
@@ -73,6 +79,8 @@ def max_records(trace) -> int:
     schedule's."""
     if trace is None:
         return 0
+    if mode(trace) == "off":
+        return 0
     if not trace.max_records and mode(trace) == "default":
         return DEFAULT_MAX_RECORDS
     return trace.max_records
@@ -83,6 +91,9 @@ def describe(trace) -> str:
     m = mode(trace)
     cap = max_records(trace)
     capped = f", at most {cap:,} detailed records per rank" if cap else ""
+    if m == "off":
+        return ("off: no detailed records (trace.level = \"off\"); every step's loss and step "
+                "time are kept")
     if m == "all":
         return "every step (trace.steps = \"all\")" + capped
     if m == "steps":
@@ -104,6 +115,8 @@ def is_scheduled(trace, step: int) -> bool:
     m = mode(trace)
     if m == "all":
         return True
+    if m == "off":
+        return False
     if m == "steps":
         return step in _steps_set(trace.steps)
     if m == "default":
@@ -128,6 +141,8 @@ def iter_traced(trace, steps: int, start: int = 0):
     """The scheduled steps of a run of `steps` steps (from `start` when resumed), in order,
     jumping over untraced stretches (a run may have a million steps)."""
     m = mode(trace)
+    if m == "off":
+        return
     if m == "all":
         yield from range(start, steps)
         return
@@ -157,6 +172,8 @@ def traced_steps(trace, steps: int, start: int = 0) -> list[int]:
 def traced_step_count(trace, steps: int, start: int = 0) -> int:
     """len(traced_steps(...)) in closed form."""
     m = mode(trace)
+    if m == "off":
+        return 0
     if m == "all":
         return max(0, steps - start)
     if m == "steps":
@@ -196,6 +213,8 @@ def keeps_span(level: str, name: str, cat: str) -> bool:
     only the `step` span."""
     if level == "layer":
         return True
+    if level == "off":
+        return False
     if level == "step":
         return cat == "step"
     return not (name.endswith(".layer") or name == "cp.step")
@@ -218,6 +237,8 @@ def records_per_traced_step(spec) -> dict:
     `after_step` samples. Collectives depend on bucketing and parameter tensors: `comm` is None
     (not predicted) except at level `step`, which writes none. Pipelines, CP and MoE: None."""
     t, p, m = spec.trace, spec.parallel, spec.model
+    if t.level == "off":
+        return {"span": 0, "mem": 0, "comm": 0, "exact": True}
     if t.level == "step":
         return {"span": 1, "mem": 0, "comm": 0, "exact": True}
     if p.pp > 1 or p.cp > 1 or m.experts:
@@ -246,7 +267,7 @@ def predicted_trace(spec) -> dict:
     if per_step is not None and cap:
         # whole steps start while fewer than max_records were written
         nt = min(nt, math.ceil(cap / per_step) if per_step else nt)
-    init = 0 if spec.trace.level == "step" else 1
+    init = 0 if spec.trace.level in NO_SAMPLES else 1
     rec = (per_step or 0) * nt + n + 2 + init
     size = sum(BYTES_PER_RECORD[k] * v * nt for k, v in known.items()) \
         + BYTES_PER_RECORD["scalars"] * n + BYTES_PER_RECORD["meta"] + BYTES_PER_RECORD["end"] \
@@ -282,7 +303,10 @@ def trace_checks(spec) -> list[dict]:
     if spec.kind != "train" and t != default:
         err(None, "bounded tracing applies to train jobs only")
         return e
-    if t.steps.strip() == ALL:
+    if t.level == "off" and (t.active or t.steps):
+        err("level", "\"off\" traces no step in detail: leave trace.active and trace.steps "
+            "unset")
+    elif t.steps.strip() == ALL:
         if t.active:
             err("steps", "\"all\" traces every step: leave the schedule (active) unset")
     elif t.steps:

@@ -25,13 +25,15 @@ CAPPED = {"name": "capped", "model": {"layers": 2, "hidden": 16},
                                                               "max_records": 30}}
 STEP = {"name": "steplevel", "model": {"layers": 2, "hidden": 16}, "parallel": {"dp": 2},
         "train": {"steps": 4, "global_batch": 4}, "trace": {"level": "step", "steps": "1,3"}}
+OFF = {"name": "off", "model": {"layers": 2, "hidden": 16}, "parallel": {"dp": 2},
+       "train": {"steps": 5, "global_batch": 4}, "trace": {"level": "off"}}
 DETAIL = ("span", "comm", "mem", "moe")
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("bounded")
-    multirun(2, [("sched", SCHED), ("capped", CAPPED), ("steplevel", STEP)], out,
+    multirun(2, [("sched", SCHED), ("capped", CAPPED), ("steplevel", STEP), ("off", OFF)], out,
              env={"PARALAB_DUMP_PARAMS": "0"}, timeout=240)
     return out
 
@@ -139,3 +141,22 @@ def test_max_records_stops_detail_at_a_step_boundary(runs):
     a = analyze_run_dir(runs / "capped")
     assert a["run"]["trace"]["capped_ranks"] == [0, 1]
     assert len(a["tables"]["throughput"]) == 8
+
+
+def test_level_off_writes_scalars_only_and_the_analysis_keeps_every_step(runs):
+    """`level: off`: no detailed record on any step (no init memory sample either), every
+    step's scalars; the analysis' per-step table has the 5 losses and step times; predicted
+    as 0 traced steps and 0 detailed records."""
+    for rank in (0, 1):
+        recs = read_trace(runs / "off", rank)
+        assert {r["type"] for r in recs} <= {"meta", "scalars", "end", "instant"}
+        assert [r["step"] for r in recs if r["type"] == "scalars"] == list(range(5))
+    a = analyze_run_dir(runs / "off")
+    thr = a["tables"]["throughput"]
+    assert [r["step"] for r in thr] == list(range(5)) and not any(r["traced"] for r in thr)
+    assert all(r["loss"] is not None and r["step_s"] > 0 for r in thr)
+    assert a["tables"]["step_rank"] == [] and a["run"]["trace"]["traced_step_count"] == 0
+    assert a["run"]["trace"]["schedule"].startswith("off: no detailed records")
+    pred = predicted_trace(parse_spec(OFF))
+    assert pred["traced_step_count"] == 0 and pred["records_per_traced_step"] == 0
+    assert pred["records_per_rank"] == 5 + 2  # a scalars record per step, meta and end
