@@ -1,4 +1,4 @@
-"""Columnar trace storage (issue 19): a run's `trace-rank{R}.jsonl` converted, when the run
+"""Columnar trace storage: a run's `trace-rank{R}.jsonl` converted, when the run
 ends, into `trace-rank{R}.parquet` (docs/trace-schema.md, "Columnar storage").
 
 The JSON lines stay the live format (the flusher appends to them, so a cancelled or hung run

@@ -1,4 +1,4 @@
-"""The conversion to Parquet while the run goes (issue 19): the worker reads each rank's new
+"""The conversion to Parquet while the run goes: the worker reads each rank's new
 blocks (jobs/trace_blocks.py) every few seconds and writes the row groups that can no longer
 change, so after the run only the last steps are left to convert.
 

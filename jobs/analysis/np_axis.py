@@ -1,4 +1,4 @@
-"""Bytes per rank and mesh axis from a run's Parquet files (issue 19): the one input of
+"""Bytes per rank and mesh axis from a run's Parquet files: the one input of
 collectives.axis_bytes_table's columnar twin (vec_tables.axis_bytes_table) and of the links
 table at scale (scale_comm.links_table), summed over np_read's rows (`COLS`, strings as
 dictionaries): each rank's setup records, then its rows step range by step range (the scale

@@ -1,4 +1,4 @@
-"""The collectives table at scale (issue 19): collectives.collectives_table's instances from a
+"""The collectives table at scale: collectives.collectives_table's instances from a
 run's Parquet files, read by np_read (the rows of one step range, decoded once for the step
 sweep, the axis sums and this), numpy for the rest.
 

@@ -1,4 +1,4 @@
-"""The groups the bandwidth and links tables take their medians over (issue 19), fixed per
+"""The groups the bandwidth and links tables take their medians over, fixed per
 collective instance when np_coll forms it, so that the tables after the run read two integer
 columns of the instance file (scale_comm.Instances) instead of its keys and rank lists:
 

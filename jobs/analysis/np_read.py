@@ -1,4 +1,4 @@
-"""One read of each rank file per step range (issue 19): the rows the step sweep (np_steps),
+"""One read of each rank file per step range: the rows the step sweep (np_steps),
 the collectives (np_coll) and the axis sums (np_axis) take from a run's Parquet files,
 decoded once for all three (scale_read.py).
 

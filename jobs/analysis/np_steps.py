@@ -1,4 +1,4 @@
-"""vec_steps.build without SQL (issue 19): the step sweep's windows and events formed in numpy
+"""vec_steps.build without SQL: the step sweep's windows and events formed in numpy
 from each rank's rows of one step range (np_read.py: the read the collectives share).
 
 steps.step_row's interval algebra as one sweep per (rank, step): every interval becomes a +1

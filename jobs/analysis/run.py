@@ -1,5 +1,5 @@
 """A finished (or partial) run's analysis: tables, headline, files. Standard library, plus
-DuckDB for the vectorised tables of a run whose traces were converted to Parquet (issue 19).
+DuckDB for the vectorised tables of a run whose traces were converted to Parquet.
 
 `analyze_run_dir` never raises on a partial trace: each table is computed on its own, and a
 table that cannot be computed is left empty with the reason in `warnings`.

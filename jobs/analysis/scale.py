@@ -1,4 +1,4 @@
-"""The columnar scale path (issue 19): the whole post-run analysis of a converted run without
+"""The columnar scale path: the whole post-run analysis of a converted run without
 loading its records into Python.
 
 What run.analyze computes from `Traces`, computed here over the run's Parquet files: the

@@ -1,4 +1,4 @@
-"""The tables built on the collectives at scale (issue 19), from the instances' Parquet file
+"""The tables built on the collectives at scale, from the instances' Parquet file
 (np_coll.instance_batches, written by InstanceWriter), in numpy:
 
     bandwidth_table         collectives.bandwidth_table

@@ -1,4 +1,4 @@
-"""The stragglers at scale (issue 19): stragglers.stragglers_table and
+"""The stragglers at scale: stragglers.stragglers_table and
 stragglers.straggler_ranks_table from sums kept as the collective instances are written, not
 from a query over their file.
 

@@ -1,4 +1,4 @@
-"""The scale path's one read (issue 19): each rank file decoded once per step range
+"""The scale path's one read: each rank file decoded once per step range
 (np_read), its rows feeding the three consumers of record-scale data in one pass:
 
     the step sweep     np_steps.rows_of   -> scale_steps.write_step_rank (table-step_rank)

@@ -1,4 +1,4 @@
-"""The per-step tables at scale (issue 19, scale.py): steps.py's tables over a converted run's
+"""The per-step tables at scale (scale.py): steps.py's tables over a converted run's
 Parquet files, without its records in Python.
 
     write_step_rank(tr, path)        steps.step_rank_table, from the sweep per step range
