@@ -139,6 +139,7 @@ def _supervisor(tmp_path):
     sent: list[str] = []
     sup.client = SimpleNamespace(upload=lambda run_id, rel, path: sent.append(rel))
     sup.logs = SimpleNamespace(add=lambda line: None)
+    sup.shipped = {}  # nothing shipped live (the constructor's default): every file uploaded
     return sup, sent
 
 
