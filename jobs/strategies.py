@@ -59,7 +59,8 @@ def of_parallel(p, dp: int | None = None) -> DPStrategy:
 def ps_worker(dp_mode: str, zero_stage: int, dp_coord: int) -> bool:
     """A parameter-server worker (a DP rank other than the server, rank 0 of dp): it holds no
     optimizer state and allocates no receive buffers, the server updates for everyone."""
-    return dp_mode == "ps" and not zero_stage and dp_coord != 0
+    return dp_coord != 0 and any(s.parameter_server and s.dp_mode == dp_mode
+                                 and s.zero_stage == zero_stage for s in DP_STRATEGIES.values())
 
 
 def memory_model(precision: str, fp32_grads: bool = False) -> str:

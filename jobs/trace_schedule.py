@@ -36,7 +36,7 @@ DEFAULT_FIRST, DEFAULT_PERIOD, DEFAULT_ACTIVE = 20, 100, 5
 DEFAULT_MAX_RECORDS = 500_000
 ALL = "all"
 assert DEFAULT_FIRST <= DEFAULT_PERIOD - DEFAULT_ACTIVE  # the first steps and the windows
-# never overlap: traced_step_count adds them
+# never overlap: traced_step_count adds them (_cycle)
 
 # Record types the schedule and the cap govern; `meta`, `end`, `scalars`, `instant`,
 # `nonfinite` are always written.
@@ -106,8 +106,14 @@ def describe(trace) -> str:
             "trace.steps = \"all\" traces every step")
 
 
-def _default_on(step: int) -> bool:
-    return step < DEFAULT_FIRST or step % DEFAULT_PERIOD >= DEFAULT_PERIOD - DEFAULT_ACTIVE
+def _cycle(trace) -> tuple[int, int, int, int]:
+    """(first, off, cycle, repeat) of a schedule: steps [0, first) are traced, then in each
+    cycle of `cycle` steps those from `off` on, for `repeat` cycles (0 = until the end). A
+    torch.profiler-style schedule has no first steps; the default schedule is the first
+    DEFAULT_FIRST steps and the last DEFAULT_ACTIVE of every DEFAULT_PERIOD."""
+    if mode(trace) == "default":
+        return DEFAULT_FIRST, DEFAULT_PERIOD - DEFAULT_ACTIVE, DEFAULT_PERIOD, 0
+    return 0, trace.wait + trace.warmup, trace.wait + trace.warmup + trace.active, trace.repeat
 
 
 def is_scheduled(trace, step: int) -> bool:
@@ -119,12 +125,12 @@ def is_scheduled(trace, step: int) -> bool:
         return False
     if m == "steps":
         return step in _steps_set(trace.steps)
-    if m == "default":
-        return _default_on(step)
-    cycle = trace.wait + trace.warmup + trace.active
-    if trace.repeat and step // cycle >= trace.repeat:
+    first, off, cycle, repeat = _cycle(trace)
+    if step < first:
+        return True
+    if repeat and step // cycle >= repeat:
         return False
-    return step % cycle >= trace.wait + trace.warmup
+    return step % cycle >= off
 
 
 _CACHE: dict[str, frozenset] = {}
@@ -149,19 +155,12 @@ def iter_traced(trace, steps: int, start: int = 0):
     if m == "steps":
         yield from (s for s in parse_steps(trace.steps) if start <= s < steps)
         return
-    if m == "default":
-        yield from range(start, min(DEFAULT_FIRST, steps))
-        base = start - start % DEFAULT_PERIOD
-        while base < steps:
-            yield from range(max(base + DEFAULT_PERIOD - DEFAULT_ACTIVE, start, DEFAULT_FIRST),
-                             min(base + DEFAULT_PERIOD, steps))
-            base += DEFAULT_PERIOD
-        return
-    cycle, off = trace.wait + trace.warmup + trace.active, trace.wait + trace.warmup
-    end = min(steps, trace.repeat * cycle) if trace.repeat else steps
+    first, off, cycle, repeat = _cycle(trace)
+    yield from range(start, min(first, steps))
+    end = min(steps, repeat * cycle) if repeat else steps
     base = start - start % cycle
     while base < end:
-        yield from range(max(base + off, start), min(base + cycle, end))
+        yield from range(max(base + off, start, first), min(base + cycle, end))
         base += cycle
 
 
@@ -178,17 +177,11 @@ def traced_step_count(trace, steps: int, start: int = 0) -> int:
         return max(0, steps - start)
     if m == "steps":
         return sum(1 for s in parse_steps(trace.steps) if start <= s < steps)
-    if m == "default":
-        def upto_default(n: int) -> int:  # the first steps, then the windows (disjoint)
-            p, a = DEFAULT_PERIOD, DEFAULT_ACTIVE
-            return min(n, DEFAULT_FIRST) + n // p * a + max(0, n % p - (p - a))
-        return upto_default(steps) - upto_default(min(start, steps))
-    cycle, off = trace.wait + trace.warmup + trace.active, trace.wait + trace.warmup
+    first, off, cycle, repeat = _cycle(trace)
 
-    def upto(n: int) -> int:  # traced steps in [0, n)
-        if trace.repeat:
-            n = min(n, trace.repeat * cycle)
-        return n // cycle * trace.active + max(0, n % cycle - off)
+    def upto(n: int) -> int:  # traced steps in [0, n): the first ones, then the windows
+        w = min(n, repeat * cycle) if repeat else n
+        return min(n, first) + w // cycle * (cycle - off) + max(0, w % cycle - off)
     return upto(steps) - upto(min(start, steps))
 
 

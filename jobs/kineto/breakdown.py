@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 
+from jobs.analysis import intervals
 from jobs.kineto import records
 from jobs.kineto.records import (
     COMMUNICATION,
@@ -105,7 +106,9 @@ def _drop_last_step(rows: list[dict], step_names: set[str], include_last: bool) 
 
 
 def merge_intervals(rows: list[dict]) -> list[tuple[float, float]]:
-    """RULES['merge']: disjoint intervals covering the rows' [ts, end]."""
+    """RULES['merge']: disjoint intervals covering the rows' [ts, end]. Unlike
+    jobs.analysis.intervals.union it keeps zero-length kernels, whose edges the kernel-type
+    sweep (kernel_type_time) counts as HTA does; lengths and overlaps use `intervals`."""
     merged: list[list[float]] = []
     for r in sorted(rows, key=lambda r: r["ts"]):
         if merged and not r["ts"] > merged[-1][1]:
@@ -115,30 +118,18 @@ def merge_intervals(rows: list[dict]) -> list[tuple[float, float]]:
     return [(a, b) for a, b in merged]
 
 
-def _length(intervals: list[tuple[float, float]]) -> float:
-    return sum(b - a for a, b in intervals)
-
-
-def _intersection(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> float:
-    total, i, j = 0.0, 0, 0
-    while i < len(xs) and j < len(ys):
-        lo, hi = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
-        total += max(0.0, hi - lo)
-        if xs[i][1] < ys[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
+def _union(kernels: list[dict]) -> list[tuple[float, float]]:
+    return intervals.union((k["ts"], k["end"]) for k in kernels)
 
 
 def temporal_breakdown(kernels: list[dict]) -> dict[str, float]:
     """One rank's idle / compute / non-compute time and % (RULES['idle_pct'] ...)."""
-    merged = merge_intervals(kernels)
-    if not merged:
+    if not kernels:
         raise ValueError("no GPU kernels in the trace: no temporal breakdown")
-    kernel_time = merged[-1][1] - merged[0][0]
-    idle = kernel_time - _length(merged)
-    compute = _length(merge_intervals([k for k in kernels if k["kernel_type"] == COMPUTATION]))
+    # the merged intervals' span: the last end and the first start of all kernels
+    kernel_time = max(k["end"] for k in kernels) - min(k["ts"] for k in kernels)
+    idle = kernel_time - intervals.length(_union(kernels))
+    compute = intervals.length(_union([k for k in kernels if k["kernel_type"] == COMPUTATION]))
     non_compute = kernel_time - compute - idle
     assert idle <= kernel_time and compute <= kernel_time and non_compute >= -1e-6
 
@@ -154,12 +145,12 @@ def temporal_breakdown(kernels: list[dict]) -> dict[str, float]:
 
 def overlap_pct(kernels: list[dict]) -> float | None:
     """RULES['overlap_pct'] for one rank; None when the rank ran no communication."""
-    comm = merge_intervals([k for k in kernels if k["kernel_type"] == COMMUNICATION])
-    comp = merge_intervals([k for k in kernels if k["kernel_type"] == COMPUTATION])
-    comm_time = _length(comm)
+    comm = _union([k for k in kernels if k["kernel_type"] == COMMUNICATION])
+    comp = _union([k for k in kernels if k["kernel_type"] == COMPUTATION])
+    comm_time = intervals.length(comm)
     if comm_time <= 0:
         return None
-    return 100.0 * _intersection(comm, comp) / comm_time
+    return 100.0 * intervals.length(intervals.intersect(comm, comp)) / comm_time
 
 
 def kernel_type_time(kernels: list[dict], include_memory: bool = True) -> dict[str, int]:
