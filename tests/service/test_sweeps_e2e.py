@@ -30,6 +30,9 @@ def wait_sweep(svc, sweep_id: str, cond, timeout: float, what: str) -> dict:
         raise AssertionError(f"{what}: {sweep(svc, sweep_id)}\n{svc.logs()}") from None
 
 
+# 12 torchrun jobs one after another on a loaded 2-core CI machine took 288-295 s against the
+# suite's 300 s default (issue 18's acceptance is the 12-member grid itself, so it is not cut)
+@pytest.mark.timeout(900)
 def test_a_12_member_grid_runs_through_a_backend_restart(svc):
     r = svc.http.post("/api/sweeps", json={
         "name": "strategy x bucket x world", "queue": svc.queue,
