@@ -1,18 +1,23 @@
 """Group-consistent checkpoints with torch.distributed.checkpoint (DCP), resume and restart.
 
-Format (docs/checkpoints.md): every tensor whole (logical), fp32, under its name in the full
-model, so any layout of the same model can load it:
+Format `torch-dcp-v1` (docs/checkpoints.md): torch's standard state dict of the plain model, what
+`torch.distributed.checkpoint.state_dict.get_state_dict(model, optimizer)` returns for the
+unsharded model built by jobs.models, every tensor whole, fp32:
 
-    model/{name}                     parameter (the fp32 master where there is one)
-    optim/{name}/exp_avg, .../exp_avg_sq   Adam's moments (SGD without momentum has none)
-    optim/step                       Adam's step count
-    rng/cpu/rank{R}, rng/cuda/rank{R}   each rank's RNG state (restored at the same world size)
+    {"model": {fqn: parameter},                       (the fp32 master where there is one)
+     "optim": {"state": {fqn: {"exp_avg", "exp_avg_sq", "step"}},   Adam (SGD keeps none)
+               "param_groups": [{...hyperparameters, "params": [fqn, ...]}]},
+     "rng": {"cpu": {"rank{R}": t}, "cuda": {...}}}   each rank's RNG state (same world size)
 
-Each rank puts in the tensors it holds (jobs/ckpt_state.py joins dp shards, this module joins
-reference tp shards over mesh["tp"]; pipeline stages hold disjoint names); DCP writes each
-distinct tensor once (its de-duplication of replicated tensors). A load asks for the same
-keys at this rank's shapes and each rank keeps its own shard, which is how a checkpoint of one
-layout loads into another. The data order needs no state: batches are a function of the step.
+DCP flattens it to the keys `model.{fqn}`, `optim.state.{fqn}.exp_avg`, ... so a plain
+`dcp.load({"model": model.state_dict()}, checkpoint_id=dir)` in one process loads it. Each rank
+puts in the tensors it holds (jobs/ckpt_state.py joins dp shards, this module joins reference tp
+shards over mesh["tp"]; pipeline stages hold disjoint names); DCP writes each distinct tensor
+once (its de-duplication of replicated tensors). A load asks for the same keys at this rank's
+shapes and each rank keeps its own shard, which is how a checkpoint of one layout loads into
+another. Checkpoints of the previous format `paralab-logical-v1` (flat keys `model/{fqn}`,
+`optim/{fqn}/exp_avg`, `optim/step`, `rng/cpu/rank{R}`) load too: the keys are mapped on read.
+The data order needs no state: batches are a function of the step.
 
 `step-{k}/COMMITTED` is written by rank 0 after DCP's save returned on every rank and a
 barrier; it lists the files and sizes (jobs/ckpt_index.py checks them)."""
@@ -28,10 +33,19 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from jobs.ckpt_index import FORMAT, MARKER, MODEL_KEYS, read_commit, resume_problem, step_dir
+from jobs.ckpt_index import (
+    FORMAT,
+    LEGACY_FORMAT,
+    MARKER,
+    MODEL_KEYS,
+    read_commit,
+    resume_problem,
+    step_dir,
+)
 from jobs.ckpt_state import dp_load, dp_state, supported
 from jobs.dumps import global_name
 from jobs.models import model_module
+from jobs.parallel.base import make_optimizer
 from jobs.testbug import injected
 
 CRASH_ENV = "PARALAB_TEST_CRASH_AT_STEP"   # TEST-ONLY, read here only: see test_crash()
@@ -105,21 +119,68 @@ class _Names:
 
 
 def _logical(ctx, comp, names: _Names):
-    """(the DCP state dict of this rank, the dp-level state it came from)."""
+    """((params, moments, step) by full-model name with tp shards joined, the dp-level state
+    it came from). step is None on a rank without an optimizer."""
     params, moments, step = dp_state(comp.strategy, ctx.spec.train.optimizer)
-    state = {f"model/{names.name(n)}": names.join(names.name(n), t) for n, t in params.items()}
-    for k, by_name in moments.items():
-        for n, t in by_name.items():
-            state[f"optim/{names.name(n)}/{k}"] = names.join(names.name(n), t)
+    g_params = {names.name(n): names.join(names.name(n), t) for n, t in params.items()}
+    g_moments = {k: {names.name(n): names.join(names.name(n), t) for n, t in by_name.items()}
+                 for k, by_name in moments.items()}
+    return (g_params, g_moments, step), (params, moments, step)
+
+
+def _param_groups(ctx, names: _Names) -> list[dict]:
+    """torch's param_groups of the plain model's optimizer: the run's hyperparameters (those
+    make_optimizer gives) and every parameter's name, in the plain model's order (the same on
+    every rank: DCP keeps one copy of a non-tensor value)."""
+    t = ctx.spec.train
+    probe = make_optimizer([torch.nn.Parameter(torch.zeros(1))], t.optimizer, t.lr)
+    hyper = {k: v for k, v in probe.param_groups[0].items() if k != "params"}
+    return [{**hyper, "params": list(names.shapes)}]
+
+
+def _standard(params: dict, moments: dict, step: float | None, rng: dict,
+              groups: list | None = None) -> dict:
+    """The nested state dict of format FORMAT (the module docstring); `groups` None on a load
+    (param_groups are torch's record of the hyperparameters, paralab takes them from the spec).
+    Adam's step is per parameter in torch's layout: one float32 scalar each, all equal."""
+    state: dict = {"model": dict(params)}
     if step is not None:
-        state["optim/step"] = torch.tensor(step, dtype=torch.float32)
-    return state, (params, moments, step)
+        per = {}
+        for k, by_name in moments.items():
+            for n, t in by_name.items():
+                per.setdefault(n, {})[k] = t
+        for d in per.values():
+            d["step"] = torch.tensor(float(step), dtype=torch.float32)
+        state["optim"] = {"state": per, **({"param_groups": groups} if groups else {})}
+    if rng:
+        state["rng"] = {}
+        for (dev, rank), t in rng.items():
+            state["rng"].setdefault(dev, {})[f"rank{rank}"] = t
+    return state
 
 
-def _rng_keys(ctx) -> dict:
-    out = {f"rng/cpu/rank{ctx.rank}": torch.get_rng_state()}
+def _legacy(params: dict, moments: dict, step: float | None, rng: dict) -> dict:
+    """The flat keys of LEGACY_FORMAT (paralab-logical-v1) for the same tensors."""
+    state = {f"model/{n}": t for n, t in params.items()}
+    for k, by_name in moments.items():
+        state.update({f"optim/{n}/{k}": t for n, t in by_name.items()})
+    if step is not None:
+        state["optim/step"] = torch.tensor(float(step), dtype=torch.float32)
+    state.update({f"rng/{dev}/rank{rank}": t for (dev, rank), t in rng.items()})
+    return state
+
+
+def _loaded_step(state: dict, legacy: bool) -> float:
+    if legacy:
+        return float(state["optim/step"])
+    per = state.get("optim", {}).get("state", {})
+    return float(next(iter(per.values()))["step"]) if per else 0.0
+
+
+def _rng(ctx) -> dict:
+    out = {("cpu", ctx.rank): torch.get_rng_state()}
     if ctx.device.type == "cuda":
-        out[f"rng/cuda/rank{ctx.rank}"] = torch.cuda.get_rng_state(ctx.device)
+        out[("cuda", ctx.rank)] = torch.cuda.get_rng_state(ctx.device)
     return out
 
 
@@ -136,9 +197,10 @@ def save(ctx, comp, steps_done: int) -> Path:
     if ctx.rank == 0 and path.exists():  # a partial save of an earlier attempt
         shutil.rmtree(path)
     dist.barrier()
-    state, _ = _logical(ctx, comp, _Names(ctx, comp))
-    state.update(_rng_keys(ctx))
-    dcp.save(state, checkpoint_id=str(path))
+    names = _Names(ctx, comp)
+    (params, moments, step), _ = _logical(ctx, comp, names)
+    groups = _param_groups(ctx, names) if step is not None else None
+    dcp.save(_standard(params, moments, step, _rng(ctx), groups), checkpoint_id=str(path))
     test_crash_before_commit(ctx, steps_done)
     dist.barrier()  # DCP returned on every rank: every shard and .metadata are on disk
     if ctx.rank == 0:
@@ -185,22 +247,25 @@ def load(ctx, comp, path: Path) -> int:
     if why:
         raise ValueError(f"cannot resume from {path}: {why}")
     names = _Names(ctx, comp)
-    state, (params, moments, step) = _logical(ctx, comp, names)
+    (g_params, g_moments, _), (params, moments, step) = _logical(ctx, comp, names)
     same_world = commit["world_size"] == ctx.world
-    if same_world:  # RNG streams belong to ranks: restored only where the ranks are the same
-        state.update({k: v.clone() for k, v in _rng_keys(ctx).items()})
-    dcp.load(state, checkpoint_id=str(path))
-    new_p = {n: names.split(names.name(n), state[f"model/{names.name(n)}"], t.shape)
+    # RNG streams belong to ranks: restored only where the ranks are the same
+    rng = {k: v.clone() for k, v in _rng(ctx).items()} if same_world else {}
+    legacy = commit["format"] == LEGACY_FORMAT  # old keys, loaded into the same tensors
+    state = (_legacy if legacy else _standard)(g_params, g_moments, step, rng)
+    dcp.load(state, checkpoint_id=str(path))  # fills the tensors of g_params, ... in place
+    new_p = {n: names.split(names.name(n), g_params[names.name(n)], t.shape)
              for n, t in params.items()}
-    new_m = {k: {n: names.split(names.name(n), state[f"optim/{names.name(n)}/{k}"], t.shape)
+    new_m = {k: {n: names.split(names.name(n), g_moments[k][names.name(n)], t.shape)
                  for n, t in by_name.items()} for k, by_name in moments.items()}
     if injected("ckpt_drop_optimizer"):  # test-only bug (jobs/testbug.py)
         new_m = {}
-    dp_load(comp.strategy, new_p, new_m, float(state["optim/step"]) if step is not None else 0.0)
-    if same_world:
-        torch.set_rng_state(state[f"rng/cpu/rank{ctx.rank}"])
-        if ctx.device.type == "cuda":
-            torch.cuda.set_rng_state(state[f"rng/cuda/rank{ctx.rank}"], ctx.device)
+    dp_load(comp.strategy, new_p, new_m, _loaded_step(state, legacy) if step is not None else 0.0)
+    for (dev, _), t in rng.items():
+        if dev == "cpu":
+            torch.set_rng_state(t)
+        else:
+            torch.cuda.set_rng_state(t, ctx.device)
     dist.barrier()
     return int(commit["step"])
 

@@ -22,7 +22,10 @@ from pathlib import Path
 
 from jobs.spec import parse_spec
 
-FORMAT = "paralab-logical-v1"  # full logical tensors by global parameter name (jobs/ckpt.py)
+# torch's standard state dict of the plain model, {"model", "optim", "rng"} (jobs/ckpt.py)
+FORMAT = "torch-dcp-v1"
+LEGACY_FORMAT = "paralab-logical-v1"  # flat keys model/{name}, ...: still loaded, keys mapped
+FORMATS = (FORMAT, LEGACY_FORMAT)
 MARKER = "COMMITTED"
 STEP_DIR = re.compile(r"step-(\d{6,})$")
 # model settings that fix the parameters' names and shapes (timed-layer delays do not)
@@ -76,8 +79,8 @@ def resume_problem(commit: dict, spec_dict: dict) -> str | None:
     `spec_dict` (a train spec as a dict), or None when it can. The format stores every tensor
     whole under its model-wide name, so any dp / tp / pp / ZeRO / engine layout of the same
     model and optimizer can load it, except the layouts listed in docs/checkpoints.md."""
-    if commit.get("format") != FORMAT:
-        return f"checkpoint format {commit.get('format')!r} is not {FORMAT!r}"
+    if commit.get("format") not in FORMATS:
+        return f"checkpoint format {commit.get('format')!r} is not one of {FORMATS!r}"
     try:  # presets resolved, defaults filled in: the spec as the run will see it
         spec = parse_spec(copy.deepcopy(spec_dict), max_world_size=1 << 30).to_dict()
     except ValueError as exc:

@@ -57,4 +57,5 @@ def loss_gap(full: list[float], resumed: list[float], start: int, rel: bool = Fa
     uninterrupted run (relative to the loss when `rel`)."""
     tail = full[start:]
     assert len(tail) == len(resumed), (len(tail), len(resumed))
-    return max(abs(a - b) / (abs(a) if rel else 1.0) for a, b in zip(tail, resumed, strict=True))
+    gaps = [abs(a - b) / (abs(a) if rel else 1.0) for a, b in zip(tail, resumed, strict=True)]
+    return float("inf") if any(g != g for g in gaps) else max(gaps)  # a NaN is no match

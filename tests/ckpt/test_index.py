@@ -14,6 +14,7 @@ import pytest
 from jobs import ckpt
 from jobs.ckpt_index import (
     FORMAT,
+    LEGACY_FORMAT,
     MODEL_KEYS,
     attempts,
     complete_checkpoints,
@@ -92,6 +93,7 @@ def test_resume_problem():
     z1 = _spec(parallel={"dp": 2, "zero_stage": 1, "engine": "native"})
     assert "ZeroRedundancyOptimizer" in resume_problem(c, z1)
     assert "format" in resume_problem({**c, "format": "other"}, _spec())
+    assert resume_problem({**c, "format": LEGACY_FORMAT}, _spec()) is None  # keys mapped on read
 
 
 def _trace(path, attempt: int, steps: range, done: range, *, rank: int) -> None:
