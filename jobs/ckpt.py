@@ -59,7 +59,7 @@ def attempt_number() -> int:
 
 
 ATTEMPT_FILES = ("trace-rank{r}.jsonl", "error-rank{r}.txt", "flight-rank{r}.json",
-                 "stack-rank{r}.txt")
+                 "stack-rank{r}.txt", "flight/flight_rank_{r}")
 
 
 def archive_previous_attempt(out: Path, rank: int, attempt: int) -> None:
@@ -71,8 +71,9 @@ def archive_previous_attempt(out: Path, rank: int, attempt: int) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     for pattern in ATTEMPT_FILES:
         f = out / pattern.format(r=rank)
-        if f.exists():
-            os.replace(f, dest / f.name)
+        if f.exists():  # same relative path: torch's fr_trace reads attempts/N/flight/ alone
+            (dest / pattern).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(f, dest / pattern.format(r=rank))
 
 
 # --- the logical state of this rank -------------------------------------------------------------

@@ -20,9 +20,11 @@ convention); `bytes_sent` / `bytes_recv` are derived from it here, once, with th
 `jobs.commbytes`. Where the backend moves more than the logical op needs (gloo runs
 reduce-scatter as a full all-reduce) the record also names `backend_op` and its bytes.
 
-Flight recorder (jobs/flight.py; docs/faults.md): per process group, what was issued, completed
-and entered but not completed, written as `flight-rank{R}.json` by the flusher thread whenever
-it changed, even while the main thread is blocked inside a collective. `last_progress_ns` (the
+Flight recorder (jobs/flight.py; docs/faults.md): a ring of the last collectives (spec
+`trace.flight_entries`) in PyTorch's flight-recorder format, each with its issuing stack, and per
+process group what was issued and completed, written as `flight/flight_rank_{R}` (torch's dump)
+and `flight-rank{R}.json` (paralab's view of it) by the flusher thread whenever it changed, even
+while the main thread is blocked inside a collective. `last_progress_ns` (the
 last completed collective or step) is what the worker's hang detector reads.
 
 Bounded tracing (jobs/trace_schedule.py): `begin_step` decides per step whether the step is
@@ -48,7 +50,7 @@ import weakref
 from pathlib import Path
 
 from jobs import commbytes, trace_blocks
-from jobs.flight import FlightRecorder
+from jobs.flight import FlightRecorder, frames_here
 from jobs.trace_schedule import (
     DETAIL_TYPES,
     NO_SAMPLES,
@@ -76,6 +78,15 @@ def _bytes(op: str, payload: int, n: int, is_root: bool) -> tuple[float, float]:
 
 _STATM: list = []
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _pg_timeout_ms() -> int:
+    """The process groups' default timeout (the flight entries' `timeout_ms`)."""
+    try:
+        from torch.distributed.constants import default_pg_timeout
+        return int(default_pg_timeout.total_seconds() * 1000)
+    except ImportError:  # pragma: no cover
+        return 0
 
 
 def _rss_bytes() -> int:
@@ -186,7 +197,8 @@ class Tracer:
         self.stats = {"records": 0}
         self.fault = None  # jobs.faults.Injector on a rank with injected faults
         self.group_ranks: dict[str, list[int]] = {}  # group key -> global ranks (if known)
-        self.flight = FlightRecorder(Path(out_dir) / f"flight-rank{rank}.json")
+        self.flight = FlightRecorder(Path(out_dir) / f"flight-rank{rank}.json",
+                                     backend=self.backend or "gloo", timeout_ms=_pg_timeout_ms())
         self.steps_completed = 0
         # bounded tracing (jobs/trace_schedule.py): the default traces every step in full
         self.trace_spec = None
@@ -264,6 +276,7 @@ class Tracer:
         """Take the spec's `trace` section (jobs.spec.TraceSpec)."""
         self.trace_spec = trace_spec
         self.level, self.max_records = trace_spec.level, max_records(trace_spec)
+        self.flight.resize(trace_spec.flight_entries)
 
     def begin_step(self, step: int) -> bool:
         """Enter `step`; returns whether it is traced in detail (the schedule, then the cap:
@@ -361,10 +374,9 @@ class Tracer:
         keep = self.enabled and self.level not in NO_SAMPLES
         ev0 = self._event() if (keep and self.cuda and device) else None  # async: host timing
         t0 = self.now()
-        entry = self.flight.enter(gkey, {
-            "seq": seq, "op": op, "payload_bytes": rec["payload_bytes"],
-            "dtype": args.get("dtype"), "group_size": group_size, "ts_ns": t0,
-            "step": self.step, "end_ns": None})
+        entry = self.flight.enter(gkey, seq, op, payload_bytes=rec["payload_bytes"],
+                                  dtype=args.get("dtype"), group_size=group_size,
+                                  step=self.step, t_ns=t0, peer=peer, frames=frames_here())
         return _CommHandle(self, rec, t0, ev0, entry, keep)
 
     @contextlib.contextmanager
