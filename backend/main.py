@@ -25,6 +25,7 @@ from backend.api.routes import (
     cluster,
     collective_sweeps,
     history,
+    imports,
     internal,
     internal_nodes,
     meta,
@@ -285,6 +286,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse({"detail": _encodable(errors)}, status_code=422)
 
     app.include_router(runs.router)  # every /api/runs/... (routes/runs/)
+    app.include_router(imports.router)
     app.include_router(meta.router)
     app.include_router(cluster.router)
     app.include_router(internal.router)

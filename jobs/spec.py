@@ -27,7 +27,11 @@ SPEC_VERSION = 1
 DEFAULT_MAX_WORLD_SIZE = 8
 
 ARCHS = ("mlp", "gpt", "timed")
-KINDS = ("train", "collective_bench", "compute_bench")
+KINDS = ("train", "collective_bench", "compute_bench")  # what a user submits
+# ... and the runs the service makes itself: `import` holds profiler traces made elsewhere
+# (POST /api/imports, jobs/kineto/imports.py); nothing is launched for it
+IMPORT_KIND = "import"
+RUN_KINDS = (*KINDS, IMPORT_KIND)
 DP_MODES = ("ps", "allreduce", "ddp")
 PP_PARTITIONS = ("even", "measured")
 PP_SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zero-bubble", "zbv")
@@ -218,6 +222,9 @@ class TraceSpec:
     level: str = _f("layer", "detail of a traced step: layer (per-layer spans), block (no "
                     "per-layer spans), step (only the step span), off (no detailed records: "
                     "every step's loss and step time only)", choices=LEVELS)
+    flight_entries: int = _f(2000, "flight recorder: the last collectives each rank keeps "
+                             "(torch's TORCH_FR_BUFFER_SIZE; default as torch's), in torch's "
+                             "dump format under flight/ (docs/faults.md)", ge=1, le=1_000_000)
 
 
 @dataclass(frozen=True)
@@ -225,7 +232,9 @@ class JobSpec:
     version: int = _f(SPEC_VERSION, "spec schema version", ge=1, le=SPEC_VERSION)
     name: str = _f("run", "human-readable name")
     kind: str = _f("train", "train, a collective bandwidth sweep, or a compute-rate "
-                   "calibration", choices=KINDS)
+                   "calibration (`import`: profiler traces made elsewhere, made by POST "
+                   "/api/imports)",
+                   choices=RUN_KINDS)
     model: ModelSpec = _f(None, "model", factory=ModelSpec)
     parallel: ParallelSpec = _f(None, "parallel layout", factory=ParallelSpec)
     train: TrainSpec = _f(None, "training loop", factory=TrainSpec)
@@ -384,6 +393,8 @@ def derive_strategy(spec: JobSpec) -> str:
         return "collective-sweep"
     if spec.kind == "compute_bench":
         return "compute-calibration"
+    if spec.kind == IMPORT_KIND:
+        return "import"
     p = spec.parallel
     parts = []
     # dp == cp with plain DDP: no data replicas, the DDP all-reduce is CP's gradient sum
@@ -525,6 +536,8 @@ def _parse_section(cls, data, loc, errors):
 
 
 def _cross_checks(s: JobSpec, max_world_size: int) -> list[dict]:
+    if s.kind == IMPORT_KIND:  # built by the import from the traces: nothing here is launched
+        return []
     e: list[dict] = trace_checks(s) + _dropout_checks(s)
     m, p, t, r = s.model, s.parallel, s.train, s.runtime
     world = s.world_size
@@ -825,8 +838,9 @@ def _cp_checks(s: JobSpec) -> list[dict]:
 
 
 def parse_spec(data: Any, *, max_world_size: int = DEFAULT_MAX_WORLD_SIZE,
-               require_available: bool = False) -> JobSpec:
-    """Validate a spec dict (or `{"preset": NAME, ...overrides}`) and return a JobSpec."""
+               require_available: bool = False, imported: bool = False) -> JobSpec:
+    """Validate a spec dict (or `{"preset": NAME, ...overrides}`) and return a JobSpec.
+    `imported`: the spec of an import run (kind `import`), which only the import builds."""
     data = resolve_preset(data)
     errors: list[dict] = []
     if isinstance(data, dict) and "version" in data:
@@ -834,6 +848,11 @@ def parse_spec(data: Any, *, max_world_size: int = DEFAULT_MAX_WORLD_SIZE,
     spec = _parse_section(JobSpec, data, (), errors)
     if errors:
         raise SpecError(errors)
+    if (spec.kind == IMPORT_KIND) != imported:
+        raise SpecError([_err(("kind",), "an import run is created by POST /api/imports from "
+                              "profiler traces made elsewhere; a submitted run's kind is one of "
+                              + ", ".join(KINDS) if not imported else "must be import",
+                              "enum")])
     errors = _cross_checks(spec, max_world_size)
     if not errors and require_available and spec.strategy not in AVAILABLE:
         errors.append(_err(("parallel",), f"strategy {spec.strategy!r} is not available yet "
@@ -913,6 +932,8 @@ def field_docs() -> dict:
             default = getattr(inst, f.name)
             out[name] = {"type": ftype, "default": list(default) if isinstance(default, tuple)
                          else default, **{k: v for k, v in f.metadata.items() if v is not None}}
+            if name == "kind":  # what a user submits (import runs come from the import)
+                out[name]["choices"] = list(KINDS)
             if (prefix.rstrip("."), f.name) in _LIST_CHOICES:
                 out[name]["choices"] = _LIST_CHOICES[(prefix.rstrip("."), f.name)]
         return out

@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     # whose PARALAB_WORKER_TOKEN the backend refuses).
     queue_claim_timeout_s: float = Field(120.0, gt=0)
     queue_claim_attempts: int = Field(3, ge=1)
+    # POST /api/imports: most bytes one import stages, in MiB (files as uploaded, archive
+    # members uncompressed; docs/imports.md)
+    import_max_mb: int = Field(4096, ge=1)
     # /api/health is degraded when the data directory's file system has less free space.
     disk_min_free_bytes: int = Field(1 << 30, ge=0)
 

@@ -21,6 +21,7 @@ from backend.cli.client import (
     cmd_show,
     cmd_submit,
 )
+from backend.cli.imports import add_parser as add_import_parser
 from backend.cli.service import (
     cmd_migrate,
     cmd_serve,
@@ -128,13 +129,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--preset")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_predict)
-    s = sub.add_parser("export", help="download a run's Perfetto trace or analysis tables")
+    s = sub.add_parser("export", help="download a run's Perfetto trace, analysis tables or "
+                       "Kineto traces (HTA / TensorBoard)")
     s.add_argument("id")
-    s.add_argument("--format", choices=["perfetto", "json", "csv"], default="perfetto")
+    s.add_argument("--format", choices=["perfetto", "json", "csv", "kineto"], default="perfetto")
     s.add_argument("--table", help="one analysis table (csv/json)")
+    s.add_argument("--rank", type=int, help="kineto: one rank's trace instead of the zip")
     s.add_argument("-o", "--output")
     s.set_defaults(fn=cmd_export)
     add_sweep_parser(sub)
+    add_import_parser(sub)
     return p
 
 

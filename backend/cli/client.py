@@ -272,7 +272,9 @@ def cmd_predict(a) -> int:
 
 
 def cmd_export(a) -> int:
-    params = {"format": a.format, **({"table": a.table} if a.table else {})}
+    rank = getattr(a, "rank", None)
+    params = {"format": a.format, **({"table": a.table} if a.table else {}),
+              **({"rank": rank} if rank is not None else {})}
     try:
         r = httpx.get(f"{_url()}/api/runs/{a.id}/export", params=params, timeout=120,
                       headers=_auth_headers())
@@ -281,7 +283,9 @@ def cmd_export(a) -> int:
     if r.status_code >= 400:
         raise CliError(f"error {r.status_code}: {r.text[:500]}")
     default = {"perfetto": f"{a.id}.perfetto.json", "json": f"{a.id}.analysis.json",
-               "csv": f"{a.id}.{a.table or 'tables'}.csv"}[a.format]
+               "csv": f"{a.id}.{a.table or 'tables'}.csv",
+               "kineto": f"{a.id}.kineto.zip" if rank is None
+               else f"{a.id}.rank{rank}.pt.trace.json"}[a.format]
     out = Path(a.output or default)
     out.write_bytes(r.content)
     print(f"wrote {out} ({len(r.content)} bytes)")

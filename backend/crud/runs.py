@@ -57,6 +57,26 @@ def create_run(db: Session, spec: JobSpec, *, owner: str, tags: list[str], notes
     return run
 
 
+def create_imported(db: Session, spec: JobSpec, run_id: str, *, owner: str, tags: list[str],
+                    notes: str, summary: dict, files: list[tuple[str, int, str]]) -> Run:
+    """An import run (traces made elsewhere, already analysed): stored finished in one
+    transaction with its files (path, size, sha256), so it is whole or absent."""
+    now = utcnow()
+    headline = summary.get("headline")
+    run = Run(id=run_id, name=spec.name, owner=owner, kind=spec.kind, strategy=spec.strategy,
+              spec=spec.to_dict(), spec_version=spec.version, world_size=spec.world_size,
+              dp=spec.parallel.dp, tp=1, pp=1, ep=1, cp=1, queue=spec.runtime.queue, nnodes=1,
+              status="succeeded", created_at=now, started_at=now, finished_at=now,
+              cancel_requested=False, notes=notes, exit_code=0, summary=summary,
+              metrics=headline, tags=[RunTag(tag=t) for t in dict.fromkeys(tags)],
+              **metric_values(headline, None, None))
+    db.add(run)
+    db.add_all(RunFile(run_id=run_id, path=p, size=n, sha256=h, created_at=now)
+               for p, n, h in files)
+    db.commit()
+    return run
+
+
 def delete_run(db: Session, run_id: str) -> None:
     db.execute(delete(Run).where(Run.id == run_id))
     db.commit()

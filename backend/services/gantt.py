@@ -28,7 +28,8 @@ _PHASE = {"forward": "forward", "F": "forward", "backward": "backward", "BW": "b
           "B": "backward (input)", "W": "backward (weight)", "optimizer": "optimizer"}
 # Lanes of a rank, top to bottom: its compute (nested spans carry a depth), its phase spans
 # (grad_sync / wait_grads), then one lane per communication axis (dp, tp, pp: point-to-point
-# send / recv included, ...). Each lane is a labelled row of the chart.
+# send / recv included, ...). Each lane is a labelled row of the chart. An imported GPU trace
+# (records with a `stream`, jobs/kineto/convert.py) has one lane per GPU stream instead.
 COMPUTE, PHASES = "compute", "sync"
 _AXIS_ORDER = {"dp": 0, "tp": 1, "pp": 2}
 
@@ -79,6 +80,8 @@ def columns(tr: Traces, origin: int | None = None) -> Trace:
                 nbytes = float(r.get("payload_bytes") or 0)
             else:
                 continue
+            if isinstance(r.get("stream"), int):  # an imported GPU trace: a lane per stream
+                lane = f"stream {r['stream']}"
             mb = r.get("microbatch")
             col["rank"].append(rank)
             col["channel"].append(lane)
@@ -129,12 +132,16 @@ def _lanes(meta: dict, ranks: list[int], channels: list[str]) -> list[dict]:
     lanes, y = [], 0.0
     for row in rows:
         chans = present.get(row["rank"], {COMPUTE})
-        order = [COMPUTE] + ([PHASES] if PHASES in chans else []) + sorted(
+        streams = sorted((c for c in chans if c.startswith("stream ")),
+                         key=lambda c: int(c.split()[1]))
+        order = ([COMPUTE] if COMPUTE in chans or not streams else []) + streams + (
+            [PHASES] if PHASES in chans else []) + sorted(
             (c for c in chans if c.startswith("comm ")),
             key=lambda c: (_AXIS_ORDER.get(c[5:], 9), c))
-        for ch in order:
+        for i, ch in enumerate(order):
             lanes.append({"id": len(lanes), "rank": row["rank"], "channel": ch, "y": y,
-                          "label": row["label"] if ch == COMPUTE else f"  {ch}"})
+                          "label": row["label"] if ch == COMPUTE else
+                          f"{row['label']} {ch}" if i == 0 else f"  {ch}"})
             y += 1.0
         y += 0.5
     return lanes

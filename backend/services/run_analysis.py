@@ -118,6 +118,43 @@ class RunAnalysis:
         return Download(name, "application/json",
                         iter_perfetto_json(self._traces().traces, spec))
 
+    # --- Kineto (HTA / TensorBoard) ----------------------------------------------------------
+    def kineto(self, rank: int | None = None) -> Download:
+        """The run's PyTorch-profiler-shaped traces (jobs.analysis.kineto_export): a streamed
+        .zip of `rank{R}.pt.trace.json`, or one rank's document; a converted run read from
+        its Parquet traces rank by rank, else from its loaded JSON lines."""
+        from jobs.analysis import kineto_download as KD
+        rid = self.run.id
+        if self.run.kind == "import":  # its own profiler traces, byte for byte
+            return self._imported_kineto(KD, rank)
+        if has_columnar(self.dir):
+            run = KD.open_run(self.dir)
+        else:
+            run = KD.open_run(traces=self._traces().traces)
+        if rank is not None and rank not in run.ranks:
+            raise _bad_query("rank", f"run {rid} has no rank {rank} (ranks: "
+                             f"{', '.join(map(str, run.ranks)) or 'none'})")
+        try:  # a rank too large to build is refused before the first byte
+            run.check_size()
+        except ValueError as exc:
+            raise _bad_query("rank", str(exc)) from None
+        if rank is not None:
+            return Download(f"paralab-{rid}-{KD.member_name(rank)}", "application/json",
+                            KD.iter_rank(run, rank))
+        return Download(f"paralab-{rid}.kineto.zip", "application/zip", KD.iter_run_zip(run))
+
+    def _imported_kineto(self, KD, rank: int | None) -> Download:
+        files = KD.imported_files(self.dir)
+        if rank is not None:
+            if rank not in files:
+                raise _bad_query("rank", f"run {self.run.id} has no rank {rank} (ranks: "
+                                 f"{', '.join(map(str, files)) or 'none'})")
+            path = files[rank]
+            return Download(KD.imported_name(path), "application/gzip"
+                            if path.name.endswith(".gz") else "application/json", path=path)
+        return Download(f"paralab-{self.run.id}.kineto.zip", "application/zip",
+                        KD.iter_imported_zip(files))
+
     # --- the Gantt --------------------------------------------------------------------------
     def gantt(self, *, step, t0_ms, t1_ms, max_spans: int, px: int) -> dict:
         """Per-rank segments of a window (a large run: only the window's records read)."""

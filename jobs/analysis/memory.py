@@ -22,7 +22,9 @@ from . import predicted as P
 from .load import Traces
 
 STATE = ("params", "grads", "optimizer")
-EXTRA = ("activations", "recv_buffers", "gathered_unit", "comm_buffers")
+# `allocator`: an imported profiler trace's allocator total (jobs/kineto/convert.py: every
+# tensor of the device, not split into components); no paralab run writes it
+EXTRA = ("activations", "recv_buffers", "gathered_unit", "comm_buffers", "allocator")
 TRANSIENT = ("recv_buffers", "gathered_unit", "comm_buffers")
 PARTS = STATE + EXTRA  # what a rank's peak (`total`) sums
 MEASURED_KEY = {"gathered_unit": "gathered_peak"}  # the trace's name for the component
@@ -42,7 +44,7 @@ def measured(tr: Traces, rank: int, peaks: dict[int, dict] | None = None) -> tup
             if isinstance(v, int | float):
                 peak[k] = max(peak.get(k, 0), int(v))
     source = "trace"
-    if not any(k in peak for k in STATE):
+    if not any(k in peak for k in (*STATE, "allocator")):
         srank = _summary_rank(tr.summary, rank)
         pb = ((srank or {}).get("memory") or {}).get("peak_bytes") or {}
         for k in STATE + EXTRA:
@@ -102,7 +104,8 @@ def memory_table(tr: Traces, spec, pred: dict | None,
                 continue
             f = formula.get(comp)
             kind = "model state" if comp in STATE else \
-                "transient" if comp in TRANSIENT else "activations"
+                "transient" if comp in TRANSIENT else \
+                "allocator total" if comp == "allocator" else "activations"
             rows.append({"rank": rank, "coords": coords, "component": comp, "kind": kind,
                          "measured_bytes": m,
                          "predicted_bytes": p, "error_pct": _err(m, p), "formula_bytes": f,

@@ -12,6 +12,9 @@ Tables of one :class:`RankTrace` (times in microseconds, as Kineto writes them):
   group, sequence number) where the profiler recorded them (``source``
   'record_param_comms'), and ``gloo:<op>`` spans with their input shapes (``source``
   'gloo_span'; torch 2.13's CPU profiler writes no record_param_comms for gloo).
+- ``memory``: the profiler's ``[memory]`` instant events (``profile_memory=True``): ts,
+  device_type (0 CPU, 1 CUDA), device_id, total_allocated, total_reserved (the allocator's
+  totals after that allocation or free), bytes (negative: a free).
 - ``hta_rows``: the columns HTA's figures use (name, ts, dur, stream, correlation) after
   HTA's parser rules; see ``breakdown.py``.
 """
@@ -103,6 +106,7 @@ class RankTrace:
     cpu_ops: list[dict] = field(default_factory=list)
     steps: list[dict] = field(default_factory=list)
     collectives: list[dict] = field(default_factory=list)
+    memory: list[dict] = field(default_factory=list)
     hta_rows: list[dict] = field(default_factory=list)
 
     @property
@@ -158,6 +162,14 @@ def load_rank(path: str | os.PathLike, rank: int | None = None) -> RankTrace:
         ts, dur, cat, name = ev.get("ts"), ev.get("dur"), ev.get("cat"), ev.get("name", "")
         # HTA's dataframe turns the ts column to float64 when any ts is float or missing.
         float_ts = float_ts or ts is None or isinstance(ts, float)
+        if name == "[memory]" and ts is not None:
+            a = ev.get("args") if isinstance(ev.get("args"), dict) else {}
+            out.memory.append({"ts": ts, "device_type": _int_or(a.get("Device Type"), -1),
+                               "device_id": _int_or(a.get("Device Id"), -1),
+                               "total_allocated": _int_or(a.get("Total Allocated"), 0),
+                               "total_reserved": _int_or(a.get("Total Reserved"), 0),
+                               "bytes": _int_or(a.get("Bytes"), 0)})
+            continue
         if dur is None or cat is None or cat == "Trace" or ts is None:
             continue
         args = ev.get("args") if isinstance(ev.get("args"), dict) else {}

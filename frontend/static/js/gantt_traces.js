@@ -12,12 +12,20 @@ export const CATEGORIES = {
   all_reduce: "#e15759", reduce_scatter: "#76b7b2", all_gather: "#b07aa1", broadcast: "#9c755f",
   reduce: "#ff9da7", all_to_all: "#17becf", send: "#1f3b73", recv: "#006d2c",
   "other comm": "#636363", "many spans": "#2b2b2b", idle: "#fbd3d0",
+  // imported GPU traces: a lane per stream (jobs/kineto/convert.py)
+  "GPU kernel": "#8cd17d", "memcpy / memset": "#f1ce63",
 };
 const DEPTH_W = [14, 8, 5, 3]; // line width by nesting depth in a lane
 const COMM_W = 8;
 
+const onStream = (channel) => channel.startsWith("stream ");
+
 export function categoryOf(name, channel) {
   if (channel === "compute") return name in CATEGORIES ? name : "other compute";
+  if (onStream(channel)) {
+    if (name in CATEGORIES) return name; // a collective's kernel, named by its op
+    return /^(Memcpy|Memset)/.test(name) ? "memcpy / memset" : "GPU kernel";
+  }
   if (channel === "sync") return name in CATEGORIES ? name : "grad_sync";
   return name in CATEGORIES ? name : "other comm";
 }
@@ -40,13 +48,14 @@ export function segmentTraces(data, query) {
     const name = data.keys[s.key[i]] ?? "?";
     const merged = s.n[i] > 1;
     const cat = merged ? "many spans" : categoryOf(name, lane.channel);
-    const depth = lane.channel === "compute" ? s.depth[i] : 0;
+    const nested = lane.channel === "compute" || onStream(lane.channel);
+    const depth = nested ? s.depth[i] : 0;
     const hit = !query || name.toLowerCase().includes(query);
     const gk = `${cat}|${depth}|${hit}`;
     let g = groups.get(gk);
     if (!g) {
       g = { cat, depth, hit, x: [], y: [], custom: [],
-        width: lane.channel === "compute" ? DEPTH_W[depth] : COMM_W };
+        width: nested ? DEPTH_W[depth] : COMM_W };
       groups.set(gk, g);
     }
     const y = lane.y;
@@ -78,7 +87,11 @@ function hoverText(data, i) {
 export function idleTrace(data) {
   const x = [];
   const y = [];
-  const compute = new Map(data.lanes.filter((l) => l.channel === "compute").map((l) => [l.rank, l.y]));
+  // a rank's compute lane, or its first lane (an imported GPU trace has stream lanes)
+  const compute = new Map();
+  for (const l of data.lanes) {
+    if (!compute.has(l.rank) || l.channel === "compute") compute.set(l.rank, l.y);
+  }
   const d = data.idle;
   for (let i = 0; i < d.t0.length; i++) {
     const yy = compute.get(d.rank[i]) ?? 0;

@@ -83,9 +83,10 @@ def get_metrics(ra: AnalysisDep, db: DbDep,
 
 @router.get("/{run_id}/export")
 def export_run(ra: AnalysisDep,
-               format: Literal["perfetto", "json", "csv"] = Query(
+               format: Literal["perfetto", "json", "csv", "kineto"] = Query(
                    "perfetto", description="perfetto: Chrome-trace JSON of the whole run; json: "
-                   "the analysis (or one table); csv: one table"),
+                   "the analysis (or one table); csv: one table; kineto: PyTorch profiler "
+                   "traces for HTA / TensorBoard, a .zip of rank{R}.pt.trace.json"),
                table: str | None = Query(None, json_schema_extra=_TABLE_ENUM,
                                          description=_TABLE_DOC + " (required for csv)"),
                t0_ms: float | None = Query(None, ge=0, allow_inf_nan=False,
@@ -93,12 +94,22 @@ def export_run(ra: AnalysisDep,
                                            "trace start (the Gantt's axis; with t1_ms)"),
                t1_ms: float | None = Query(None, ge=0, allow_inf_nan=False,
                                            description="perfetto: window end (> t0_ms)"),
+               rank: int | None = Query(None, ge=0, le=2**31, description="kineto: one "
+                                        "rank's document (JSON) instead of the zip"),
                ) -> Response:
-    """Download the Perfetto trace, the analysis as JSON, or one table as CSV: the same
-    tables, names and values the run page shows. The Perfetto document is built on request
+    """Download the Perfetto trace, the analysis as JSON, one table as CSV, or the Kineto
+    traces (docs/trace-schema.md "Kineto export"): the same tables, names and values the run
+    page shows. The Perfetto document is built on request
     and streamed; a window (`t0_ms`, `t1_ms`) keeps only the records overlapping it, times
     from the run's origin."""
     _check_table(table)
+    if rank is not None and format != "kineto":
+        raise _bad_query("rank", "a rank applies to format=kineto only")
+    if format == "kineto":
+        if t0_ms is not None or t1_ms is not None:
+            raise _bad_query("t0_ms" if t0_ms is not None else "t1_ms",
+                             "a window applies to format=perfetto only")
+        return _send(ra.kineto(rank))
     if (t0_ms is None) != (t1_ms is None):
         raise _bad_query("t1_ms" if t1_ms is None else "t0_ms",
                          "give both t0_ms and t1_ms (a window), or neither")
