@@ -129,12 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--preset")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_predict)
-    s = sub.add_parser("export", help="download a run's Perfetto trace, analysis tables or "
-                       "Kineto traces (HTA / TensorBoard)")
+    s = sub.add_parser("export", help="download a run's Perfetto trace, analysis tables, "
+                       "Kineto traces (HTA / TensorBoard), flight records (torch's fr_trace) "
+                       "or a checkpoint (torch.distributed.checkpoint)")
     s.add_argument("id")
-    s.add_argument("--format", choices=["perfetto", "json", "csv", "kineto"], default="perfetto")
+    s.add_argument("--format", choices=["perfetto", "json", "csv", "kineto", "flight",
+                                        "checkpoint"], default="perfetto")
     s.add_argument("--table", help="one analysis table (csv/json)")
     s.add_argument("--rank", type=int, help="kineto: one rank's trace instead of the zip")
+    s.add_argument("--step", type=int, help="checkpoint: its step (default: the latest)")
     s.add_argument("-o", "--output")
     s.set_defaults(fn=cmd_export)
     add_sweep_parser(sub)

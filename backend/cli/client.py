@@ -272,21 +272,31 @@ def cmd_predict(a) -> int:
 
 
 def cmd_export(a) -> int:
-    rank = getattr(a, "rank", None)
+    """Stream one export to a file (a run's traces can be large: never held in memory)."""
+    rank, step = getattr(a, "rank", None), getattr(a, "step", None)
     params = {"format": a.format, **({"table": a.table} if a.table else {}),
-              **({"rank": rank} if rank is not None else {})}
-    try:
-        r = httpx.get(f"{_url()}/api/runs/{a.id}/export", params=params, timeout=120,
-                      headers=_auth_headers())
-    except httpx.TransportError as exc:
-        raise CliError(f"cannot reach paralab at {_url()} ({exc})", 3) from exc
-    if r.status_code >= 400:
-        raise CliError(f"error {r.status_code}: {r.text[:500]}")
+              **({"rank": rank} if rank is not None else {}),
+              **({"step": step} if step is not None else {})}
     default = {"perfetto": f"{a.id}.perfetto.json", "json": f"{a.id}.analysis.json",
                "csv": f"{a.id}.{a.table or 'tables'}.csv",
                "kineto": f"{a.id}.kineto.zip" if rank is None
-               else f"{a.id}.rank{rank}.pt.trace.json"}[a.format]
+               else f"{a.id}.rank{rank}.pt.trace.json",
+               "flight": f"{a.id}.flight.zip",
+               "checkpoint": f"{a.id}.checkpoint.zip"}[a.format]
     out = Path(a.output or default)
-    out.write_bytes(r.content)
-    print(f"wrote {out} ({len(r.content)} bytes)")
+    try:
+        with httpx.stream("GET", f"{_url()}/api/runs/{a.id}/export", params=params,
+                          timeout=120, headers=_auth_headers()) as r:
+            if r.status_code >= 400:
+                raise CliError(f"error {r.status_code}: {r.read().decode(errors='replace')[:500]}")
+            size = 0
+            tmp = out.with_name(out.name + ".part")
+            with open(tmp, "wb") as f:
+                for chunk in r.iter_bytes():
+                    f.write(chunk)
+                    size += len(chunk)
+            tmp.replace(out)
+    except httpx.TransportError as exc:
+        raise CliError(f"cannot reach paralab at {_url()} ({exc})", 3) from exc
+    print(f"wrote {out} ({size} bytes)")
     return 0

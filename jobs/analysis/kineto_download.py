@@ -131,7 +131,7 @@ def iter_run_zip(run):
     return iter_zip((member_name(r), iter_rank(run, r)) for r in run.ranks)
 
 
-def _file_chunks(path: Path, size: int = ZIP_FLUSH):
+def file_chunks(path: Path, size: int = ZIP_FLUSH):
     with open(path, "rb") as f:
         while chunk := f.read(size):
             yield chunk
@@ -153,4 +153,4 @@ def imported_name(path: Path) -> str:
 
 def iter_imported_zip(files: dict[int, Path]):
     """The import's own traces in one zip, byte for byte (each read when its turn comes)."""
-    return iter_zip((imported_name(p), _file_chunks(p)) for p in files.values())
+    return iter_zip((imported_name(p), file_chunks(p)) for p in files.values())

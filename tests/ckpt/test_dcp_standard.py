@@ -152,3 +152,54 @@ def test_previous_format_resumes(runs, tmp_path):
     new, res = summary(runs, "z3-resumed"), summary(out, "z3-from-old")
     assert res["start_step"] == AT
     assert _close(new["loss"], res["loss"]), (new["loss"], res["loss"])
+
+
+def test_the_checkpoint_and_flight_downloads_are_what_torch_reads(runs, client, settings,
+                                                                  tmp_path):
+    """GET /export?format=checkpoint|flight (and `paralab export`'s route): the stored files
+    byte for byte in a zip; the unzipped checkpoint loads with plain DCP into the plain model
+    (tests/ckpt/plain_load.py: the run's loss), torch's fr_trace reads the unzipped dumps."""
+    import io
+    import shutil
+    import zipfile
+
+    from backend import crud
+    from backend.core.db import get_sessionmaker
+    from jobs.spec import parse_spec
+    with get_sessionmaker(settings.db_url)() as db:
+        rid = crud.create_run(db, parse_spec(_spec(LAYOUTS["z3"], AT + 1, AT)), owner="local",
+                              tags=[], notes="").id
+    shutil.copytree(runs / "z3-short", settings.runs_dir / rid)
+    ck = client.get(f"/api/runs/{rid}/export", params={"format": "checkpoint"})
+    assert ck.status_code == 200, ck.text
+    with zipfile.ZipFile(io.BytesIO(ck.content)) as z:
+        z.extractall(tmp_path / "ck")
+        names = z.namelist()
+    folder = f"step-{AT:06d}"
+    src = runs / _ck("z3")
+    assert sorted(names) == sorted(f"{folder}/{f.name}" for f in src.iterdir())
+    for f in src.iterdir():
+        assert (tmp_path / "ck" / folder / f.name).read_bytes() == f.read_bytes()
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(_spec(LAYOUTS["z3"], AT + 2)))
+    proc = subprocess.run([sys.executable, "-m", "tests.ckpt.plain_load", "--ckpt",
+                           str(tmp_path / "ck" / folder), "--spec", str(spec), "--out",
+                           str(tmp_path / "plain.json")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads((tmp_path / "plain.json").read_text())
+    assert _close([got["loss_model_only"]], [summary(runs, "z3-short")["loss"][AT]])
+    bad = client.get(f"/api/runs/{rid}/export", params={"format": "checkpoint", "step": 99})
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "step"]
+
+    fl = client.get(f"/api/runs/{rid}/export", params={"format": "flight"})
+    assert fl.status_code == 200, fl.text
+    with zipfile.ZipFile(io.BytesIO(fl.content)) as z:
+        z.extractall(tmp_path / "fl")
+    dumps = sorted((runs / "z3-short" / "flight").iterdir())
+    assert [p.name for p in sorted((tmp_path / "fl" / "flight").iterdir())] == \
+        [p.name for p in dumps] == [f"flight_rank_{r}" for r in range(4)]
+    fr = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace",
+                         str(tmp_path / "fl" / "flight"), "--prefix", "flight_rank_"],
+                        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert fr.returncode == 0, fr.stderr[-3000:]

@@ -16,6 +16,7 @@ from fastapi.responses import FileResponse, Response, StreamingResponse
 from backend.api.deps import DbDep, RunDep, SettingsDep
 from backend.crud.collective_sweeps import latest_sweep
 from backend.errors import Invalid
+from backend.services import run_files
 from backend.services.run_analysis import Download, RunAnalysis
 from jobs.analysis import TABLES
 from jobs.analysis.history import bandwidth_vs_sweep
@@ -83,10 +84,13 @@ def get_metrics(ra: AnalysisDep, db: DbDep,
 
 @router.get("/{run_id}/export")
 def export_run(ra: AnalysisDep,
-               format: Literal["perfetto", "json", "csv", "kineto"] = Query(
+               format: Literal["perfetto", "json", "csv", "kineto", "flight",
+                               "checkpoint"] = Query(
                    "perfetto", description="perfetto: Chrome-trace JSON of the whole run; json: "
                    "the analysis (or one table); csv: one table; kineto: PyTorch profiler "
-                   "traces for HTA / TensorBoard, a .zip of rank{R}.pt.trace.json"),
+                   "traces for HTA / TensorBoard, a .zip of rank{R}.pt.trace.json; flight: the "
+                   "flight recorder's dumps in torch's format (fr_trace), a .zip; checkpoint: "
+                   "a complete checkpoint's DCP folder, a .zip"),
                table: str | None = Query(None, json_schema_extra=_TABLE_ENUM,
                                          description=_TABLE_DOC + " (required for csv)"),
                t0_ms: float | None = Query(None, ge=0, allow_inf_nan=False,
@@ -96,6 +100,8 @@ def export_run(ra: AnalysisDep,
                                            description="perfetto: window end (> t0_ms)"),
                rank: int | None = Query(None, ge=0, le=2**31, description="kineto: one "
                                         "rank's document (JSON) instead of the zip"),
+               step: int | None = Query(None, ge=0, le=2**31, description="checkpoint: the "
+                                        "checkpoint's step (default: the latest complete one)"),
                ) -> Response:
     """Download the Perfetto trace, the analysis as JSON, one table as CSV, or the Kineto
     traces (docs/trace-schema.md "Kineto export"): the same tables, names and values the run
@@ -103,6 +109,15 @@ def export_run(ra: AnalysisDep,
     and streamed; a window (`t0_ms`, `t1_ms`) keeps only the records overlapping it, times
     from the run's origin."""
     _check_table(table)
+    if step is not None and format != "checkpoint":
+        raise _bad_query("step", "a step applies to format=checkpoint only")
+    if format in ("flight", "checkpoint"):
+        if rank is not None or t0_ms is not None or t1_ms is not None or table is not None:
+            field = next(n for n, v in (("rank", rank), ("t0_ms", t0_ms), ("t1_ms", t1_ms),
+                                        ("table", table)) if v is not None)
+            raise _bad_query(field, f"does not apply to format={format}")
+        return _send(run_files.flight(ra) if format == "flight"
+                     else run_files.checkpoint(ra, step))
     if rank is not None and format != "kineto":
         raise _bad_query("rank", "a rank applies to format=kineto only")
     if format == "kineto":
