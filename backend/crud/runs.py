@@ -60,13 +60,14 @@ def create_run(db: Session, spec: JobSpec, *, owner: str, tags: list[str], notes
 def create_imported(db: Session, spec: JobSpec, run_id: str, *, owner: str, tags: list[str],
                     notes: str, summary: dict, files: list[tuple[str, int, str]]) -> Run:
     """An import run (traces made elsewhere, already analysed): stored finished in one
-    transaction with its files (path, size, sha256), so it is whole or absent."""
+    transaction with its files (path, size, sha256), so it is whole or absent. It never ran
+    here: no start time, no duration."""
     now = utcnow()
     headline = summary.get("headline")
     run = Run(id=run_id, name=spec.name, owner=owner, kind=spec.kind, strategy=spec.strategy,
               spec=spec.to_dict(), spec_version=spec.version, world_size=spec.world_size,
               dp=spec.parallel.dp, tp=1, pp=1, ep=1, cp=1, queue=spec.runtime.queue, nnodes=1,
-              status="succeeded", created_at=now, started_at=now, finished_at=now,
+              status="succeeded", created_at=now, started_at=None, finished_at=now,
               cancel_requested=False, notes=notes, exit_code=0, summary=summary,
               metrics=headline, tags=[RunTag(tag=t) for t in dict.fromkeys(tags)],
               **metric_values(headline, None, None))

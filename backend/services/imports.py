@@ -122,10 +122,11 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _spec(name: str, world: int):
+def _spec(name: str, world: int, steps: int):
     try:
         return parse_spec({"kind": "import", "name": name, "parallel": {"dp": world},
-                           "runtime": {"nproc_per_node": world, "queue": "import"}},
+                           "runtime": {"nproc_per_node": world, "queue": "import"},
+                           "train": {"steps": max(1, steps)}},
                           imported=True, max_world_size=1 << 30)
     except SpecError as exc:
         raise Invalid(errors=[{**e, "loc": ["body", *e["loc"]]} for e in exc.errors]) from None
@@ -155,7 +156,7 @@ def create(db: Session, settings: Settings, user: Principal, *, name: str, tags:
                                 allow_missing_ranks=allow_missing_ranks)
         except ValueError as exc:
             raise Invalid(f"files: {exc}", field="files") from None
-        spec = _spec(name, got["world_size"])
+        spec = _spec(name, got["world_size"], got["steps"])
         kept = out / "kineto"  # the profiler's own files stay with the run (re-analysis)
         kept.mkdir()
         for path, shown in names.items():

@@ -75,14 +75,27 @@ def check_heads(paths: list[Path], names: dict[Path, str] | None = None,
     return dict(sorted(ranks.items())), world[0]
 
 
-def _write_rank(rt: RankTrace, world: int, out: Path) -> int:
+def _write_rank(rt: RankTrace, world: int, out: Path, tally: dict) -> int:
     path = out / f"trace-rank{rt.rank}.jsonl"
     n = 0
     with open(path, "w") as f:
         for rec in records(rt, world):
             f.write(json.dumps(rec, separators=(",", ":"), allow_nan=False) + "\n")
             n += 1
+            if rec["type"] == "comm" and "bytes_sent" not in rec:
+                tally["unsized"] = tally.get("unsized", 0) + 1
+            elif rec["type"] == "span" and rec["cat"] == "step":
+                tally.setdefault("steps", set()).add(rec["step"])
     return n
+
+
+def _silent_bytes(doc: dict, unsized: int) -> None:
+    """Collectives the profiler recorded without sizes: the run's bytes are unknown, not 0."""
+    doc["headline"]["comm_bytes_per_rank"] = None
+    doc.setdefault("warnings", []).append(
+        f"{unsized:,} collective kernel(s) without the profiler's collective arguments (sizes): "
+        "their op is read from the kernel name and their bytes are unknown, so the run's "
+        "bytes per rank are not stated")
 
 
 def _hta_section(ranks: dict[int, RankTrace]) -> dict:
@@ -101,7 +114,8 @@ def _hta_section(ranks: dict[int, RankTrace]) -> dict:
 def import_traces(paths: list[Path], out: Path, *, names: dict[Path, str] | None = None,
                   allow_missing_ranks: bool = False) -> dict:
     """Write the run folder `out` from per-rank trace files; returns {world_size, ranks,
-    records, backend, headline (the analysis headline), rank_of ({path: rank})}."""
+    records, backend, headline (the analysis headline), steps (profiled steps), rank_of
+    ({path: rank})}."""
     from jobs.analysis import ANALYSIS_FILE, write_analysis
     from jobs.analysis.convert import convert_run_dir
 
@@ -110,13 +124,14 @@ def import_traces(paths: list[Path], out: Path, *, names: dict[Path, str] | None
     loaded: dict[int, RankTrace] = {}
     counts: dict[int, int] = {}
     launch_rows: list[dict] = []
+    tally: dict = {}
     for r, p in by_rank.items():
         try:
             rt = load_rank(p, r)
         except ValueError as exc:
             raise ValueError(str(exc).replace(os.fspath(p), (names or {}).get(p, p.name))) \
                 from None
-        counts[r] = _write_rank(rt, world, out)
+        counts[r] = _write_rank(rt, world, out, tally)
         if (row := launches.launch_summary(rt)) is not None:
             launch_rows.append(row)
         # HTA's figures drop the last profiled step across all ranks: they need the kernels of
@@ -133,9 +148,12 @@ def import_traces(paths: list[Path], out: Path, *, names: dict[Path, str] | None
     if doc_path.is_file():
         doc = json.loads(doc_path.read_text())
         doc["kineto"] = hta
+        if tally.get("unsized"):
+            _silent_bytes(doc, tally["unsized"])
+            headline = doc["headline"]
         tmp = doc_path.with_name(doc_path.name + ".part")
         tmp.write_text(json.dumps(doc, separators=(",", ":")))
         os.replace(tmp, doc_path)
     return {"world_size": world, "ranks": sorted(by_rank), "records": sum(counts.values()),
-            "backend": backend, "headline": headline,
+            "backend": backend, "headline": headline, "steps": len(tally.get("steps", ())),
             "rank_of": {p: r for r, p in by_rank.items()}}

@@ -67,6 +67,12 @@ def test_the_page_is_live_and_a_cancelled_run_keeps_its_steps(svc, page):
     hrefs = page.eval_on_selector_all("#downloads a", "as => as.map(a => a.href)")
     assert len(set(hrefs)) == len(hrefs) and len(set(texts)) == len(texts)
     assert "trace-rank0.jsonl" in texts and "analysis.json" not in texts
+    # what torch's tools read: the flight dumps as one zip (this run saved no checkpoint)
+    flight = hrefs[texts.index("Flight records (torch's fr_trace)")]
+    assert flight.endswith(f"/api/runs/{rid}/export?format=flight")
+    assert "Checkpoint (torch.distributed.checkpoint)" not in texts
+    z = svc.http.get(flight.split(svc.url, 1)[1])
+    assert z.status_code == 200 and z.content[:2] == b"PK"
     shot(page, "run-cancelled")
     # a quiet terminal: the worker channel's routine calls leave no access-log line each
     served = (svc.tmp / "backend.log").read_text()

@@ -22,7 +22,8 @@ TEMPLATES = Path(__file__).resolve().parents[2] / "frontend" / "templates"
 # note (table-sampling) (#19); the run page's health block and section title (run-health,
 # diagnosis-title), the sweep builder (sb-*) and compare's caption
 # and noise rule (cmp-caption, cmp-noise), the new-run form's loading note (form-loading) and
-# the advisor's model line, progress, assumed-hardware banner and launch notes (#37).
+# the advisor's model line, progress, assumed-hardware banner and launch notes (#37); the
+# import page and the run page's imported figures (imported-section) (#40).
 IDS = {
     "/cluster": ["cluster-error", "cluster-updated", "hosts", "hosts-empty", "queued",
                  "queued-empty", "queues", "unseen"],
@@ -44,7 +45,8 @@ IDS = {
                   "diagnosis-section", "diagnosis-title", "downloads", "gantt",
                   "gantt-detail", "gantt-export", "gantt-info", "gantt-reset", "gantt-search",
                   "gantt-section",
-                  "gantt-step", "hosts", "hosts-section", "log", "log-info", "log-rank",
+                  "gantt-step", "hosts", "hosts-section", "imported-section", "log",
+                  "log-info", "log-rank",
                   "log-section", "loss-chart", "memory-chart", "memory-section", "memory-table",
                   "moe-a2a", "moe-layer", "moe-load", "moe-section", "moe-step", "moe-summary",
                   "resume", "resume-section",
@@ -64,13 +66,17 @@ IDS = {
                 "sb-errors", "sb-form", "sb-launch", "sb-name", "sb-preset", "sb-run", "sb-status",
                 "sb-title", "sweeps-error", "sweeps-filters", "sweeps-q", "sweeps-status",
                 "sweeps-table"],
+    "/import": ["drop-zone", "err-allow_missing_ranks", "err-files", "err-name", "err-notes",
+                "err-tags", "file-list", "file-total", "files-label", "form-error", "imp-files",
+                "imp-missing", "imp-name", "imp-notes", "imp-tags", "import-form", "progress-box",
+                "progress-text", "submit", "upload-progress"],
     "/schedules": ["s-m", "s-p", "s-schedule", "s-t_b_input", "s-t_b_weight", "s-t_comm", "s-t_f",
                    "s-v", "sched-actions", "sched-cards", "sched-convention", "sched-error",
                    "sched-form", "sched-gantt", "sched-results", "sched-status"],
 }
 SCRIPTS = {"/cluster": "cluster.js", "/collectives": "collectives.js", "/compare": "compare.js",
            "/": "runs.js", "/new": "new.js", "/runs/abc": "run.js", "/schedules": "schedules.js",
-           "/advise": "advise.js", "/sweeps": "sweep_list.js"}
+           "/advise": "advise.js", "/sweeps": "sweep_list.js", "/import": "import.js"}
 
 
 
@@ -83,13 +89,13 @@ def test_every_page_keeps_its_ids_and_shares_the_base(client, path):
     ids = re.findall(r'\bid="([^"]+)"', r.text)
     assert len(ids) == len(set(ids)), "duplicate ids"
     assert sorted(set(ids) - {"content"}) == IDS["/runs/abc" if path.startswith("/runs/") else path]
-    assert r.text.count("<nav") == 1 and r.text.count('data-nav="') == 8
+    assert r.text.count("<nav") == 1 and r.text.count('data-nav="') == 9
     assert '<a class="skip-link" href="#content">Skip to content</a>' in r.text
     assert r.text.count('<main id="content"') == 1
     script = SCRIPTS["/runs/abc" if path.startswith("/runs/") else path]
     assert f'<script type="module" src="/static/js/{script}"></script>' in r.text
     assert ("/static/vendor/plotly.min.js" in r.text) == (path not in ("/", "/cluster",
-                                                                        "/sweeps"))
+                                                                        "/sweeps", "/import"))
     assert "{%" not in r.text and "{{" not in r.text
 
 
@@ -101,7 +107,7 @@ def test_an_unknown_run_is_an_html_404(client):
 
 def test_the_nav_bar_is_written_once_in_the_templates():
     pages = sorted(p for p in TEMPLATES.glob("*.html") if p.name != "base.html")
-    assert len(pages) == 12  # the eleven pages and the 404 page
+    assert len(pages) == 13  # the twelve pages and the 404 page
     for page in pages:
         text = page.read_text()
         assert text.startswith('{% extends "base.html" %}'), page.name

@@ -76,6 +76,12 @@ def page_new(request: Request) -> Response:
     return _page(request, "new.html")
 
 
+@router.get("/import")
+def page_import(request: Request) -> Response:
+    """Profiler traces made elsewhere -> a run (POST /api/imports, docs/dashboard.md)."""
+    return _page(request, "import.html")
+
+
 @router.get("/runs/{run_id}")
 def page_run(request: Request, run_id: str, settings: SettingsDep, db: DbDep) -> Response:
     """The run page (an HTML 404 for an unknown run, not an empty skeleton). After sending it,

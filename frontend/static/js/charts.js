@@ -5,7 +5,8 @@ export const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "
   "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
 export const COMPONENT_COLORS = { params: "#4e79a7", grads: "#f28e2b", optimizer: "#59a14f",
   activations: "#e15759", gathered: "#b07aa1", gathered_peak: "#b07aa1",
-  gathered_unit: "#b07aa1", buffers: "#76b7b2", recv_buffers: "#76b7b2", comm_buffers: "#edc948" };
+  gathered_unit: "#b07aa1", buffers: "#76b7b2", recv_buffers: "#76b7b2", comm_buffers: "#edc948",
+  allocator: "#9c755f" }; // allocator: an imported profile's allocator total (not split)
 
 // A colour means one thing on every page and every run (issue 37): a mesh axis keeps its
 // colour whichever axes a run has and in whatever order its table lists them (dp is never

@@ -182,8 +182,11 @@ export function createHealth(box) {
       if (run !== r) return; // a newer render started meanwhile
     } else {
       const p = run.progress;
-      parts = [el("p", { id: "health-line" }, el("strong", { text: `${run.status}` }),
-        run.status === "succeeded" ? ": every rank finished" : "",
+      const imp = run.kind === "import" ? run.summary?.import : null;
+      parts = [el("p", { id: "health-line" }, el("strong", { text: imp ? "imported"
+        : `${run.status}` }),
+        imp ? `: profiler traces of ${(imp.ranks || []).length} of ${imp.world_size} rank(s), ` +
+          "made elsewhere" : run.status === "succeeded" ? ": every rank finished" : "",
         p?.kind === "step" ? `; last step ${p.step}` : "",
         run.duration_s ? ` · ${fmtSeconds(run.duration_s)}` : "")];
     }

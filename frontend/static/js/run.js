@@ -11,6 +11,7 @@ import { mountGantt } from "./gantt.js";
 import { fmtThroughput } from "./units.js";
 import { createHealth, plain, WENT_WRONG } from "./health.js";
 import { mountHosts } from "./hosts.js";
+import { importCards, mountImported } from "./imported.js";
 import { mountMemory } from "./memory.js";
 import { mountMoe } from "./moe.js";
 import { mountSweepChart } from "./sweeps.js";
@@ -133,6 +134,7 @@ function benchCards() {
 function renderCards() {
   renderTraceCoverage();
   renderTableSampling();
+  if (run.kind === "import") { $("#cards").replaceChildren(...importCards(run)); return; }
   if (run.kind !== "train") { benchCards(); return; }
   const a = analysis;
   const h = headlineOf(a);
@@ -172,13 +174,24 @@ async function renderDownloads() {
   const names = Object.keys(analysis?.tables || {});
   const derived = [
     ["Perfetto trace (open in ui.perfetto.dev)", api.exportUrl(run.id, "perfetto")],
+    ["Kineto (HTA / TensorBoard)", api.exportUrl(run.id, "kineto"),
+      "zip of rank{R}.pt.trace.json"],
     ["analysis JSON (every table)", api.exportUrl(run.id, "json")],
     ...names.map((t) => [`${t}.csv`, api.exportUrl(run.id, "csv", t),
       analysis?.table_files?.[t] ? `${Number(analysis.table_files[t].rows)} rows` : ""]),
   ];
-  const OFFERED = new Set(["analysis.json", "trace.perfetto.json"]); // the first two above
+  const OFFERED = new Set(["analysis.json", "trace.perfetto.json"]); // offered above
   let files = [];
   try { files = (await api.files(run.id)).filter((f) => !OFFERED.has(f.path)); } catch { files = []; }
+  // what torch's own tools read, when the run has it (docs/faults.md, docs/checkpoints.md)
+  if (files.some((f) => /^flight\/flight_rank_\d+$/.test(f.path))) {
+    derived.push(["Flight records (torch's fr_trace)", api.exportUrl(run.id, "flight"),
+      "zip of flight/flight_rank_{R}"]);
+  }
+  if (files.some((f) => /^checkpoints\/step-\d+\/COMMITTED$/.test(f.path))) {
+    derived.push(["Checkpoint (torch.distributed.checkpoint)", api.exportUrl(run.id,
+      "checkpoint"), "the latest complete one, a zip"]);
+  }
   const group = (title, links) => el("div", { class: "dl-group" }, el("h3", { text: title }),
     el("ul", {}, ...links.map(([t, href, sub]) => el("li", {}, el("a", { href, text: t,
       download: "" }), sub ? el("span", { class: "muted", text: ` ${sub}` }) : null))));
@@ -242,6 +255,7 @@ async function loadCharts() {
   renderCards();
   mountHosts(run, analysis, $("#hosts-section"), $("#hosts"));
   renderDownloads();
+  if (run.kind === "import") await mountImported(run, analysis, $("#imported-section"));
   if (run.kind === "collective_bench") {
     $("#memory-section").hidden = true;
     $("#curves-section").hidden = true;
@@ -249,7 +263,9 @@ async function loadCharts() {
   }
   if (gantt) await gantt.load();
   else gantt = await mountGantt(run.id, run.pp > 1, headlineOf(analysis));
-  if (run.kind === "train" && analysis) {
+  // an import's analysis comes from the same engine: its memory, communication and curves
+  // draw as a run's (the sections with no data for it were hidden by mountImported)
+  if ((run.kind === "train" || run.kind === "import") && analysis) {
     await Promise.allSettled([
       mountMemory(analysis, $("#memory-chart"), $("#memory-table")),
       mountComm(analysis, analysis.bandwidth_vs_sweep ? await sweepOf(analysis) : null),
