@@ -174,10 +174,9 @@ def iter_perfetto_json(traces, spec: dict | None = None, *,
     yield from document_chunks(_events(tr, t0, lo, hi), _other(tr, t0, spec, window_ms), chunk)
 
 
-def document_chunks(events, other: dict, chunk: int = 2000):
-    """The Trace Event Format document of `events` (consumed lazily) and `otherData`, as
-    JSON text in chunks of `chunk` events: the one writer of every Perfetto download."""
-    yield '{"traceEvents":['
+def event_chunks(events, chunk: int = 2000):
+    """The inside of a JSON array of `events` (consumed lazily), as text in chunks of `chunk`
+    events: the one encoder of the trace downloads (Perfetto here, Kineto in kineto_export)."""
     buf, first = [], True
     for ev in events:
         buf.append(_encode(ev))
@@ -186,6 +185,13 @@ def document_chunks(events, other: dict, chunk: int = 2000):
             buf, first = [], False
     if buf:
         yield ("" if first else ",") + ",".join(buf)
+
+
+def document_chunks(events, other: dict, chunk: int = 2000):
+    """The Trace Event Format document of `events` (consumed lazily) and `otherData`, as
+    JSON text in chunks of `chunk` events: the one writer of every Perfetto download."""
+    yield '{"traceEvents":['
+    yield from event_chunks(events, chunk)
     yield '],"displayTimeUnit":"ms","otherData":' + _encode(other) + "}"
 
 

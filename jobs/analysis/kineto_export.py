@@ -31,7 +31,7 @@ import json
 import re
 
 from . import intervals as iv
-from .export import _encode, assign_lanes
+from .export import assign_lanes, event_chunks
 from .load import Traces
 from .steps import is_blocking
 
@@ -251,13 +251,6 @@ def iter_rank_json(meta: Traces, rank: int, recs: list[dict], t0: int, chunk: in
     # indented like Kineto's header: HTA finds a file's rank with the regex '"rank":\s+(\d+)'
     # on the first line that matches it, so the key needs its space and comes first
     yield json.dumps(head, indent=1)[:-2] + ',\n "traceEvents": ['
-    buf, first = [], True
-    for ev in rank_events(meta, rank, recs, t0):
-        buf.append(_encode(ev))
-        if len(buf) >= chunk:
-            yield ("" if first else ",") + ",".join(buf)
-            buf, first = [], False
-    if buf:
-        yield ("" if first else ",") + ",".join(buf)
+    yield from event_chunks(rank_events(meta, rank, recs, t0), chunk)
     yield (f'],"traceName":"rank{rank}.pt.trace.json","displayTimeUnit":"ms",'
            f'"baseTimeNanoseconds":{int(t0)}}}')

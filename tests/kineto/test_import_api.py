@@ -62,6 +62,10 @@ def test_a_gloo_job_imports_as_a_run_with_its_steps_and_collectives(client, gloo
              if x["component"] == "allocator"}
     assert peaks == {rank: _peak_allocated(p) for rank, p in enumerate(gloo_traces)}
     assert a["headline"]["peak_memory_bytes"] == max(peaks.values())
+    # the Perfetto export reads the converted traces like a launched run's: every collective
+    pf = client.get(f"/api/runs/{run['id']}/export").json()
+    names = [e.get("name") for e in pf["traceEvents"]]
+    assert names.count("all_reduce") == 2 * 2 * STEPS  # 2 per step, each on both ranks
     # the Kineto export of an import is its own traces, byte for byte
     z = client.get(f"/api/runs/{run['id']}/export", params={"format": "kineto"})
     assert z.status_code == 200, z.text
