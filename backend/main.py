@@ -34,6 +34,7 @@ from backend.api.routes import (
     runs,
     schedules,
     sweeps,
+    uploads,
     users,
 )
 from backend.api.routes import auth as auth_routes
@@ -287,6 +288,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.include_router(runs.router)  # every /api/runs/... (routes/runs/)
     app.include_router(imports.router)
+    app.include_router(uploads.router)
     app.include_router(meta.router)
     app.include_router(cluster.router)
     app.include_router(internal.router)

@@ -355,3 +355,22 @@ class SweepMember(Base):
     predicted: Mapped[dict | None] = mapped_column(JSON(none_as_null=True))
 
     run: Mapped[Run | None] = relationship(lazy="selectin")
+
+
+class Upload(Base):
+    """An uploaded archive of a user's working directory, stored once per content at
+    DATA_DIR/uploads/<sha256>.<kind> (backend/services/uploads.py; migration 0012). `name` is
+    the file name as uploaded, only ever shown; `entries` the member paths (the first
+    ENTRIES_KEPT)."""
+
+    __tablename__ = "uploads"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    owner: Mapped[str] = mapped_column(String(100), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(8))
+    file_count: Mapped[int] = mapped_column(Integer)
+    unpacked_bytes: Mapped[int] = mapped_column(BigInteger)
+    entries: Mapped[list] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -82,6 +82,13 @@ class Settings(BaseSettings):
     # POST /api/imports: most bytes one import stages, in MiB (files as uploaded, archive
     # members uncompressed; docs/imports.md)
     import_max_mb: int = Field(4096, ge=1)
+    # POST /api/uploads (a user's working directory for their own script; docs/security.md
+    # "User code"): the archive's size, what it unpacks to and its members, in MiB / count;
+    # and the MiB of uploads each user may own in all.
+    upload_max_mb: int = Field(256, ge=1)
+    upload_max_unpacked_mb: int = Field(1024, ge=1)
+    upload_max_files: int = Field(10_000, ge=1)
+    upload_quota_mb: int = Field(2048, ge=0)
     # /api/health is degraded when the data directory's file system has less free space.
     disk_min_free_bytes: int = Field(1 << 30, ge=0)
 
@@ -226,6 +233,11 @@ class Settings(BaseSettings):
     def runs_dir(self) -> Path:
         """Backend side: files uploaded by workers, one folder per run."""
         return (self.data_dir / "runs").resolve()
+
+    @property
+    def uploads_dir(self) -> Path:
+        """Backend side: uploaded archives, one file per content (<sha256>.<kind>)."""
+        return (self.data_dir / "uploads").resolve()
 
     @property
     def work_dir(self) -> Path:

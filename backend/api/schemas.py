@@ -190,6 +190,12 @@ RunFilePath = Annotated[str, Path(
     description="relative to the run's folder, e.g. trace-rank0.jsonl",
     json_schema_extra={"pattern": FILE_PATH_PATTERN})]
 
+# An upload's content address in the URL (GET /api/uploads/{sha256}, the worker channel's
+# copy): the schema states the rule the service checks (backend/services/uploads.check_sha)
+Sha256Path = Annotated[str, Path(
+    description="the upload's SHA-256, 64 lower-case hexadecimal digits",
+    pattern="^[0-9a-f]{64}$")]
+
 # A run file as GET .../files/{path} answers it: its bytes, with the media type its name
 # implies (JSON, text, Parquet, ...): declared as any type, not the JSON FastAPI assumes.
 FILE_RESPONSES = {200: {"description": "the file's bytes; the media type its name implies",

@@ -75,6 +75,7 @@ from backend.crud.tokens import (
     lookup_credential,
     revoke_credential,
 )
+from backend.crud.uploads import create_upload, get_upload, uploaded_bytes
 from backend.crud.users import (
     LOCAL_USERNAME,
     create_user,
@@ -114,4 +115,6 @@ __all__ = [
     "waiting_gang_runs",
     # sweeps (backend/services/sweeps.py)
     "SweepFilter", "create_sweep", "get_sweep", "list_sweeps", "sweep_of_run", "sweep_status",
+    # uploaded working directories (backend/services/uploads.py)
+    "create_upload", "get_upload", "uploaded_bytes",
 ]

@@ -19,11 +19,11 @@ router = APIRouter(prefix="/api/imports", tags=["imports"])
 @router.post("", status_code=201, response_model=RunView)
 def create_import(
     request: Request, db: DbDep, settings: SettingsDep, user: UserDep,
-    files: Annotated[list[UploadFile], File(description=(
+    files: Annotated[list[UploadFile], File(min_length=1, description=(
         "per-rank PyTorch profiler traces (.json / .json.gz, one per rank, each naming its rank "
         "and world size in distributedInfo), or one .zip / .tar.gz of a trace folder (as "
         "torch.profiler.tensorboard_trace_handler writes it)"))],
-    name: Annotated[str, Form(description="the run's name")],
+    name: Annotated[str, Form(min_length=1, max_length=200, description="the run's name")],
     tags: Annotated[list[str], Form(description="tags (repeat the field)")] = [],  # noqa: B006
     notes: Annotated[str, Form(description="notes (Markdown)")] = "",
     allow_missing_ranks: Annotated[bool, Form(description=(

@@ -26,13 +26,14 @@ from backend.api.schemas import (
     LogBatch,
     LogBatchOut,
     RunFilePath,
+    Sha256Path,
     WorkerIn,
 )
 from backend.api.threads import on_channel
 from backend.core.config import Settings
 from backend.core.db import get_sessionmaker
 from backend.errors import NotFound
-from backend.services import run_traces
+from backend.services import run_traces, uploads
 from backend.storage import append_at, resolve_run_path, save_stream, seal_live
 from backend.streams import hub
 from jobs.ckpt_index import complete_checkpoints
@@ -179,6 +180,15 @@ def _download_target(db, run, settings: Settings, path: str) -> Path:
 async def download(run_id: str, settings: ChannelSettings, path: RunFilePath,
                    _: ChannelWorker) -> FileResponse:
     return FileResponse(await in_channel(settings, run_id, _download_target, settings, path))
+
+
+@router.get("/uploads/{sha256}", response_class=FileResponse, responses=FILE_RESPONSES)
+async def upload_archive(sha256: Sha256Path, settings: ChannelSettings,
+                         _: ChannelWorker) -> FileResponse:
+    """An uploaded working directory's archive (the record's kind names its format), for the
+    worker that unpacks it for a run (paralab_core.archives.unpack)."""
+    path = await in_channel(settings, None, uploads.archive_path, settings, sha256)
+    return FileResponse(path, media_type="application/octet-stream", filename=path.name)
 
 
 def _finish(db, run, body: FinishIn) -> dict:
