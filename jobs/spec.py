@@ -20,6 +20,8 @@ from typing import Any
 
 from jobs import trace_schedule as TS
 from jobs.faultspec import FaultSpec, fault_cross_checks, fault_dict, parse_faults
+from jobs.scriptspec import ScriptSpec, parse_script, script_checks
+from jobs.scriptspec import schema as script_schema
 from jobs.strategies import DP_STRATEGIES, of_parallel
 from jobs.trace_schedule import LEVELS, trace_checks
 
@@ -27,7 +29,7 @@ SPEC_VERSION = 1
 DEFAULT_MAX_WORLD_SIZE = 8
 
 ARCHS = ("mlp", "gpt", "timed")
-KINDS = ("train", "collective_bench", "compute_bench")  # what a user submits
+KINDS = ("train", "collective_bench", "compute_bench", "script")  # what a user submits
 # ... and the runs the service makes itself: `import` holds profiler traces made elsewhere
 # (POST /api/imports, jobs/kineto/imports.py); nothing is launched for it
 IMPORT_KIND = "import"
@@ -231,9 +233,9 @@ class TraceSpec:
 class JobSpec:
     version: int = _f(SPEC_VERSION, "spec schema version", ge=1, le=SPEC_VERSION)
     name: str = _f("run", "human-readable name")
-    kind: str = _f("train", "train, a collective bandwidth sweep, or a compute-rate "
-                   "calibration (`import`: profiler traces made elsewhere, made by POST "
-                   "/api/imports)",
+    kind: str = _f("train", "train, a collective bandwidth sweep, a compute-rate "
+                   "calibration, or the user's own script (`script`, docs/scripts.md; "
+                   "`import`: profiler traces made elsewhere, made by POST /api/imports)",
                    choices=RUN_KINDS)
     model: ModelSpec = _f(None, "model", factory=ModelSpec)
     parallel: ParallelSpec = _f(None, "parallel layout", factory=ParallelSpec)
@@ -248,6 +250,8 @@ class JobSpec:
                             factory=ResumeSpec)
     trace: TraceSpec = _f(None, "which steps are traced in detail, and how much",
                           factory=TraceSpec)
+    script: ScriptSpec = _f(None, "script jobs: the user's own training script "
+                            "(jobs/scriptspec.py, docs/scripts.md)", factory=ScriptSpec)
 
     @property
     def world_size(self) -> int:
@@ -259,6 +263,8 @@ class JobSpec:
 
     @property
     def tokens_per_step(self) -> int:
+        if self.kind == "script":  # stated by the user; 0 = unknown
+            return self.script.tokens_per_step
         return step_tokens(self.train.global_batch, self.model.arch, self.model.seq_len)
 
     def to_dict(self) -> dict:
@@ -364,7 +370,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
 
 # Strategies whose jobs exist. Presets outside this set are listed but refused at submit, with
 # the reason, until their implementation lands.
-AVAILABLE: set[str] = {*DP_STRATEGIES, "collective-sweep", "compute-calibration"}
+AVAILABLE: set[str] = {*DP_STRATEGIES, "collective-sweep", "compute-calibration", "script"}
 AVAILABLE |= {"tp", "sp", "pp-gpipe", "pp-1f1b", "pp-interleaved", "pp-zb", "pp-zbv", "3d",
               "ddp+tp", "ddp+sp", "zero1+tp", "zero2+tp", "fsdp+tp", "zero1+pp-1f1b",
               "dp-allreduce+pp-interleaved"}  # model parallelism (issue 4)
@@ -395,6 +401,8 @@ def derive_strategy(spec: JobSpec) -> str:
         return "compute-calibration"
     if spec.kind == IMPORT_KIND:
         return "import"
+    if spec.kind == "script":
+        return "script"
     p = spec.parallel
     parts = []
     # dp == cp with plain DDP: no data replicas, the DDP all-reduce is CP's gradient sum
@@ -516,6 +524,8 @@ def _parse_section(cls, data, loc, errors):
             kwargs[name] = _parse_section(globals()[ftype], value, floc, errors)
         elif cls is JobSpec and name == "faults":
             kwargs[name] = parse_faults(value, _check_scalar, errors)
+        elif cls is JobSpec and name == "script":
+            kwargs[name] = parse_script(value, errors)
         elif ftype == "tuple":
             choices = _LIST_CHOICES[(loc[-1] if loc else "", name)]
             if (not isinstance(value, list) or not value
@@ -538,7 +548,7 @@ def _parse_section(cls, data, loc, errors):
 def _cross_checks(s: JobSpec, max_world_size: int) -> list[dict]:
     if s.kind == IMPORT_KIND:  # built by the import from the traces: nothing here is launched
         return []
-    e: list[dict] = trace_checks(s) + _dropout_checks(s)
+    e: list[dict] = trace_checks(s) + _dropout_checks(s) + script_checks(s)
     m, p, t, r = s.model, s.parallel, s.train, s.runtime
     world = s.world_size
     if world > max_world_size:
@@ -561,6 +571,8 @@ def _cross_checks(s: JobSpec, max_world_size: int) -> list[dict]:
                           f"step between 1 and train.steps - 1 = {s.train.steps - 1}"))
     elif s.resume.step:
         e.append(_err(("resume", "step"), "needs resume.run_id"))
+    if s.kind == "script":  # the script decides its own layout: runtime and trace apply
+        return e
     if s.kind == "collective_bench":
         c = s.collective
         if c.min_bytes > c.max_bytes:
@@ -970,6 +982,9 @@ def json_schema() -> dict:
         inst = cls()
         for f in dataclasses.fields(cls):
             ftype = f.type if isinstance(f.type, str) else f.type.__name__
+            if ftype == "ScriptSpec":
+                props[f.name] = script_schema()
+                continue
             if ftype.endswith("Spec"):
                 props[f.name] = section(globals()[ftype], (*path, f.name))
                 continue

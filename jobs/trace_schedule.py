@@ -293,8 +293,8 @@ def trace_checks(spec) -> list[dict]:
                   "type": "value_error"})
 
     default = type(t)()
-    if spec.kind != "train" and t != default:
-        err(None, "bounded tracing applies to train jobs only")
+    if spec.kind not in ("train", "script") and t != default:
+        err(None, "bounded tracing applies to train jobs only (and script jobs)")
         return e
     if t.level == "off" and (t.active or t.steps):
         err("level", "\"off\" traces no step in detail: leave trace.active and trace.steps "
@@ -311,7 +311,7 @@ def trace_checks(spec) -> list[dict]:
         except ValueError as exc:
             err("steps", str(exc))
         else:
-            if listed[-1] >= spec.train.steps:
+            if spec.kind == "train" and listed[-1] >= spec.train.steps:
                 err("steps", f"step {listed[-1]} is beyond the run (train.steps = "
                     f"{spec.train.steps}; steps count from 0)")
     elif not t.active:

@@ -235,6 +235,14 @@ class Settings(BaseSettings):
         return (self.data_dir / "runs").resolve()
 
     @property
+    def archive_limits(self):
+        """An upload's bounds (paralab_core.archives.Limits): the backend checks an archive
+        with them, the worker unpacks it with the same."""
+        from paralab_core.archives import Limits
+        return Limits(max_files=self.upload_max_files,
+                      max_unpacked_bytes=self.upload_max_unpacked_mb << 20)
+
+    @property
     def uploads_dir(self) -> Path:
         """Backend side: uploaded archives, one file per content (<sha256>.<kind>)."""
         return (self.data_dir / "uploads").resolve()

@@ -96,11 +96,17 @@ class BackendClient:
     def download(self, run_id: str, rel: str, dest: Path) -> None:
         """One stored file of a run (a checkpoint shard to resume from), written to `dest`
         through a temporary name, so a half-downloaded shard is never read as whole."""
+        self._fetch(f"/api/internal/runs/{run_id}/files/{rel}", dest)
+
+    def upload_archive(self, sha256: str, dest: Path) -> None:
+        """A working directory's archive (a script run's upload), written to `dest`."""
+        self._fetch(f"/api/internal/uploads/{sha256}", dest)
+
+    def _fetch(self, path: str, dest: Path) -> None:
         deadline, delay = time.monotonic() + 600, 0.2
         while True:
             try:
-                with self._http.stream("GET", f"/api/internal/runs/{run_id}/files/{rel}",
-                                       timeout=120) as r:
+                with self._http.stream("GET", path, timeout=120) as r:
                     r.raise_for_status()
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     tmp = dest.with_name(dest.name + ".part")

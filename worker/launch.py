@@ -13,7 +13,7 @@ from pathlib import Path
 from worker.procs import PROC_KEY, proc_key
 
 JOB_MODULES = {"train": "jobs.train", "collective_bench": "jobs.collective_bench",
-               "compute_bench": "jobs.compute_bench"}
+               "compute_bench": "jobs.compute_bench", "script": "jobs.script_runner"}
 
 # Credentials and service URLs of the worker never reach user code running in the job.
 _SCRUBBED = ("PARALAB_WORKER_TOKEN", "PARALAB_SECRET_KEY", "DATABASE_URL", "REDIS_URL",
@@ -49,10 +49,12 @@ def rendezvous_args(nnodes: int, rdzv: Rendezvous | None) -> list[str]:
 
 def build_argv(spec: Mapping, *, python: str, spec_path: Path, out_dir: Path,
                log_dir: Path, resume_dir: Path | None = None,
-               rdzv: Rendezvous | None = None) -> list[str]:
+               rdzv: Rendezvous | None = None, workdir: Path | None = None) -> list[str]:
+    """`workdir`: a script run's unpacked working directory (the runner changes into it)."""
     kind = spec["kind"]
     if kind not in JOB_MODULES:
         raise ValueError(f"kind: no job module for {kind!r}")
+    assert (kind == "script") == (workdir is not None), kind
     rt = spec["runtime"]
     nnodes, nproc = int(rt["nnodes"]), int(rt["nproc_per_node"])
     restarts = int(rt.get("max_restarts", 0))
@@ -69,6 +71,7 @@ def build_argv(spec: Mapping, *, python: str, spec_path: Path, out_dir: Path,
         "--spec", str(spec_path),
         "--out", str(out_dir),
         *(["--resume", str(resume_dir)] if resume_dir is not None else []),
+        *(["--workdir", str(workdir)] if workdir is not None else []),
     ]
 
 

@@ -155,6 +155,13 @@ class JobSupervisor:
                          f"{exc}", None)
             return "failed"
         try:
+            workdir = self._fetch_workdir()
+        except Exception as exc:  # noqa: BLE001 - reported as the run's failure
+            self.say(f"could not prepare the working directory: {exc}")
+            self.logs.close()
+            self._finish("failed", -1, f"could not prepare the working directory: {exc}", None)
+            return "failed"
+        try:
             rdzv = self._rendezvous()
         except Exception as exc:  # noqa: BLE001 - reported as the run's (node's) failure
             self.say(f"no rendezvous: {exc}")
@@ -163,7 +170,7 @@ class JobSupervisor:
             return "failed"
         argv = supervised(build_argv(self.spec, python=sys.executable, spec_path=spec_path,
                                      out_dir=self.out, log_dir=self.dir / "torchrun-logs",
-                                     resume_dir=resume_dir, rdzv=rdzv),
+                                     resume_dir=resume_dir, rdzv=rdzv, workdir=workdir),
                           python=sys.executable, grace_s=self.settings.kill_grace_s)
         env = build_env(os.environ, run_id=self.run_id, omp_threads=self.settings.job_omp_threads,
                         host_label=worker_host(self.settings), node=self.node)
@@ -196,6 +203,27 @@ class JobSupervisor:
             return self._wrap_up(reader, outcome, reason, rc)
         finally:
             wrapped.set()
+
+    def _fetch_workdir(self) -> Path | None:
+        """A script run's working directory: its upload fetched over the worker channel and
+        unpacked with the same checks the backend made (paralab_core/archives.py), into the
+        run's folder beside OUT (so it is not uploaded back). None for the other kinds."""
+        if self.spec.get("kind") != "script":
+            return None
+        from paralab_core import archives
+        workdir = self.dir / "workdir"
+        sha = (self.spec.get("script") or {}).get("upload") or ""
+        if not sha:  # a module installed where the job runs ('-m pkg.module')
+            workdir.mkdir(parents=True, exist_ok=True)
+            return workdir
+        archive = self.dir / "workdir.archive"
+        self.client.upload_archive(sha, archive)
+        try:
+            members = archives.unpack(archive, workdir, self.settings.archive_limits)
+        finally:
+            archive.unlink(missing_ok=True)
+        self.say(f"working directory {sha[:12]}: {len(members)} entries unpacked")
+        return workdir
 
     def _fetch_checkpoint(self):
         """The parent run's checkpoint folder, downloaded next to this run's own (None when
@@ -347,6 +375,8 @@ class JobSupervisor:
     def _analyze(self, summary: dict | None) -> dict | None:
         """Per-run analysis (torch-free) next to the traces: analysis.json, the Perfetto trace,
         and the headline figures the runs table shows. Partial traces still get analysed."""
+        if self.spec.get("kind") == "script":
+            return self._analyze_script(summary)
         self._columnar()
         live = self.live.analysis if self.live is not None else None
         if self.spec.get("kind") != "train" or not any(self.out.glob("trace-rank*.jsonl")):
@@ -363,6 +393,21 @@ class JobSupervisor:
                          f"the rest in {time.monotonic() - t0:.1f} s")
         except Exception as exc:  # noqa: BLE001 - the run's outcome must still be reported
             log.exception("analysis of run %s failed", self.run_id)
+            self.say(f"analysis failed: {type(exc).__name__}: {exc}")
+            return summary
+        return {**(summary or {}), "headline": headline}
+
+    def _analyze_script(self, summary: dict | None) -> dict | None:
+        """A script's profiler traces through the import's conversion and the one engine
+        (jobs/script_analysis.py); whatever it could not do is said, the outcome still goes."""
+        if not any((self.out / "kineto").glob("rank*.json")):
+            self.say("no profiler traces to analyse (the script took no optimizer step?)")
+            return summary
+        try:
+            from jobs.script_analysis import analyse_script_run
+            headline = analyse_script_run(self.out, self.spec)
+        except Exception as exc:  # noqa: BLE001 - the run's outcome must still be reported
+            log.exception("analysis of script run %s failed", self.run_id)
             self.say(f"analysis failed: {type(exc).__name__}: {exc}")
             return summary
         return {**(summary or {}), "headline": headline}

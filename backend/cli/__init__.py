@@ -91,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--name")
     s.add_argument("--wait", action="store_true", help="wait until it finishes")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--script", metavar="ENTRY", help="your own training script: a .py path "
+                   "in --workdir, or '-m pkg.module' (docs/scripts.md); its arguments after --")
+    s.add_argument("--workdir", help="the folder uploaded with --script (.gitignore honoured)")
+    s.add_argument("--nproc", type=int, help="--script: ranks (runtime.nproc_per_node)")
     s.set_defaults(fn=cmd_submit)
     s = sub.add_parser("runs", help="list runs")
     for flag in ("--status", "--strategy", "--owner", "--tag", "--q", "--sort"):
@@ -146,7 +150,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `paralab submit --script train.py -- --lr 3e-4`: what follows `--` is the script's own
+    # argv, passed on as a list (never parsed here, never through a shell)
+    script_args: list[str] = []
+    if argv[:1] == ["submit"] and "--" in argv:
+        cut = argv.index("--")
+        argv, script_args = argv[:cut], argv[cut + 1:]
     args = build_parser().parse_args(argv)
+    args.script_args = script_args
+    if script_args and not getattr(args, "script", None):
+        print("paralab: arguments after -- are a script's: give --script ENTRY",
+              file=sys.stderr)
+        return 2
     try:
         return args.fn(args)
     except CliError as exc:

@@ -92,7 +92,11 @@ def _spec_body(a, what: str) -> dict:
 
 
 def cmd_submit(a) -> int:
-    body = _spec_body(a, "job spec")
+    if getattr(a, "script", None):
+        from backend.cli.scripts import script_body
+        body = script_body(a, _spec_body(a, "job spec") if a.spec or a.preset else {})
+    else:
+        body = _spec_body(a, "job spec")
     if a.name:
         body["name"] = a.name
     run = _request("POST", "/api/runs", json=body)

@@ -13,7 +13,7 @@ from backend.core.config import Settings
 from backend.core.identity import Principal
 from backend.errors import Conflict, Invalid, Unavailable
 from backend.models import FINISHED, Run, RunTag
-from backend.services import placement, resume
+from backend.services import placement, resume, uploads
 from backend.streams import hub
 from jobs.spec import JobSpec, SpecError, parse_spec, text_problem
 from jobs.theory import predict
@@ -91,6 +91,7 @@ def spec_errors(db: Session, settings: Settings, spec: JobSpec,
     hosts that could ever hold the run, the admin's timeout bounds. One list for a run and
     for each member of a sweep."""
     return (resume.check(db, settings, spec)
+            + uploads.script_errors(db, spec)  # a script's working directory and entry
             + placement.submit_errors(db, settings, spec)  # hosts that can never hold it
             + quotas.spec_errors(settings, user, spec))  # the admin's timeout bounds
 
@@ -134,9 +135,13 @@ def submit(db: Session, settings: Settings, body: dict[str, Any], *,
             log.exception("placement after the submission of run %s failed", run.id)
     else:
         _enqueue(db, settings, run)
+    # a script run: who ran what code is its upload's hash and the entry (docs/security.md)
+    code = {"script": {"upload": spec.script.upload, "entry": spec.script.entry}} \
+        if spec.kind == "script" else {}
     crud.audit(db, owner, "run.submit", run.id, {"name": run.name, "strategy": run.strategy,
                                             "world_size": run.world_size, "queue": run.queue,
-                                            **({"force": True} if force else {})}, client)
+                                            **code, **({"force": True} if force else {})},
+               client)
     return run
 
 

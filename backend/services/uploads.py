@@ -39,11 +39,6 @@ def bad(msg: str) -> Invalid:
     return Invalid(f"file: {msg}", field="file")
 
 
-def limits_of(settings: Settings) -> archives.Limits:
-    return archives.Limits(max_files=settings.upload_max_files,
-                           max_unpacked_bytes=settings.upload_max_unpacked_mb << 20)
-
-
 @dataclass
 class Received:
     """The `file` part as written to `path`: its name as sent, size and sha256."""
@@ -163,7 +158,7 @@ def store(db: Session, settings: Settings, user: Principal, got: Received,
             return existing, False
         try:
             kind = archives.kind_of(got.path)
-            entries = archives.inspect(got.path, limits_of(settings))
+            entries = archives.inspect(got.path, settings.archive_limits)
         except ValueError as exc:
             raise bad(f"{got.name or 'the archive'}: {exc}") from None
         quota = settings.upload_quota_mb << 20
@@ -216,3 +211,31 @@ def archive_path(db: Session, settings: Settings, sha256: str) -> Path:
     if path is None or not path.is_file():
         raise NotFound(f"no upload {sha256}")
     return path
+
+
+def script_errors(db: Session, spec) -> list[dict]:
+    """A script run's 422 entries past the spec's own: its upload must exist, and a file
+    entry must be one of the upload's files. Any member who may submit may name an upload by
+    its SHA-256: the same bytes uploaded twice are one record (the first uploader owns it),
+    and knowing the hash of a content is as good as holding it."""
+    if spec.kind != "script":
+        return []
+    sc, errors = spec.script, []
+    module = sc.entry.startswith("-m ")
+    if not sc.upload:
+        if not module:
+            errors.append({"loc": ["body", "script", "upload"], "type": "value_error",
+                           "msg": f"entry {sc.entry!r} is a file: upload its working "
+                                  "directory first (POST /api/uploads) and give its sha256"})
+        return errors
+    row = crud.get_upload(db, sc.upload)
+    if row is None:
+        return [{"loc": ["body", "script", "upload"], "type": "value_error",
+                 "msg": f"no upload {sc.upload} (POST /api/uploads returns the sha256)"}]
+    files = set(row.entries or [])
+    if not module and sc.entry not in files and row.file_count <= len(files):
+        shown = ", ".join(sorted(p for p in files if p.endswith(".py"))[:8]) or "none"
+        errors.append({"loc": ["body", "script", "entry"], "type": "value_error",
+                       "msg": f"{sc.entry} is not a file of upload {sc.upload[:12]} "
+                              f"({row.name}; its .py files: {shown})"})
+    return errors

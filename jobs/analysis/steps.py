@@ -190,6 +190,8 @@ def ranks_table(step_rows: list[dict]) -> list[dict]:
 def tokens_per_step(spec: dict | None) -> int | None:
     """Tokens in one optimizer step of a trace's spec dict (jobs.spec.step_tokens, the rule
     JobSpec.tokens_per_step uses); None for a bench or a spec without a global batch."""
+    if spec and spec.get("kind") == "script":  # stated by the user (script.tokens_per_step)
+        return int((spec.get("script") or {}).get("tokens_per_step") or 0) or None
     if not spec or spec.get("kind", "train") != "train":
         return None
     model, train = spec.get("model") or {}, spec.get("train") or {}

@@ -151,6 +151,8 @@ function onEdit(ev) {
 const IGNORED = {
   collective_bench: ["model", "parallel", "train", "trace", "faults", "compute"],
   compute_bench: ["parallel", "train", "trace", "faults", "collective"],
+  // the user's own script (docs/scripts.md): runtime and trace apply, the script decides the rest
+  script: ["model", "parallel", "train", "faults", "collective", "compute"],
 };
 
 function refreshSections() {

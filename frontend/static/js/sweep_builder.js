@@ -47,7 +47,7 @@ export function parseValues(doc, text) {
 
 function fieldOptions() {
   return [el("option", { value: "", text: "choose a spec field" }),
-    ...Object.entries(fields).filter(([k, d]) => !SKIP.has(k) && d.type !== "tuple")
+    ...Object.entries(fields).filter(([k, d]) => !SKIP.has(k) && !["tuple", "dict"].includes(d.type))
       .map(([k, d]) => el("option", { value: k, text: k, title: d.doc }))];
 }
 
