@@ -94,8 +94,7 @@ class ScriptFlight:
                     self._saved[(mod, name)] = orig
                     setattr(mod, name, wrapper)
         self._hook = register_optimizer_step_post_hook(self._on_step)
-        self.flight.write(self)
-        self._thread.start()
+        self._thread.start()  # the first file is written once the script's group is up
         return self
 
     def close(self, reason: str = "ok") -> None:
@@ -196,8 +195,17 @@ class ScriptFlight:
             self._pending = still + self._pending
 
     def _flusher(self, interval: float) -> None:
+        up = False
         while not self._stop.wait(interval):
             try:
+                if not up:
+                    # as for presets (jobs/trace.py), the hang watch's clock starts with the
+                    # first flight file, once the process group is up: the script's imports,
+                    # model build and rendezvous are runtime.timeout_s's business
+                    if not dist.is_initialized():
+                        continue
+                    up = True
+                    self.last_progress_ns = max(self.last_progress_ns, self.now())
                 self._poll()
                 if self.flight.dirty:
                     self.flight.write(self)
