@@ -1,10 +1,13 @@
 """An imported run compares like any run (issue 40), in Chromium: two imports (HTA's public ViT
-traces and a gloo job's CPU traces, both real) and a paralab ddp run side by side on /compare:
+traces and a gloo job's CPU traces, both real), a paralab ddp run and the user's own DDP script
+(issue 41) side by side on /compare:
 a verdict per figure naming the runs, each run's step time and overlap as its own analysis
 states them (GET /api/runs/{id}/metrics), the layout diff showing the kind."""
 
 from __future__ import annotations
 
+import io
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,7 @@ from tests.frontend.browser import shot
 from tests.kineto.test_gloo_cpu import gloo_traces  # noqa: F401 (fixture)
 
 VIT = Path(__file__).resolve().parents[1] / "data" / "kineto" / "vit_2rank"
+SCRIPTS = Path(__file__).resolve().parents[1] / "data" / "scripts"
 pytestmark = pytest.mark.slow
 
 
@@ -35,16 +39,36 @@ def runs(svc, gloo_traces):  # noqa: F811
                                          "runtime": {"queue": svc.queue}})
     assert r.status_code == 201, r.text
     rid = r.json()["id"]
-    wait_for(lambda: svc.http.get(f"/api/runs/{rid}").json()["status"] in FINISHED, 240,
-             "the ddp run")
-    return {"vit": vit, "gloo": gloo, "ddp": svc.http.get(f"/api/runs/{rid}").json()}
+    # and the user's own DDP script (issue 41), run unmodified by the same worker
+    up = svc.http.post("/api/uploads", files={"file": ("w.tar.gz", _tgz(
+        {"ddp_linear.py": (SCRIPTS / "ddp_linear.py").read_bytes()}))})
+    assert up.status_code in (200, 201), up.text
+    s = svc.submit({"kind": "script", "name": "my ddp script", "parallel": {"dp": 2},
+                    "runtime": {"queue": svc.queue},
+                    "script": {"entry": "ddp_linear.py", "upload": up.json()["sha256"],
+                               "args": ["--steps", "3"]}})
+    for run_id in (rid, s["id"]):
+        wait_for(lambda i=run_id: svc.http.get(f"/api/runs/{i}").json()["status"] in FINISHED,
+                 240, f"run {run_id}")
+    return {"vit": vit, "gloo": gloo, "ddp": svc.http.get(f"/api/runs/{rid}").json(),
+            "script": svc.http.get(f"/api/runs/{s['id']}").json()}
 
 
-def test_imports_and_a_preset_compare(svc, runs, page):
-    ids = [runs[k]["id"] for k in ("vit", "gloo", "ddp")]
-    assert runs["ddp"]["status"] == "succeeded"
+def _tgz(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        for n, b in files.items():
+            info = tarfile.TarInfo(n)
+            info.size = len(b)
+            t.addfile(info, io.BytesIO(b))
+    return buf.getvalue()
+
+
+def test_imports_a_script_and_a_preset_compare(svc, runs, page):
+    ids = [runs[k]["id"] for k in ("vit", "gloo", "ddp", "script")]
+    assert runs["ddp"]["status"] == runs["script"]["status"] == "succeeded"
     page.goto(f"{svc.url}/compare?ids={','.join(ids)}")
-    expect(page.locator("#cmp-table thead th.num")).to_have_count(3)
+    expect(page.locator("#cmp-table thead th.num")).to_have_count(4)
     step = page.locator("#cmp-table tr[data-figure='step_time_s']")
     for i, rid in enumerate(ids):
         h = svc.http.get(f"/api/runs/{rid}/metrics").json()["headline"]
@@ -52,9 +76,10 @@ def test_imports_and_a_preset_compare(svc, runs, page):
         expect(cell).to_contain_text(fmt(h["step_time_s"], "s"))
     # a verdict per figure against the first run (the ViT import), naming the runs
     verdict = page.locator("#cmp-table tr[data-figure='step_time_s'] .verdict")
-    expect(verdict).to_have_count(2)
+    expect(verdict).to_have_count(3)
     expect(verdict.first).to_contain_text("vit import")
     diff = page.locator("#config-diff tr[data-field='kind']")
     expect(diff).to_contain_text("import")
     expect(diff).to_contain_text("train")
+    expect(diff).to_contain_text("script")
     shot(page, "compare-imports")
