@@ -5,10 +5,11 @@ import { api, formatErrors } from "./api.js";
 import { $, el, fmtBytes } from "./dom.js";
 import { boundErrors, renderLimits } from "./limits.js";
 import { WHATIF_INPUTS, renderPrediction, whatIfAssumptions } from "./predict.js";
+import { readScript, scriptControl, scriptExtras } from "./new_script.js";
 
 const SECTIONS = [["", "Job"], ["model", "Model"], ["parallel", "Parallel layout"],
   ["train", "Training"], ["trace", "Tracing"], ["runtime", "Runtime"],
-  ["collective", "Collective sweep"], ["compute", "Compute calibration"]];
+  ["collective", "Collective sweep"], ["compute", "Compute calibration"], ["script", "Script"]];
 const SKIP = new Set(["version", "name", "faults"]); // faults: their own fieldset below
 let fields = {};
 let faultExamples = {};
@@ -44,8 +45,8 @@ function setPath(obj, path, value) {
 function input(path, doc) {
   const id = `f-${path.replace(/\./g, "-")}`;
   const value = getPath(spec, path);
-  let control;
-  if (doc.type === "tuple") {
+  let control = scriptControl(path, value, id); // the script's list / object fields
+  if (control) { /* new_script.js */ } else if (doc.type === "tuple") {
     control = el("div", { class: "checks", id });
     for (const c of doc.choices || []) {
       const box = el("input", { type: "checkbox", value: c, dataset: { path } });
@@ -71,13 +72,14 @@ function input(path, doc) {
   }
   const wrap = el("div", { class: "field", dataset: { field: path }, title: doc.doc },
     el("label", { for: id, text: path.split(".").pop() }), control,
-    el("div", { class: "msg", id: `${id}-msg`, "aria-live": "polite" }));
+    el("div", { class: "msg", id: `${id}-msg`, "aria-live": "polite" }), ...scriptExtras(path, id));
   return wrap;
 }
 
 function readControl(node) {
   const path = node.dataset.path;
   const doc = fields[path];
+  if (node.dataset.parse) return readScript(node);
   if (doc.type === "tuple") {
     return [...document.querySelectorAll(`input[data-path="${path}"]`)]
       .filter((b) => b.checked).map((b) => b.value);
@@ -149,14 +151,14 @@ function onEdit(ev) {
 // The sections a kind ignores (jobs/spec.py: a sweep has no model; a calibration times one
 // layer of `model` with its `compute` settings, on every rank).
 const IGNORED = {
-  collective_bench: ["model", "parallel", "train", "trace", "faults", "compute"],
-  compute_bench: ["parallel", "train", "trace", "faults", "collective"],
+  collective_bench: ["model", "parallel", "train", "trace", "faults", "compute", "script"],
+  compute_bench: ["parallel", "train", "trace", "faults", "collective", "script"],
   // the user's own script (docs/scripts.md): runtime and trace apply, the script decides the rest
   script: ["model", "parallel", "train", "faults", "collective", "compute"],
 };
 
 function refreshSections() {
-  const ignored = IGNORED[spec.kind] ?? ["collective", "compute"];
+  const ignored = IGNORED[spec.kind] ?? ["collective", "compute", "script"];
   for (const fs of document.querySelectorAll("fieldset[data-section]")) {
     fs.hidden = ignored.includes(fs.dataset.section);
   }
