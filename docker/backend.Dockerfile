@@ -40,6 +40,8 @@ COPY backend ./backend
 COPY worker ./worker
 COPY jobs ./jobs
 COPY paralab_core ./paralab_core
+# the public logging call user scripts import (docs/scripts.md)
+COPY paralab ./paralab
 COPY frontend ./frontend
 RUN pip install --no-deps /src \
  && rm -rf /src
