@@ -6,8 +6,6 @@ states them (GET /api/runs/{id}/metrics), the layout diff showing the kind."""
 
 from __future__ import annotations
 
-import io
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ from jobs.units import fmt
 from tests.conftest import FINISHED, wait_for
 from tests.frontend.browser import shot
 from tests.kineto.test_gloo_cpu import gloo_traces  # noqa: F401 (fixture)
+from tests.support.archives import tgz
 
 VIT = Path(__file__).resolve().parents[1] / "data" / "kineto" / "vit_2rank"
 SCRIPTS = Path(__file__).resolve().parents[1] / "data" / "scripts"
@@ -40,7 +39,7 @@ def runs(svc, gloo_traces):  # noqa: F811
     assert r.status_code == 201, r.text
     rid = r.json()["id"]
     # and the user's own DDP script (issue 41), run unmodified by the same worker
-    up = svc.http.post("/api/uploads", files={"file": ("w.tar.gz", _tgz(
+    up = svc.http.post("/api/uploads", files={"file": ("w.tar.gz", tgz(
         {"ddp_linear.py": (SCRIPTS / "ddp_linear.py").read_bytes()}))})
     assert up.status_code in (200, 201), up.text
     s = svc.submit({"kind": "script", "name": "my ddp script", "parallel": {"dp": 2},
@@ -53,15 +52,6 @@ def runs(svc, gloo_traces):  # noqa: F811
     return {"vit": vit, "gloo": gloo, "ddp": svc.http.get(f"/api/runs/{rid}").json(),
             "script": svc.http.get(f"/api/runs/{s['id']}").json()}
 
-
-def _tgz(files: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as t:
-        for n, b in files.items():
-            info = tarfile.TarInfo(n)
-            info.size = len(b)
-            t.addfile(info, io.BytesIO(b))
-    return buf.getvalue()
 
 
 def test_imports_a_script_and_a_preset_compare(svc, runs, page):

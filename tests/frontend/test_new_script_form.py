@@ -6,27 +6,17 @@ the server refuses is explained at the field, naming the member."""
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
 
+from tests.support.archives import tgz
+
 SCRIPT = Path(__file__).resolve().parents[1] / "data" / "scripts" / "ddp_linear.py"
 RUN_DONE_S = 240  # a 2-rank torchrun job on a loaded 2-core machine
 pytestmark = pytest.mark.slow  # runs a torchrun job, like tests/service/test_script_runs.py
-
-
-def _tgz(files: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as t:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            t.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 def _script_form(svc, page):
@@ -41,7 +31,7 @@ def test_script_run_from_the_form_reaches_succeeded(svc, page):
     _script_form(svc, page)
     page.fill("#name", "my script from the form")
     page.fill("#f-runtime-queue", svc.queue)  # the fixture's worker
-    archive = _tgz({"ddp_linear.py": SCRIPT.read_bytes(), "README": b"not a script\n"})
+    archive = tgz({"ddp_linear.py": SCRIPT.read_bytes(), "README": b"not a script\n"})
     page.set_input_files("#f-script-upload-file", files=[{
         "name": "work.tar.gz", "mimeType": "application/gzip", "buffer": archive}])
     status = page.locator("#f-script-upload-status")
@@ -77,7 +67,7 @@ def test_script_run_from_the_form_reaches_succeeded(svc, page):
 
 def test_a_refused_archive_is_explained_at_the_field(svc, page):
     _script_form(svc, page)
-    bad = _tgz({"ok.py": b"print('hi')\n", "../evil.py": b"print('out')\n"})
+    bad = tgz({"ok.py": b"print('hi')\n", "../evil.py": b"print('out')\n"})
     page.set_input_files("#f-script-upload-file", files=[{
         "name": "bad.tar.gz", "mimeType": "application/gzip", "buffer": bad}])
     status = page.locator("#f-script-upload-status")

@@ -8,16 +8,15 @@ file entry without an upload."""
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
-import tarfile
 from pathlib import Path
 
 import pytest
 
 from backend import cli
 from tests.conftest import embedded_service
+from tests.support.archives import tgz
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "data" / "scripts"
 pytestmark = pytest.mark.slow
@@ -70,18 +69,8 @@ def test_a_ddp_script_runs_unmodified_and_is_analysed(svc, monkeypatch, capsys, 
     assert mine["detail"]["script"] == {"upload": up["sha256"], "entry": "ddp_linear.py"}
 
 
-def _tgz(files: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as t:
-        for n, b in files.items():
-            info = tarfile.TarInfo(n)
-            info.size = len(b)
-            t.addfile(info, io.BytesIO(b))
-    return buf.getvalue()
-
-
 def test_refusals_name_the_field(svc):
-    up = svc.http.post("/api/uploads", files={"file": ("w.tar.gz", _tgz({"a.py": b"x=1"}))})
+    up = svc.http.post("/api/uploads", files={"file": ("w.tar.gz", tgz({"a.py": b"x=1"}))})
     assert up.status_code in (200, 201), up.text
     sha = up.json()["sha256"]
     base = {"kind": "script", "parallel": {"dp": 2}, "runtime": {"queue": svc.queue}}
@@ -109,7 +98,7 @@ def test_a_hung_script_ends_hung_with_the_usual_diagnosis(svc, tmp_path):
     work = tmp_path / "hang"
     work.mkdir()
     shutil.copy(SCRIPTS / "hang_skip.py", work / "hang_skip.py")
-    up = svc.http.post("/api/uploads", files={"file": ("w.tar.gz", _tgz(
+    up = svc.http.post("/api/uploads", files={"file": ("w.tar.gz", tgz(
         {"hang_skip.py": (work / "hang_skip.py").read_bytes()}))}).json()
     run = svc.submit({"kind": "script", "name": "hung script", "parallel": {"dp": 2},
                       "runtime": {"queue": svc.queue, "hang_timeout_s": 15, "timeout_s": 300},
@@ -133,7 +122,7 @@ def test_a_hung_script_ends_hung_with_the_usual_diagnosis(svc, tmp_path):
 
 def _submit_script(svc, name: str, files: dict[str, bytes], entry: str, args: list[str],
                    **runtime) -> dict:
-    up = svc.http.post("/api/uploads", files={"file": ("w.tar.gz", _tgz(files))})
+    up = svc.http.post("/api/uploads", files={"file": ("w.tar.gz", tgz(files))})
     assert up.status_code in (200, 201), up.text
     return svc.submit({"kind": "script", "name": name, "parallel": {"dp": 2},
                        "runtime": {"queue": svc.queue, **runtime},
