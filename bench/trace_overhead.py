@@ -7,8 +7,16 @@ Launches itself under torchrun (gloo). On each rank the same reference DDP model
 alternately by the job's loop `jobs.loop.train_loop` (a) with the real Tracer (spans, one comm
 record per bucket, memory records, flushing) and (b) with the tracer off (NullTracer; the loop's
 own memory accounting still runs). Trials alternate a/b to share the machine's noise; the
-median step time of each is reported with the ratio, and a load-independent estimate: the cost
-of the records one step writes, each timed alone, over the untraced step time.
+median step time of each is reported with the ratio (load-dependent: on a busy 2-core box the
+ranks amplify small delays), and the load-independent figure the goal is stated in, the
+tracer's own share of the process CPU:
+
+    (tracer calls of one step, each timed alone in thread CPU time at the arm's level and
+     schedule, + the flusher thread's CPU time per step, read from its own CPU clock in the
+     run) / the bare arm's process CPU per step
+
+The calls per step are counted from a short calibration run traced in full (every call writes
+a record there); the tracer's construction and close, once per run, are reported apart.
 """
 
 from __future__ import annotations
@@ -59,26 +67,42 @@ def worker(args) -> None:
 
     cpu: dict[str, list[float]] = {}  # process CPU seconds per step (all threads)
 
+    def run(tr, sp) -> dict:
+        ctx = RunContext(sp, out, rank, world, "gloo", torch.device("cpu"), dims, mesh, tr)
+        s = DDP(mlp.build(sp.model, 0), group, tr, lr=1e-3, bucket_mb=0.25)
+        return train_loop(ctx, Composed(s, DirectRunner(s, mlp.loss_fn, tr, 1)))
+
     def traced() -> list[float]:
+        i0 = time.thread_time()
         tr = Tracer(out / f"t{rank}", rank, world, meta={"backend": "gloo"})
-        ctx = RunContext(spec, out, rank, world, "gloo", torch.device("cpu"), dims, mesh, tr)
-        s = DDP(mlp.build(spec.model, 0), group, tr, lr=1e-3, bucket_mb=0.25)
+        cpu.setdefault("init", []).append(time.thread_time() - i0)
+        flusher = time.pthread_getcpuclockid(tr._thread.ident)
+        f0 = time.clock_gettime(flusher)
         c0, m0 = time.process_time(), time.thread_time()
-        res = train_loop(ctx, Composed(s, DirectRunner(s, mlp.loss_fn, tr, 1)))
+        res = run(tr, spec)
         cpu.setdefault("a", []).append((time.process_time() - c0) / args.steps)
         cpu.setdefault("ma", []).append((time.thread_time() - m0) / args.steps)
+        cpu.setdefault("flusher", []).append((time.clock_gettime(flusher) - f0) / args.steps)
+        k0 = time.process_time()  # the flusher's last turn and the final writes
         tr.close()
+        cpu.setdefault("close", []).append(time.process_time() - k0)
         return res["step_times"][2:]
 
     def bare() -> list[float]:
         tr = NullTracer()  # the same loop, memory accounting included, tracer off
-        ctx = RunContext(spec, out, rank, world, "gloo", torch.device("cpu"), dims, mesh, tr)
-        s = DDP(mlp.build(spec.model, 0), group, tr, lr=1e-3, bucket_mb=0.25)
         c0, m0 = time.process_time(), time.thread_time()
-        res = train_loop(ctx, Composed(s, DirectRunner(s, mlp.loss_fn, tr, 1)))
+        res = run(tr, spec)
         cpu.setdefault("b", []).append((time.process_time() - c0) / args.steps)
         cpu.setdefault("mb", []).append((time.thread_time() - m0) / args.steps)
         return res["step_times"][2:]
+
+    # calibration: a few steps traced in full, where every tracer call writes a record
+    full = json.loads(json.dumps(data))
+    full["trace"], full["train"]["steps"] = {"steps": "all"}, 4
+    cal = Tracer(out / f"cal{rank}", rank, world, meta={"backend": "gloo"})
+    run(cal, parse_spec(full, max_world_size=1 << 30))
+    cal.close()
+    dist.barrier()
 
     a, b = [], []
     for trial in range(args.trials):  # alternate the order too
@@ -87,61 +111,87 @@ def worker(args) -> None:
             (a if fn is traced else b).extend(fn())
     if rank == 0:
         ta, tb = statistics.median(a), statistics.median(b)
-        est = estimate(out / f"t{rank}" / f"trace-rank{rank}.jsonl", Tracer)
+        calls = calls_per_step(out / f"cal{rank}" / f"trace-rank{rank}.jsonl")
+        main = tracer_calls_s(calls, spec.trace, args.steps, Tracer)
+        flush = statistics.median(cpu["flusher"])
+        bare = statistics.median(cpu["b"])
         print(json.dumps({"traced_median_s": ta, "bare_median_s": tb,
                           "overhead": ta / tb - 1, "steps": len(a), "world": world,
-                          "tracer_s_per_step": est, "estimated_overhead": est / tb,
-                          "cpu_traced_s": statistics.median(cpu["a"]),
-                          "cpu_bare_s": statistics.median(cpu["b"]),
+                          "calls_per_step": calls, "tracer_calls_s": main,
+                          "flusher_s": flush, "tracer_share": (main + flush) / bare,
+                          "init_s": statistics.median(cpu["init"]),
+                          "close_s": statistics.median(cpu["close"]),
+                          "cpu_traced_s": statistics.median(cpu["a"]), "cpu_bare_s": bare,
                           "main_traced_s": statistics.median(cpu["ma"]),
                           "main_bare_s": statistics.median(cpu["mb"])}))
     dist.destroy_process_group()
 
 
-def estimate(trace: Path, Tracer) -> float:
-    """Load-independent view: the cost of the records one step writes, each timed alone
-    (best of 5 x 2000), plus the saved-tensor hook calls, summed."""
-    import torch
-
-    from jobs.memory import SavedTensorCounter
+def calls_per_step(trace: Path) -> dict[str, int]:
+    """The tracer calls one step makes, from a step of the calibration run (traced in full:
+    one record per span, collective and memory sample)."""
     recs = [json.loads(ln) for ln in trace.read_text().splitlines()]
     step = max(r["step"] for r in recs) - 1
-    kinds = {}
+    kinds = {"begin_step": 1, "scalars": 1}
     for r in recs:
-        if r["step"] == step:
+        if r["step"] == step and r["type"] in ("span", "comm", "mem"):
             kinds[r["type"]] = kinds.get(r["type"], 0) + 1
+    return kinds
+
+
+def tracer_calls_s(calls: dict[str, int], trace_spec, steps: int, Tracer) -> float:
+    """Thread CPU seconds of one step's tracer calls, each timed alone (best of 5 x 2000) from
+    a stack as deep as the loop's, on a tracer configured like the arm's: traced steps' costs
+    and untraced steps' weighted by the share of the arm's steps its schedule traces."""
+    from jobs.trace_schedule import is_scheduled
+
     d = Path(tempfile.mkdtemp())
-    tr = Tracer(d, 0, 1, cuda_events=False, sync_clock=False)
+    tr = Tracer(d, 0, 1, cuda_events=False, sync_clock=False, meta={"backend": "gloo"})
+    tr.configure(trace_spec)
+    tr.step = 5
 
     def best(fn) -> float:
         times = []
         for _ in range(5):
-            t0 = time.perf_counter()
+            t0 = time.thread_time_ns()
             for _ in range(2000):
                 fn()
-            times.append((time.perf_counter() - t0) / 2000)
+            times.append((time.thread_time_ns() - t0) / 2000 / 1e9)
         return min(times)
 
-    def comm():
+    def deep(fn, k=12):  # the loop's collectives are issued ~12 frames down
+        return best(fn) if k == 0 else deep(fn, k - 1)
+
+    def comm():  # DDP's bucket all-reduce (jobs/parallel/base.py: async, done by its future)
         tr.comm_start("all_reduce", payload_bytes=1 << 18, group_size=2, axis="dp",
-                      group="dp", bucket=1).done()
+                      group="dp", device=False, bucket=1, dtype="float32",
+                      **{"async": True}).done()
 
     def span():
-        with tr.span("forward"):
+        with tr.span("forward.layer", layer=1):
             pass
 
     def mem():
         tr.memory(phase="after_step", params=1, grads=2, optimizer=3)
 
-    t = torch.zeros(4)
-    c = SavedTensorCounter()
-    cost = {"comm": best(comm), "span": best(span), "mem": best(mem)}
-    t_write = best(lambda: json.dumps({"type": "span", "name": "forward", "ts_ns": 1,
-                                       "dur_ns": 2, "rank": 0, "step": 3}))
-    hooks = 24 * best(lambda: (c.reset(), c.count(t)))  # ~24 saved tensors per step here
+    def begin():
+        tr.begin_step(tr.step)
+
+    def scalars():
+        tr.scalars(step_s=0.01, tokens=64, tokens_per_s=6400.0, loss=1.0, loss_weight=1.0)
+
+    fns = {"comm": comm, "span": span, "mem": mem, "scalars": scalars}
+    share = sum(is_scheduled(trace_spec, s) for s in range(steps)) / steps
+    begin_cost = deep(begin)  # sets `enabled` by the schedule: set again below
+    total = 0.0
+    for on, weight in ((True, share), (False, 1 - share)):
+        if weight:
+            tr.enabled = on
+            costs = {k: deep(fn) for k, fn in fns.items()}
+            costs["begin_step"] = begin_cost
+            total += weight * sum(costs.get(k, 0.0) * n for k, n in calls.items())
     tr.close()
-    return (sum(cost.get(k, 0) * v for k, v in kinds.items())
-            + sum(kinds.values()) * t_write + hooks)
+    return total
 
 
 def main() -> None:
@@ -167,15 +217,18 @@ def main() -> None:
             sys.exit(p.stderr[-3000:])
         r = json.loads(lines[-1])
         print(f"tracing overhead, trace {args.trace} (reference DDP, mlp h=256 L=8, gb=64, "
-              f"N={r['world']}, "
-              f"{r['steps']} steps each): traced {r['traced_median_s'] * 1e3:.2f} ms, "
-              f"bare {r['bare_median_s'] * 1e3:.2f} ms, overhead {r['overhead'] * 100:+.1f}%"
-              f" measured; tracer work per step {r['tracer_s_per_step'] * 1e6:.0f} us = "
-              f"{r['estimated_overhead'] * 100:.1f}% of the bare step (estimate); process CPU "
-              f"per step {r['cpu_traced_s'] * 1e3:.2f} vs {r['cpu_bare_s'] * 1e3:.2f} ms = "
+              f"N={r['world']}, {r['steps']} steps each): traced {r['traced_median_s'] * 1e3:.2f}"
+              f" ms, bare {r['bare_median_s'] * 1e3:.2f} ms, overhead "
+              f"{r['overhead'] * 100:+.1f}% measured; process CPU per step "
+              f"{r['cpu_traced_s'] * 1e3:.2f} vs {r['cpu_bare_s'] * 1e3:.2f} ms = "
               f"{(r['cpu_traced_s'] / r['cpu_bare_s'] - 1) * 100:+.1f}%; training-thread CPU "
               f"per step {r['main_traced_s'] * 1e3:.2f} vs {r['main_bare_s'] * 1e3:.2f} ms = "
               f"{(r['main_traced_s'] / r['main_bare_s'] - 1) * 100:+.1f}%")
+        print(f"tracer's own share of process CPU (load-independent): calls per step "
+              f"{r['calls_per_step']} = {r['tracer_calls_s'] * 1e6:.0f} us + flusher thread "
+              f"{r['flusher_s'] * 1e6:.0f} us per step, over the bare arm's "
+              f"{r['cpu_bare_s'] * 1e3:.2f} ms = {r['tracer_share'] * 100:.2f}%; once per run: "
+              f"construction {r['init_s'] * 1e3:.1f} ms, close {r['close_s'] * 1e3:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -208,7 +208,7 @@ class ScriptFlight:
                     self.last_progress_ns = max(self.last_progress_ns, self.now())
                 self._poll()
                 if self.flight.dirty:
-                    self.flight.write(self)
+                    self.flight.write(self, periodic=True)
             except Exception:  # noqa: BLE001 - never take the run down from the flusher
                 pass
 

@@ -23,8 +23,9 @@ reduce-scatter as a full all-reduce) the record also names `backend_op` and its 
 Flight recorder (jobs/flight.py; docs/faults.md): a ring of the last collectives (spec
 `trace.flight_entries`) in PyTorch's flight-recorder format, each with its issuing stack, and per
 process group what was issued and completed, written as `flight/flight_rank_{R}` (torch's dump)
-and `flight-rank{R}.json` (paralab's view of it) by the flusher thread whenever it changed, even
-while the main thread is blocked inside a collective. `last_progress_ns` (the
+and `flight-rank{R}.json` (paralab's view of it) by the flusher thread whenever it changed (the
+dump waits up to flight.DUMP_EVERY_S while the ring moves), even while the main thread is
+blocked inside a collective. `last_progress_ns` (the
 last completed collective or step) is what the worker's hang detector reads.
 
 Bounded tracing (jobs/trace_schedule.py): `begin_step` decides per step whether the step is
@@ -126,45 +127,165 @@ def _install_handlers() -> None:
     _HANDLERS_INSTALLED = True
 
 
+# The record fields `done` accounts from (a `done(**extra)` that overrides one of them takes the
+# record's value, as the record says)
+_FACTS = frozenset({"op", "group", "seq", "axis", "step", "payload_bytes", "bytes_sent",
+                    "bytes_recv", "backend_bytes_sent"})
+
+
+class _CommKind:
+    """What every op of one (op, group, axis, payload, group size, root, backend op) shares,
+    computed once per tracer: bytes from commbytes, the backend op, the totals key."""
+
+    __slots__ = ("op", "group", "axis", "group_size", "payload", "sent", "recv", "bsent",
+                 "tail", "total_key")
+
+    def __init__(self, tracer: Tracer, op: str, gkey: str, axis: str, payload: int,
+                 group_size: int, is_root, backend_op: str | None,
+                 backend_payload_bytes: int | None):
+        self.op, self.group, self.axis, self.group_size, self.payload = (op, gkey, axis,
+                                                                         group_size, payload)
+        self.sent, self.recv = _bytes(op, payload, group_size, bool(is_root))
+        tail = {}  # the record's optional fields after `peer`, in the record's order
+        if is_root or op in commbytes.ROOTED_OPS:
+            tail["is_root"] = is_root
+        if backend_op is None and tracer.backend:
+            backend_op = BACKEND_OPS.get(tracer.backend, {}).get(op)
+        self.bsent = self.sent
+        if backend_op is not None and backend_op != op:
+            bp = int(payload if backend_payload_bytes is None else backend_payload_bytes)
+            tail["backend_op"], tail["backend_payload_bytes"] = backend_op, bp
+            tail["backend_bytes_sent"] = self.bsent = _bytes(backend_op, bp, group_size,
+                                                             bool(is_root))[0]
+        self.tail = tail
+        self.total_key = gkey + "/" + op
+
+
 class _CommHandle:
-    """An issued, possibly asynchronous communication; `done()` records its completion."""
+    """An issued, possibly asynchronous communication; `done()` records its completion. The
+    trace record (`rec`) is built when it is written (a traced step) or read, from the facts
+    kept here: an untraced step's collectives only count."""
 
-    __slots__ = ("tracer", "rec", "t0", "ev0", "closed", "entry", "keep")
+    __slots__ = ("tracer", "kind", "seq", "step", "microbatch", "peer", "args", "t0", "ev0",
+                 "closed", "entry", "keep", "_rec", "_extra", "t1")
 
-    def __init__(self, tracer: Tracer, rec: dict, t0: int, ev0, entry: dict, keep: bool = True):
-        self.tracer, self.rec, self.t0, self.ev0, self.closed = tracer, rec, t0, ev0, False
-        self.entry, self.keep = entry, keep
+    def __init__(self, tracer: Tracer, kind: _CommKind, seq: int, peer, args: dict, t0: int,
+                 ev0, entry, keep: bool):
+        self.tracer, self.kind, self.seq, self.peer, self.args = tracer, kind, seq, peer, args
+        self.step, self.microbatch = tracer.step, tracer.microbatch
+        self.t0, self.ev0, self.entry, self.keep = t0, ev0, entry, keep
+        self.closed, self._rec, self._extra, self.t1 = False, None, None, None
+
+    @property
+    def rec(self) -> dict:
+        """The trace record (type comm; docs/trace-schema.md)."""
+        rec = self._rec
+        if rec is None:
+            c = self.kind
+            rec = {"type": "comm", "op": c.op, "axis": c.axis, "group": c.group,
+                   "seq": self.seq, "group_size": c.group_size, "payload_bytes": c.payload,
+                   "bytes_sent": c.sent, "bytes_recv": c.recv, "step": self.step,
+                   "microbatch": self.microbatch, **self.args}
+            if self.peer is not None:
+                rec["peer"] = self.peer
+            if c.tail:
+                rec.update(c.tail)
+            if self._extra:
+                rec.update(self._extra)
+            if self.t1 is not None:  # completed on an untraced step: timed, not written
+                rec["ts_ns"], rec["dur_ns"] = self.t0, self.t1 - self.t0
+            self._rec = rec
+        return rec
 
     def done(self, **extra) -> None:
         if self.closed:
             return
         self.closed = True
-        self.rec.update(extra)
-        rec = self.rec
-        g = rec["group"]
-        self.tracer._done[g] = max(self.tracer._done.get(g, -1), rec["seq"])
-        self.tracer.last_progress_ns = self.tracer.flight.done(g, self.entry, self.tracer.now())
-        totals = self.tracer.comm_totals
-        key = g + "/" + rec["op"]
-        tot = totals.get(key)
+        tr, c = self.tracer, self.kind
+        if extra:
+            if self._rec is None and not self.keep:
+                self._extra = extra  # into the record only if it is ever read
+            else:
+                self.rec.update(extra)
+            if not _FACTS.isdisjoint(extra):
+                return self._done_from_record()
+        g, seq = c.group, self.seq
+        if seq > tr._done.get(g, -1):
+            tr._done[g] = seq
+        t1 = tr.now()
+        tr.last_progress_ns = tr.flight.done(g, self.entry, t1)
+        if not self.keep:
+            self.t1 = t1
+        tot = tr.comm_totals.get(c.total_key)
         if tot is None:
-            tot = totals[key] = {"group": g, "axis": rec["axis"], "op": rec["op"], "count": 0,
-                                 "payload_bytes": 0, "bytes_sent": 0.0, "bytes_recv": 0.0,
-                                 "backend_bytes_sent": 0.0}
+            tot = tr.comm_totals[c.total_key] = _total(g, c.axis, c.op)
+        tot["count"] += 1
+        tot["payload_bytes"] += c.payload
+        tot["bytes_sent"] += c.sent
+        tot["bytes_recv"] += c.recv
+        tot["backend_bytes_sent"] += c.bsent
+        by_axis = tr.comm_by_step.get(c.axis)
+        if by_axis is None:
+            by_axis = tr.comm_by_step[c.axis] = {}
+        per = by_axis.get(self.step)
+        if per is None:
+            per = by_axis[self.step] = [0.0, 0.0]
+        per[0] += c.sent
+        per[1] += c.recv
+        if self.keep:  # an untraced step's collective is counted, not written
+            tr._finish(self.rec, self.t0, self.ev0, True, t1)
+
+    def _done_from_record(self) -> None:
+        """`done` after `extra` changed one of the facts: account what the record says."""
+        tr, rec = self.tracer, self.rec
+        g = rec["group"]
+        tr._done[g] = max(tr._done.get(g, -1), rec["seq"])
+        t1 = tr.now()
+        tr.last_progress_ns = tr.flight.done(self.kind.group, self.entry, t1)
+        key = g + "/" + rec["op"]
+        tot = tr.comm_totals.get(key)
+        if tot is None:
+            tot = tr.comm_totals[key] = _total(g, rec["axis"], rec["op"])
         tot["count"] += 1
         tot["payload_bytes"] += rec["payload_bytes"]
         tot["bytes_sent"] += rec["bytes_sent"]
         tot["bytes_recv"] += rec["bytes_recv"]
         tot["backend_bytes_sent"] += rec.get("backend_bytes_sent", rec["bytes_sent"])
-        by_axis = self.tracer.comm_by_step.get(rec["axis"])
-        if by_axis is None:
-            by_axis = self.tracer.comm_by_step[rec["axis"]] = {}
-        per = by_axis.get(rec["step"])
-        if per is None:
-            per = by_axis[rec["step"]] = [0.0, 0.0]
+        per = tr.comm_by_step.setdefault(rec["axis"], {}).setdefault(rec["step"], [0.0, 0.0])
         per[0] += rec["bytes_sent"]
         per[1] += rec["bytes_recv"]
+        tr._finish(rec, self.t0, self.ev0, self.keep, t1)
+
+    def __enter__(self) -> dict:  # `Tracer.comm`: the span of the `with` body
+        return self.rec
+
+    def __exit__(self, *exc) -> bool:
+        self.done()
+        return False
+
+
+def _total(group: str, axis: str, op: str) -> dict:
+    return {"group": group, "axis": axis, "op": op, "count": 0, "payload_bytes": 0,
+            "bytes_sent": 0.0, "bytes_recv": 0.0, "backend_bytes_sent": 0.0}
+
+
+class _Span:
+    """`Tracer.span`'s context manager (a class: a generator-based one costs more per span)."""
+
+    __slots__ = ("tracer", "rec", "keep", "device", "t0", "ev0")
+
+    def __init__(self, tracer: Tracer, rec: dict, keep: bool, device: bool):
+        self.tracer, self.rec, self.keep, self.device = tracer, rec, keep, device
+
+    def __enter__(self) -> dict:
+        tr = self.tracer
+        self.ev0 = tr._event() if (self.keep and tr.cuda and self.device) else None
+        self.t0 = tr.now()
+        return self.rec
+
+    def __exit__(self, *exc) -> bool:
         self.tracer._finish(self.rec, self.t0, self.ev0, self.keep)
+        return False
 
 
 class Tracer:
@@ -191,6 +312,7 @@ class Tracer:
         self._done: dict[str, int] = {}
         self.comm_totals: dict[str, dict] = {}  # "group/op" -> counts and bytes, this rank
         self.comm_by_step: dict[str, dict] = {}  # axis -> step -> [bytes sent, bytes received]
+        self._kinds: dict[tuple, _CommKind] = {}  # comm_start's arguments -> their constants
         self._closed = False
         self._pending_cuda: list[tuple] = []
         self.backend = meta.get("backend") if meta else None
@@ -315,8 +437,9 @@ class Tracer:
         ev.record()
         return ev
 
-    def _finish(self, rec: dict, t0: int, ev0, keep: bool = True) -> None:
-        t1 = self.now()
+    def _finish(self, rec: dict, t0: int, ev0, keep: bool = True, t1: int | None = None) -> None:
+        if t1 is None:
+            t1 = self.now()
         rec["ts_ns"], rec["dur_ns"] = t0, t1 - t0
         if rec.get("cat") == "step":  # a completed step: progress for the hang detector
             self.steps_completed += 1
@@ -329,18 +452,12 @@ class Tracer:
             rec["host_ts_ns"], rec["host_dur_ns"] = t0, t1 - t0
         self._emit(rec)
 
-    @contextlib.contextmanager
-    def span(self, name: str, cat: str = "compute", *, device: bool = True, **args):
+    def span(self, name: str, cat: str = "compute", *, device: bool = True, **args) -> _Span:
         """A timed span (device-timed with CUDA events on GPU unless device=False)."""
         rec = {"type": "span", "name": name, "cat": cat, "step": self.step,
                "microbatch": self.microbatch, **args}
         keep = self.enabled and (self.level == "layer" or keeps_span(self.level, name, cat))
-        ev0 = self._event() if (keep and self.cuda and device) else None
-        t0 = self.now()
-        try:
-            yield rec
-        finally:
-            self._finish(rec, t0, ev0, keep)
+        return _Span(self, rec, keep, device)
 
     def comm_start(self, op: str, *, payload_bytes: int, group_size: int, axis: str = "dp",
                    group: str | None = None, peer: int | None = None, is_root: bool = False,
@@ -354,41 +471,26 @@ class Tracer:
                 return _NullHandle()
             if act:
                 op, payload_bytes = act.get("op", op), act.get("payload_bytes", payload_bytes)
+        payload_bytes = int(payload_bytes)
+        ck = (op, gkey, axis, payload_bytes, group_size, is_root, backend_op,
+              backend_payload_bytes)
+        kind = self._kinds.get(ck)
+        if kind is None:
+            kind = self._kinds[ck] = _CommKind(self, *ck)
         seq = self.flight.next_seq(gkey)  # the flight recorder counts issues (enter below)
-        sent, recv = _bytes(op, int(payload_bytes), group_size, bool(is_root))
-        rec = {"type": "comm", "op": op, "axis": axis, "group": gkey, "seq": seq,
-               "group_size": group_size, "payload_bytes": int(payload_bytes),
-               "bytes_sent": sent, "bytes_recv": recv,
-               "step": self.step, "microbatch": self.microbatch, **args}
-        if peer is not None:
-            rec["peer"] = peer
-        if is_root or op in commbytes.ROOTED_OPS:
-            rec["is_root"] = is_root
-        if backend_op is None and self.backend:
-            backend_op = BACKEND_OPS.get(self.backend, {}).get(op)
-        if backend_op is not None and backend_op != op:
-            bp = payload_bytes if backend_payload_bytes is None else backend_payload_bytes
-            rec["backend_op"], rec["backend_payload_bytes"] = backend_op, int(bp)
-            rec["backend_bytes_sent"] = _bytes(backend_op, int(bp), group_size,
-                                               bool(is_root))[0]
         keep = self.enabled and self.level not in NO_SAMPLES
         ev0 = self._event() if (keep and self.cuda and device) else None  # async: host timing
         t0 = self.now()
-        entry = self.flight.enter(gkey, seq, op, payload_bytes=rec["payload_bytes"],
-                                  dtype=args.get("dtype"), group_size=group_size,
-                                  step=self.step, t_ns=t0, peer=peer, frames=frames_here())
-        return _CommHandle(self, rec, t0, ev0, entry, keep)
+        entry = self.flight.enter_at(gkey, seq, op, payload_bytes, args.get("dtype"),
+                                     group_size, self.step, t0, peer, frames_here())
+        return _CommHandle(self, kind, seq, peer, args, t0, ev0, entry, keep)
 
-    @contextlib.contextmanager
     def comm(self, op: str, *, payload_bytes: int, group_size: int, axis: str = "dp",
-             group: str | None = None, peer: int | None = None, is_root: bool = False, **args):
+             group: str | None = None, peer: int | None = None, is_root: bool = False,
+             **args) -> _CommHandle:
         """A synchronous communication: the span of the `with` body."""
-        h = self.comm_start(op, payload_bytes=payload_bytes, group_size=group_size, axis=axis,
-                            group=group, peer=peer, is_root=is_root, **args)
-        try:
-            yield h.rec
-        finally:
-            h.done()
+        return self.comm_start(op, payload_bytes=payload_bytes, group_size=group_size,
+                               axis=axis, group=group, peer=peer, is_root=is_root, **args)
 
     def memory(self, **bytes_by_component) -> dict:
         """A memory sample: the given components (bytes) plus RSS / CUDA allocator figures."""
@@ -494,7 +596,7 @@ class Tracer:
         while not self._stop.wait(interval):
             try:
                 if self.flight.dirty:
-                    self.flight.write(self)
+                    self.flight.write(self, periodic=True)
                 self.flush()
             except Exception:  # noqa: BLE001 - never take the run down from the flusher
                 pass
@@ -599,3 +701,9 @@ class _NullHandle:
 
     def done(self, **extra):
         pass
+
+    def __enter__(self) -> dict:
+        return {}
+
+    def __exit__(self, *exc) -> bool:
+        return False
