@@ -136,7 +136,8 @@ def run_tests(copy: Path, tests: list[str], timeout: float) -> tuple[str, int | 
     """('pass' | 'fail' | 'timeout', return code, output tail) of `tests` in `copy`."""
     # not the calling pytest's xdist worker identity (tests/test_mutation_sample.py runs this)
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT_TEST"))}
+           if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT_TEST"))
+           and k != "PARALAB_TEST_CPU_REPORT"}  # the mutant's tests are counted as this one
     env = {**env, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1",
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     argv = [_python(), "-m", "pytest", "-x", "-q",

@@ -3,7 +3,10 @@ real service processes (`paralab serve`, `paralab worker`) started as subprocess
 
 from __future__ import annotations
 
+import json
 import os
+import resource
+import time
 from pathlib import Path
 
 import psycopg
@@ -165,3 +168,28 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.xdist_group(group))
     rank = {path: i for i, path in enumerate(_LONGEST_FIRST)}
     items.sort(key=lambda it: rank.get(it.nodeid.split("::", 1)[0], len(rank)))  # stable
+
+
+# PARALAB_TEST_CPU_REPORT=FILE: one JSON line per test with the CPU seconds its setup, call and
+# teardown cost this pytest process and every child it reaped (services, workers and the jobs
+# they reaped; a module-scoped service lands on the module's last test). Where CI time goes:
+# `python scripts/test_cpu.py FILE` sums it by module (docs/testing.md).
+_CPU_REPORT = os.environ.get("PARALAB_TEST_CPU_REPORT")
+
+
+def _cpu_s() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not _CPU_REPORT:
+        yield
+        return
+    c0, t0 = _cpu_s(), time.monotonic()
+    yield
+    with open(_CPU_REPORT, "a") as f:  # one short append per test: lines never interleave
+        f.write(json.dumps({"test": item.nodeid, "cpu_s": round(_cpu_s() - c0, 3),
+                            "wall_s": round(time.monotonic() - t0, 3)}) + "\n")
