@@ -1,12 +1,12 @@
-"""Every train preset as 2 hosts x 2 ranks (the 8-rank presets 3d, 4d-moe and cp-3d: 2 x 4),
-and issue 17's EP / CP layouts (ep 2 and 4, capacity dropping or not, cp 4), through the
-service (the only test that sends every preset through it; tests/service/test_presets_e2e.py
-sends one of each kind on one host): two worker processes posing as hosts, real gang
-placement, one c10d rendezvous across them. Each
-run's loss curve equals the single-process run of the same model and global batch to 1e-5
-(fp32, plain SGD, where a wrong gradient average would show). The one-host 4-rank layout
-equals that same single process in the correctness gate (tests/jobs, tests/mp), so 2 x 2 =
-1 x 4 = one process."""
+"""Every train preset on two hosts (the 8-rank presets 3d, 4d-moe and cp-3d: 2 x 4; TP and SP,
+whose tensor-parallel group stays inside a host: 2 x 2; every other preset in its own 2-rank
+layout, one rank per host), and issue 17's EP / CP layouts (ep 2 and 4, capacity dropping or
+not, cp 4: 2 x 2), through the service (the only test that sends every preset through it;
+tests/service/test_presets_e2e.py sends one of each kind on one host): two worker processes
+posing as hosts, real gang placement, one c10d rendezvous across them. Each run's loss curve
+equals the single-process run of the same model and global batch to 1e-5 (fp32, plain SGD, where
+a wrong gradient average would show). Every axis of a 2-rank preset crosses the hosts here, so
+its group's traffic takes the inter-host link; the 2 x 2 and 2 x 4 layouts mix both links."""
 
 import pytest
 
@@ -23,20 +23,18 @@ TRAIN = [n for n, p in PRESETS.items() if p.overrides.get("kind", "train") == "t
 
 
 def two_host_body(name: str) -> dict:
-    """The preset's layout with four ranks, 2 per host (3d keeps its 8, 4 per host): TP stays
-    inside a host, PP and DP cross hosts (seed 004). Data parallel doubles; a pipeline preset
-    (whose schedule has no data-parallel variant) gets four stages instead, two per host."""
+    """The preset on two hosts (seed 004: TP stays inside a host, PP and DP cross hosts). A
+    2-rank preset keeps its own layout with one rank per host (each rank a torchrun process of
+    its own costs this 2-core machine ~5 CPU-s of imports, and the 24 launches here were the
+    suite's largest cost), except TP and SP, whose 2-rank group must stay inside a host: they
+    get data parallel 2 across the hosts (2 x 2). The 8-rank presets keep 8, 4 per host."""
     base = parse_spec({"preset": name})
-    p, m = base.parallel, base.model
+    p = base.parallel
     body = {"preset": name, "name": f"{name} on 2 hosts",
-            "runtime": {"nnodes": 2, "nproc_per_node": 4 if base.world_size == 8 else 2},
+            "runtime": {"nnodes": 2, "nproc_per_node": base.world_size // 2},
             "train": {"steps": 3, "optimizer": "sgd"}}
-    if base.world_size == 8:
-        return body
-    if p.pp > 1:
-        body["parallel"] = {"pp": 4}
-        body["model"] = {"layers": max(m.layers, 4 * p.virtual_stages)}
-    else:
+    if base.world_size == 2 and p.tp > 1:
+        body["runtime"]["nproc_per_node"] = 2
         body["parallel"] = {"dp": p.dp * 2}
     return body
 
