@@ -11,6 +11,7 @@ import errno
 import hashlib
 import os
 import re
+import secrets
 import time
 from pathlib import Path, PurePosixPath
 from urllib.parse import unquote
@@ -129,23 +130,46 @@ def resolve_run_path(runs_dir: Path, run_id: str, rel: str) -> Path:
     return target
 
 
-def save_stream(target: Path, chunks) -> tuple[int, str]:
-    """Write chunks to target atomically; return (size, sha256)."""
-    injected_full(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".part")
-    h, size = hashlib.sha256(), 0
-    try:
-        with open(tmp, "wb") as f:
+class PartFile:
+    """A run file written chunk by chunk as its bytes arrive, under a temporary name beside
+    `target`, and renamed into place by `commit` only once whole: a refused or interrupted
+    write (`discard`) leaves nothing at `target`, and a file already there stays as it was
+    until the new one is complete. The temporary name is hidden and unique per write
+    (`.NAME.<random>.part`, never recorded as a run file), so a retried upload
+    racing the one it replaces never shares or removes the other's file."""
+
+    def __init__(self, target: Path):
+        injected_full(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        self.target, self.size, self._hash = target, 0, hashlib.sha256()
+        # ("x": a fresh file, made with the umask's mode as the run's other files are)
+        self.tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.part")
+        self._f = open(self.tmp, "xb")
+
+    def write(self, chunks) -> None:
+        try:
+            injected_full(self.target)  # (a real disk fills up mid-file, not only at the start)
             for chunk in chunks:
-                f.write(chunk)
-                h.update(chunk)
-                size += len(chunk)
-    except OSError:  # disk full: no half file left behind to fill it further
-        tmp.unlink(missing_ok=True)
-        raise
-    tmp.replace(target)
-    return size, h.hexdigest()
+                self._f.write(chunk)
+                self._hash.update(chunk)
+                self.size += len(chunk)
+        except OSError:  # disk full: no half file left behind to fill it further
+            self.discard()
+            raise
+
+    def commit(self) -> tuple[int, str]:
+        """Rename the whole file into place; its (size, sha256)."""
+        try:
+            self._f.close()
+            self.tmp.replace(self.target)
+        except OSError:
+            self.discard()
+            raise
+        return self.size, self._hash.hexdigest()
+
+    def discard(self) -> None:
+        self._f.close()
+        self.tmp.unlink(missing_ok=True)
 
 
 def seal_live(target: Path, size: int) -> str:

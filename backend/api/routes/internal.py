@@ -9,10 +9,11 @@ heartbeat."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, BackgroundTasks, Depends, Header, Query, Request
 from fastapi.responses import FileResponse
 
@@ -34,7 +35,7 @@ from backend.core.config import Settings
 from backend.core.db import get_sessionmaker
 from backend.errors import NotFound
 from backend.services import run_traces, uploads
-from backend.storage import append_at, resolve_run_path, save_stream, seal_live
+from backend.storage import PartFile, append_at, resolve_run_path, seal_live
 from backend.streams import hub
 from jobs.ckpt_index import complete_checkpoints
 
@@ -118,6 +119,33 @@ async def logs(run_id: str, body: LogBatch, settings: ChannelSettings,
     return await in_channel(settings, run_id, _logs, body)
 
 
+WRITE_BATCH = 1 << 20  # bytes held before a write: one thread hop per MiB, not per chunk
+
+
+async def save_body(settings: Settings, target: Path,
+                    stream: AsyncIterator[bytes]) -> tuple[int, str]:
+    """A whole file's body written to disk as it arrives (at most WRITE_BATCH of it in
+    memory), renamed into place once complete (storage.PartFile): a body cut off, or a write
+    refused (disk full: 507), leaves nothing at `target`. (size, sha256)."""
+    part = await on_channel(settings, PartFile, target)
+    try:
+        batch: list[bytes] = []
+        held = 0
+        async for chunk in stream:
+            batch.append(chunk)
+            held += len(chunk)
+            if held >= WRITE_BATCH:
+                await on_channel(settings, part.write, batch)
+                batch, held = [], 0
+        await on_channel(settings, part.write, batch)
+        return await on_channel(settings, part.commit)
+    except BaseException:
+        # shielded: a cancelled request (the client went away) must still remove its file
+        with anyio.CancelScope(shield=True):
+            await on_channel(settings, part.discard)
+        raise
+
+
 @router.put("/runs/{run_id}/files/{path:path}")
 async def upload(request: Request, run_id: str, settings: ChannelSettings, path: RunFilePath,
                  _: ChannelWorker, offset: int | None = Query(None, ge=0, le=INT64_MAX)) -> dict:
@@ -125,12 +153,11 @@ async def upload(request: Request, run_id: str, settings: ChannelSettings, path:
     written in place, not recorded as a run file, and announced to the run's open streams."""
     run_id = await in_channel(settings, run_id, lambda db, run: run.id)  # 404 first
     target = resolve_run_path(settings.runs_dir, run_id, path)  # UnsafePath: 400
-    chunks = [c async for c in request.stream()]
-    if offset is not None:
-        size = await on_channel(settings, append_at, target, offset, b"".join(chunks))
+    if offset is not None:  # a live chunk: bounded by the worker (worker/live.py MAX_CHUNK)
+        size = await on_channel(settings, append_at, target, offset, await request.body())
         hub.publish_event(run_id)  # (append_at: a gap is a Conflict)
         return {"path": path, "size": size}
-    size, sha = await on_channel(settings, save_stream, target, chunks)
+    size, sha = await save_body(settings, target, request.stream())
     await in_channel(settings, None, crud.record_file, run_id, path, size, sha)
     return {"path": path, "size": size, "sha256": sha}
 
