@@ -31,6 +31,7 @@ from backend.core.config import Settings
 from backend.core.identity import Principal
 from backend.errors import Invalid
 from backend.models import Run
+from backend.services.multipart import StreamedParts
 from backend.services.runs import run_meta
 from jobs.kineto.imports import import_traces, is_trace_name
 from jobs.spec import SpecError, parse_spec, text_problem
@@ -146,36 +147,16 @@ class Received:
     fields: dict[str, list[str]] = field(default_factory=dict)
 
 
-class _Form:
+class _Form(StreamedParts):
     """python-multipart's callbacks: each `files` part written to the staging folder as it
     arrives and charged to the import's budget (so the limit stops the body early), the text
     fields kept up to FIELD_MAX bytes each."""
 
     def __init__(self, got: Received):
         self.got, self.fh, self.text, self.name, self.shown = got, None, None, "", ""
-        self.header, self.value, self.headers = b"", b"", {}
+        super().__init__()
 
-    def callbacks(self) -> dict:
-        return {"on_part_begin": self.begin, "on_header_field": self.h_field,
-                "on_header_value": self.h_value, "on_header_end": self.h_end,
-                "on_headers_finished": self.h_done, "on_part_data": self.data,
-                "on_part_end": self.end}
-
-    def begin(self):
-        self.headers = {}
-
-    def h_field(self, data, start, end):
-        self.header += data[start:end]
-
-    def h_value(self, data, start, end):
-        self.value += data[start:end]
-
-    def h_end(self):
-        self.headers[self.header.lower()] = self.value
-        self.header, self.value = b"", b""
-
-    def h_done(self):
-        _, opts = parse_options_header(self.headers.get(b"content-disposition", b""))
+    def started(self, opts: dict) -> None:
         self.name = opts.get(b"name", b"").decode("utf-8", "replace")
         if self.name != "files":
             if sum(map(len, self.got.fields.values())) >= MAX_FIELDS:

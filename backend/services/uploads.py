@@ -29,6 +29,7 @@ from backend.core.config import Settings
 from backend.core.identity import Principal
 from backend.errors import Forbidden, Invalid, NotFound
 from backend.models import Upload
+from backend.services.multipart import StreamedParts
 from paralab_core import archives
 
 ENTRIES_KEPT = 10_000  # member paths stored with the record (the file count is exact)
@@ -50,37 +51,17 @@ class Received:
     _hash: object = field(default_factory=hashlib.sha256, repr=False)
 
 
-class _Parts:
+class _Parts(StreamedParts):
     """Callbacks of python-multipart's streaming parser: the `file` part goes to disk."""
 
     def __init__(self, dest: Path, limit: int):
         self.dest, self.limit = dest, limit
         self.got = Received(dest)
         self.fh = None
-        self.header, self.value, self.headers = b"", b"", {}
+        super().__init__()
         self.files = 0
 
-    def callbacks(self) -> dict:
-        return {"on_part_begin": self.begin, "on_header_field": self.h_field,
-                "on_header_value": self.h_value, "on_header_end": self.h_end,
-                "on_headers_finished": self.h_done, "on_part_data": self.data,
-                "on_part_end": self.end}
-
-    def begin(self):
-        self.headers = {}
-
-    def h_field(self, data, start, end):
-        self.header += data[start:end]
-
-    def h_value(self, data, start, end):
-        self.value += data[start:end]
-
-    def h_end(self):
-        self.headers[self.header.lower()] = self.value
-        self.header, self.value = b"", b""
-
-    def h_done(self):
-        _, opts = parse_options_header(self.headers.get(b"content-disposition", b""))
+    def started(self, opts: dict) -> None:
         if opts.get(b"name") != b"file":
             return
         self.files += 1
