@@ -209,52 +209,48 @@ class _CommHandle:
                 self.rec.update(extra)
             if not _FACTS.isdisjoint(extra):
                 return self._done_from_record()
-        g, seq = c.group, self.seq
-        if seq > tr._done.get(g, -1):
-            tr._done[g] = seq
-        t1 = tr.now()
-        tr.last_progress_ns = tr.flight.done(g, self.entry, t1)
-        if not self.keep:
-            self.t1 = t1
-        tot = tr.comm_totals.get(c.total_key)
-        if tot is None:
-            tot = tr.comm_totals[c.total_key] = _total(g, c.axis, c.op)
-        tot["count"] += 1
-        tot["payload_bytes"] += c.payload
-        tot["bytes_sent"] += c.sent
-        tot["bytes_recv"] += c.recv
-        tot["backend_bytes_sent"] += c.bsent
-        by_axis = tr.comm_by_step.get(c.axis)
-        if by_axis is None:
-            by_axis = tr.comm_by_step[c.axis] = {}
-        per = by_axis.get(self.step)
-        if per is None:
-            per = by_axis[self.step] = [0.0, 0.0]
-        per[0] += c.sent
-        per[1] += c.recv
+        t1 = self._account(c.group, self.seq, c.total_key, c.axis, c.op, self.step, c.payload,
+                           c.sent, c.recv, c.bsent)
         if self.keep:  # an untraced step's collective is counted, not written
             tr._finish(self.rec, self.t0, self.ev0, True, t1)
+        else:
+            self.t1 = t1
 
     def _done_from_record(self) -> None:
         """`done` after `extra` changed one of the facts: account what the record says."""
-        tr, rec = self.tracer, self.rec
-        g = rec["group"]
-        tr._done[g] = max(tr._done.get(g, -1), rec["seq"])
+        rec = self.rec
+        g, op = rec["group"], rec["op"]
+        t1 = self._account(g, rec["seq"], g + "/" + op, rec["axis"], op, rec["step"],
+                           rec["payload_bytes"], rec["bytes_sent"], rec["bytes_recv"],
+                           rec.get("backend_bytes_sent", rec["bytes_sent"]))
+        self.tracer._finish(rec, self.t0, self.ev0, self.keep, t1)
+
+    def _account(self, g: str, seq: int, key: str, axis: str, op: str, step: int, payload: int,
+                 sent: float, recv: float, bsent: float) -> int:
+        """The completion's bookkeeping (last completed seq, the flight ring, the totals per
+        group/op and per axis/step); returns the completion time."""
+        tr = self.tracer
+        if seq > tr._done.get(g, -1):
+            tr._done[g] = seq
         t1 = tr.now()
         tr.last_progress_ns = tr.flight.done(self.kind.group, self.entry, t1)
-        key = g + "/" + rec["op"]
         tot = tr.comm_totals.get(key)
         if tot is None:
-            tot = tr.comm_totals[key] = _total(g, rec["axis"], rec["op"])
+            tot = tr.comm_totals[key] = _total(g, axis, op)
         tot["count"] += 1
-        tot["payload_bytes"] += rec["payload_bytes"]
-        tot["bytes_sent"] += rec["bytes_sent"]
-        tot["bytes_recv"] += rec["bytes_recv"]
-        tot["backend_bytes_sent"] += rec.get("backend_bytes_sent", rec["bytes_sent"])
-        per = tr.comm_by_step.setdefault(rec["axis"], {}).setdefault(rec["step"], [0.0, 0.0])
-        per[0] += rec["bytes_sent"]
-        per[1] += rec["bytes_recv"]
-        tr._finish(rec, self.t0, self.ev0, self.keep, t1)
+        tot["payload_bytes"] += payload
+        tot["bytes_sent"] += sent
+        tot["bytes_recv"] += recv
+        tot["backend_bytes_sent"] += bsent
+        by_axis = tr.comm_by_step.get(axis)
+        if by_axis is None:
+            by_axis = tr.comm_by_step[axis] = {}
+        per = by_axis.get(step)
+        if per is None:
+            per = by_axis[step] = [0.0, 0.0]
+        per[0] += sent
+        per[1] += recv
+        return t1
 
     def __enter__(self) -> dict:  # `Tracer.comm`: the span of the `with` body
         return self.rec
