@@ -63,6 +63,17 @@ def _schema_behind(url: str) -> str | None:
 FRONTEND = Path(__file__).resolve().parent.parent / "frontend"
 
 
+async def _sweep_leftovers(settings) -> None:
+    """Once at startup, off the event loop: the half-written files a killed process left."""
+    try:
+        gone = await asyncio.to_thread(storage.sweep_leftovers, settings)
+    except OSError as exc:  # a sweep that cannot read the data directory is not a failure
+        log.warning("sweeping half-written files: %s", exc)
+        return
+    if gone:
+        log.info("removed %d half-written files a stopped process left", len(gone))
+
+
 async def _reaper(app: FastAPI) -> None:
     """Fail runs whose worker went silent. Waits one timeout after start-up first, so a backend
     restart never reaps runs whose heartbeats simply could not reach it while it was down."""
@@ -202,7 +213,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         access = logging.getLogger("uvicorn.access")
         if _quiet_worker_channel not in access.filters:
             access.addFilter(_quiet_worker_channel)
-        tasks = [asyncio.create_task(_reaper(app)), asyncio.create_task(reconciler(settings))]
+        tasks = [asyncio.create_task(_reaper(app)), asyncio.create_task(reconciler(settings)),
+                 asyncio.create_task(_sweep_leftovers(settings))]
         if settings.redis_url:  # several backend processes: share stream events
             hub.connect_redis(settings.redis_url)
         yield

@@ -172,6 +172,43 @@ class PartFile:
         self.tmp.unlink(missing_ok=True)
 
 
+_PART_NAME = re.compile(r"^\..+\.[0-9a-f]{12}\.part$")  # PartFile's temporary names
+_UPLOAD_TMP = re.compile(r"^\.tmp-[0-9a-f]{16}$")  # services/uploads.receive's
+_IMPORT_STAGE = re.compile(r"^body-[0-9a-f]{16}$")  # services/imports' staging folders
+LEFTOVER_AGE_S = 3600.0
+
+
+def sweep_leftovers(settings, older_than_s: float = LEFTOVER_AGE_S,
+                    now: float | None = None) -> list[Path]:
+    """Remove what a killed API process left half-written: PartFile's hidden run files, an
+    upload's temporary file, an import's staging folder. Only those older than
+    `older_than_s` (by mtime): another API process may be writing a younger one right now.
+    Run once at startup (backend.main's lifespan, in a thread); returns what it removed."""
+    import shutil
+    now = time.time() if now is None else now
+    gone: list[Path] = []
+
+    def old(p: Path) -> bool:
+        try:
+            return now - p.lstat().st_mtime > older_than_s
+        except OSError:
+            return False
+    for top, pattern in ((settings.runs_dir, _PART_NAME), (settings.uploads_dir, _UPLOAD_TMP)):
+        for root, _dirs, files in os.walk(top):
+            for name in files:
+                p = Path(root) / name
+                if pattern.match(name) and old(p):
+                    p.unlink(missing_ok=True)
+                    gone.append(p)
+    imports = settings.data_dir.resolve() / "imports"
+    if imports.is_dir():
+        for p in imports.iterdir():
+            if _IMPORT_STAGE.match(p.name) and p.is_dir() and old(p):
+                shutil.rmtree(p, ignore_errors=True)
+                gone.append(p)
+    return gone
+
+
 def seal_live(target: Path, size: int) -> str:
     """A live file (appended chunk by chunk while its job ran) now complete at `size`
     bytes: its sha256, read here from disk, so the whole file is not sent a second time.

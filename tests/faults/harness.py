@@ -20,8 +20,14 @@ BASE = {"model": {"arch": "mlp", "hidden": 8, "layers": 2},
         "train": {"steps": 5, "global_batch": 8, "optimizer": "sgd"}}
 
 
+HANG_S = 4.0  # the hang watch of a run expected to hang: short, so the test is quick
+SAFETY_S = 60.0  # ... of a run expected to end by itself: only a safety net. A short one would
+# turn a slow exit on a loaded machine (a rank's error handling, torchrun stopping its peer)
+# into a false "hung": the watch is a wall clock, and only a hang may depend on it.
+
+
 def spec(world: int, faults: list[dict], *, parallel: dict | None = None, steps: int = 5,
-         hang_timeout_s: float = 4.0) -> dict:
+         hang_timeout_s: float = HANG_S) -> dict:
     s = json.loads(json.dumps(BASE))
     s["parallel"] = {"dp": world, "dp_mode": "allreduce", **(parallel or {})}
     s["train"]["steps"] = steps

@@ -13,7 +13,7 @@ import pytest
 
 from jobs.analysis import write_analysis
 from jobs.analysis.diagnose import DIAGNOSIS_FILE, write_diagnosis
-from tests.faults.harness import run_faulty, spec
+from tests.faults.harness import SAFETY_S, run_faulty, spec
 
 STEP = 2
 SEQ = 4 * STEP  # the first collective of step 2: every step issues 4 all-reduces
@@ -71,7 +71,7 @@ def test_hang_in_one_of_two_tp_groups(tmp_path):
 @pytest.mark.parametrize("mode", ["exception", "exit"])
 def test_crash_names_the_failing_rank_and_where_the_others_waited(tmp_path, mode):
     r, d = _run(tmp_path, 2, [{"kind": "crash", "ranks": [1], "step": STEP, "mode": mode,
-                               "exit_code": 7}])
+                               "exit_code": 7}], hang_timeout_s=SAFETY_S)
     assert r["status"] == "failed"
     assert d["waited_for"] == 1 and d["left"][0]["rank"] == 1
     if mode == "exception":
@@ -92,7 +92,8 @@ def test_a_crash_waits_for_a_slow_peer_to_block(tmp_path):
     test_fault_clock.py."""
     r, d = _run(tmp_path, 2, [
         {"kind": "crash", "ranks": [1], "step": STEP, "mode": "exit", "exit_code": 7},
-        {"kind": "slow", "ranks": [0], "step": STEP, "mode": "compute", "delay_s": 1.5}])
+        {"kind": "slow", "ranks": [0], "step": STEP, "mode": "compute", "delay_s": 1.5}],
+        hang_timeout_s=SAFETY_S)
     assert r["status"] == "failed" and d["waited_for"] == 1
     assert f"rank 0 was waiting in all_reduce #{SEQ} of group dp [0, 1]" in d["sentence"]
 
@@ -136,7 +137,8 @@ def test_data_exhausted_names_the_rank_that_stopped(tmp_path):
 
 @pytest.mark.parametrize("mode", ["nan", "inf"])
 def test_nonfinite_names_the_source_rank_and_step(tmp_path, mode):
-    r, d = _run(tmp_path, 2, [{"kind": "nonfinite", "ranks": [1], "step": STEP, "mode": mode}])
+    r, d = _run(tmp_path, 2, [{"kind": "nonfinite", "ranks": [1], "step": STEP, "mode": mode}],
+                hang_timeout_s=SAFETY_S)
     assert r["status"] == "failed"
     assert d["waited_for"] == 1
     assert d["nonfinite"][1]["what"] == "loss" and d["nonfinite"][1]["step"] == STEP
@@ -151,7 +153,8 @@ def test_slow_rank_is_the_straggler(tmp_path):
     the loop's step shows in the traced arrival times and names rank 1. Who is late only,
     never how fast anything is: 0.5 s a step is far beyond this job's step-to-step noise."""
     r, d = _run(tmp_path, 2, [{"kind": "slow", "ranks": [1], "step": 1, "steps": 3,
-                               "delay_s": 0.5, "mode": "compute"}], steps=4)
+                               "delay_s": 0.5, "mode": "compute"}], steps=4,
+                hang_timeout_s=SAFETY_S)
     assert r["status"] == "completed", r["stderr"][-2000:]
     h = write_analysis(tmp_path / "run")
     assert h["straggler_rank"] == 1 and h["straggler_flagged_steps"] >= 2

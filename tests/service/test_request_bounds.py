@@ -230,11 +230,14 @@ def test_a_search_past_the_memory_bound_ends_its_child_with_a_clear_error(make_c
     assert pool.last_pid != dead
 
 
-def test_a_request_finding_every_search_process_busy_gets_503_with_retry_after(make_client):
+def test_a_request_finding_every_search_process_busy_gets_503_with_retry_after(make_client,
+                                                                               tmp_path):
     from backend.services.advise import search_pool
+    from tests.support.hold import until_exists
     client = make_client(advise_workers=1)
     pool = search_pool(client.app.state.settings)
-    hold = threading.Thread(target=pool.call, args=(time.sleep, 2))
+    release = tmp_path / "release"  # the one process is held until the test has asked
+    hold = threading.Thread(target=pool.call, args=(until_exists, str(release)))
     hold.start()
     try:
         for _ in range(400):  # until the one process is busy (a condition, not a duration)
@@ -246,6 +249,7 @@ def test_a_request_finding_every_search_process_busy_gets_503_with_retry_after(m
         assert r.status_code == 503, r.text
         assert int(r.headers["retry-after"]) >= 1 and "PARALAB_ADVISE_WORKERS" in r.text
     finally:
+        release.touch()
         hold.join()
     assert _advise(client, model=TIMED, batch=8, cluster=SMALL).status_code == 200
 

@@ -1,0 +1,95 @@
+"""What the service adds to a run: the same 2-rank ddp job as a bare `torchrun` and through
+paralab (POST /api/runs and waiting on the run's event stream; `paralab submit --wait`),
+alternated run by run on one machine, at a few step counts.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/service_overhead.py [--steps 5 2000] [--runs 3]
+
+Bare: `python -m torch.distributed.run --standalone --nproc-per-node 2 -m jobs.train` with
+the spec the service stored for the same job (so both train the same thing), its wall time
+from start to exit. API: submit to `succeeded` as a client sees it (the Service harness's
+wait_status: woken by GET /live). CLI: the `paralab submit --wait` process's wall time.
+Prints each median, the overhead (service - bare) and the ratio, with the load average."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from devtools.service import Service  # noqa: E402 - the harness the tests use
+
+BASE = {"preset": "ddp", "name": "overhead"}
+
+
+def bare(spec: dict, tmp: Path) -> float:
+    out = tmp / f"bare-{time.monotonic_ns()}"
+    out.mkdir()
+    (out / "spec.json").write_text(json.dumps(spec))
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+            "--nproc-per-node", str(spec["runtime"]["nproc_per_node"]), "-m", "jobs.train",
+            "--spec", str(out / "spec.json"), "--out", str(out)]
+    t0 = time.perf_counter()
+    subprocess.run(argv, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def api(svc: Service, body: dict) -> float:
+    t0 = time.perf_counter()
+    run = svc.submit(body)
+    done = svc.wait_status(run["id"], ("succeeded", "failed", "cancelled", "timed_out"), 900)
+    assert done["status"] == "succeeded", done
+    return time.perf_counter() - t0
+
+
+def cli(svc: Service, body: dict, tmp: Path) -> float:
+    path = tmp / "cli-spec.json"
+    path.write_text(json.dumps({**body, "runtime": {"queue": svc.queue}}))
+    env = {**svc.env, "PARALAB_URL": svc.url}
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "backend.cli", "submit", str(path), "--wait"],
+                   cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, nargs="+", default=[5, 2000])
+    ap.add_argument("--runs", type=int, default=3)
+    a = ap.parse_args()
+    med = statistics.median
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        svc = Service(tmp, db_url=f"sqlite:///{tmp}/p.db", redis_url=None)
+        try:
+            svc.start_backend()
+            svc.start_worker()
+            print(f"{'steps':>6} {'bare s':>8} {'API s':>8} {'CLI s':>8} {'API +s':>8} "
+                  f"{'CLI +s':>8} {'API x':>6} {'CLI x':>6}  load")
+            for steps in a.steps:
+                body = {**BASE, "train": {"steps": steps}}
+                first = svc.submit(body)  # warm-up, and the stored spec the bare run uses
+                spec = svc.wait_status(first["id"], "succeeded", 900)["spec"]
+                got: dict[str, list[float]] = {"bare": [], "api": [], "cli": []}
+                for _ in range(a.runs):  # alternated, so load drifts hit all three alike
+                    got["bare"].append(bare(spec, tmp))
+                    got["api"].append(api(svc, body))
+                    got["cli"].append(cli(svc, body, tmp))
+                b, p, c = (med(got[k]) for k in ("bare", "api", "cli"))
+                print(f"{steps:6d} {b:8.2f} {p:8.2f} {c:8.2f} {p - b:+8.2f} {c - b:+8.2f} "
+                      f"{p / b:6.2f} {c / b:6.2f}  {os.getloadavg()[0]:.1f}")
+        finally:
+            svc.close()
+
+
+if __name__ == "__main__":
+    main()
