@@ -39,6 +39,7 @@ from backend.api.routes import (
 )
 from backend.api.routes import auth as auth_routes
 from backend.api.schemas import NESTING_RULE, TEXT_PATTERN
+from backend.core import memory
 from backend.core.config import Settings, get_settings
 from backend.core.db import get_engine, get_sessionmaker
 from backend.core.security import LoginThrottle, check_startup
@@ -61,6 +62,15 @@ def _schema_behind(url: str) -> str | None:
     except Exception:  # noqa: BLE001 - only a better message is at stake
         return None
 FRONTEND = Path(__file__).resolve().parent.parent / "frontend"
+TRIM_EVERY_S = 5.0
+
+
+async def _trim_heap() -> None:
+    """Every few seconds: the trace cache's let-go parses back to the system (run_traces)."""
+    from backend.services import run_traces
+    while True:
+        await asyncio.sleep(TRIM_EVERY_S)
+        await asyncio.to_thread(run_traces.trim_if_dropped)
 
 
 async def _sweep_leftovers(settings) -> None:
@@ -210,11 +220,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        if settings.heap_trim:  # before the request threads allocate (backend/core/memory.py)
+            memory.limit_arenas()
         access = logging.getLogger("uvicorn.access")
         if _quiet_worker_channel not in access.filters:
             access.addFilter(_quiet_worker_channel)
         tasks = [asyncio.create_task(_reaper(app)), asyncio.create_task(reconciler(settings)),
-                 asyncio.create_task(_sweep_leftovers(settings))]
+                 asyncio.create_task(_sweep_leftovers(settings)),
+                 *([asyncio.create_task(_trim_heap())] if settings.heap_trim else [])]
         if settings.redis_url:  # several backend processes: share stream events
             hub.connect_redis(settings.redis_url)
         yield

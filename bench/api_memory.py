@@ -114,6 +114,8 @@ def main(argv=None) -> int:
                     help="stop after this long and report the runs done (a loaded machine)")
     ap.add_argument("--cache-mb", type=float, default=None,
                     help="PARALAB_ANALYSIS_CACHE_MB for the API (default: the setting's)")
+    ap.add_argument("--no-trim", action="store_true",
+                    help="PARALAB_HEAP_TRIM=0: the API keeps what glibc frees (to measure)")
     a = ap.parse_args(argv)
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="api-memory-") as d:
@@ -123,6 +125,8 @@ def main(argv=None) -> int:
         print(f"template: {n} records ({RANKS} ranks x {steps} steps), traces "
               f"{size / MiB:.1f} MiB, written in {time.perf_counter() - t0:.1f} s", flush=True)
         env = {} if a.cache_mb is None else {"PARALAB_ANALYSIS_CACHE_MB": str(a.cache_mb)}
+        if a.no_trim:
+            env["PARALAB_HEAP_TRIM"] = "0"
         svc = start(Path(d), env)
         try:
             pid = svc.backend.pid
@@ -161,6 +165,13 @@ def main(argv=None) -> int:
           f"{ref / MiB:.1f} MiB, "
           f"max {max(after) / MiB:.1f} MiB, last {after[-1] / MiB:.1f} MiB, "
           f"spread ±{100 * spread:.1f} % of the warm-up value")
+    # the samples land anywhere between "one run's parse cached" and "the next one's parse
+    # alive too": also the range about its middle, and the growth (late half vs early half)
+    lo, hi, half = min(after), max(after), len(after) // 2
+    early, late_half = after[:max(1, half)], after[max(1, half):] or after[-1:]
+    print(f"range {lo / MiB:.1f}-{hi / MiB:.1f} MiB: ±{100 * (hi - lo) / (hi + lo):.1f} % about "
+          f"its middle; mean of the later half vs the earlier: "
+          f"{100 * (sum(late_half) / len(late_half) / (sum(early) / len(early)) - 1):+.1f} %")
     print(f"health: rss_bytes {mem['rss_bytes'] / MiB:.1f} MiB, trace cache "
           f"{mem['trace_cache_bytes'] / MiB:.1f} of {mem['trace_cache_limit_bytes'] / MiB:.0f} "
           f"MiB charged")

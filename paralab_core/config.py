@@ -64,6 +64,10 @@ class Settings(BaseSettings):
     # least recently used runs are dropped beyond it; a run larger than it is served and not
     # kept (backend/services/run_traces.py accounts RECORD_BYTES per record)
     analysis_cache_mb: float = Field(256.0, ge=0)
+    # The API hands the pages of what that cache lets go back to the system and caps glibc's
+    # malloc arenas at 2 (backend/core/memory.py); off only to measure what it saves
+    # (bench/api_memory.py --no-trim)
+    heap_trim: bool = True
     # While a job runs, its traces' final row groups are written to Parquet this often
     # (jobs/analysis/convert_live.py), so the post-run conversion is left the last steps
     # only; 0: converted after the run only.

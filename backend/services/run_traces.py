@@ -25,6 +25,7 @@ _LOAD_LOCK = threading.Lock()
 # analysis 0.06), 2.3 KB on the gpt runs of docs/benchmarks.md; the larger is charged.
 RECORD_BYTES = 2_300
 LIMIT_BYTES = 256 << 20  # Settings.analysis_cache_mb, set by configure() at app start
+_DROPPED = False  # a parse was let go (evicted, replaced, or too large to keep) since the trim
 
 
 def configure(limit_mb: float) -> None:
@@ -51,10 +52,58 @@ def cached_bytes() -> int:
 
 def _evict() -> None:
     """Least recently used first, until the rest fits (caller holds _LOCK)."""
+    global _DROPPED
     total = sum(rt.nbytes for rt in _CACHE.values())
     while _CACHE and total > LIMIT_BYTES:
         _, old = _CACHE.popitem(last=False)
         total -= old.nbytes
+        _DROPPED = True
+
+
+def _lines(files: list[Path]) -> int:
+    """The trace files' lines (a record each, but the rank's header): what a parse will be
+    charged, counted before it is made (a newline count: ~10 ms for 20 MiB)."""
+    n = 0
+    for p in files:
+        try:
+            with open(p, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    n += chunk.count(b"\n")
+        except OSError:
+            pass  # (replaced meanwhile: the parse will say)
+    return n
+
+
+def _make_room(key: tuple, expected: int) -> None:
+    """Before a parse that will be kept: drop this run's older versions and the least
+    recently used runs until it fits beside the rest, so the process never holds the bound
+    plus one parse (caller holds _LOCK). A parse too large to keep evicts nothing."""
+    global _DROPPED
+    for old in [k for k in _CACHE if k[0] == key[0]]:
+        del _CACHE[old]  # an older version of this run's files: never asked again
+        _DROPPED = True
+    if expected > LIMIT_BYTES:
+        return
+    total = sum(rt.nbytes for rt in _CACHE.values())
+    while _CACHE and total + expected > LIMIT_BYTES:
+        _, old_rt = _CACHE.popitem(last=False)
+        total -= old_rt.nbytes
+        _DROPPED = True
+
+
+def trim_if_dropped() -> bool:
+    """Hand the pages of the parses the cache let go back to the system (backend.core.memory:
+    glibc keeps freed pages otherwise, and the API's RSS kept every high-water mark). Called
+    every few seconds by the app (backend.main), so a parse that was served but too large to
+    keep, freed when its request ended, is released too. True when it trimmed."""
+    global _DROPPED
+    with _LOCK:
+        if not _DROPPED:
+            return False
+        _DROPPED = False
+    from backend.core.memory import release_freed
+    release_freed()
+    return True
 
 
 def trace_files(run_dir: Path) -> list[Path]:
@@ -86,14 +135,19 @@ def get(run_dir: Path) -> RunTraces | None:
         with _LOCK:
             if key in _CACHE:
                 return _CACHE[key]
+            _make_room(key, RECORD_BYTES * _lines(files))
         tr = load_run_dir(run_dir)
         rt = RunTraces(tr, nbytes=RECORD_BYTES * sum(len(r) for r in tr.ranks.values()))
+        global _DROPPED
         with _LOCK:
             for old in [k for k in _CACHE if k[0] == key[0]]:
                 del _CACHE[old]  # an older version of this run's files: never asked again
+                _DROPPED = True
             if rt.nbytes <= LIMIT_BYTES:  # a larger run is served, not kept
                 _CACHE[key] = rt
                 _evict()
+            else:
+                _DROPPED = True  # (freed when its request is done)
     return rt
 
 

@@ -61,3 +61,61 @@ def test_health_reports_process_memory_and_the_cache(client, settings):
     assert m["rss_bytes"] > 10 << 20  # a Python process with FastAPI loaded
     assert m["trace_cache_limit_bytes"] == int(settings.analysis_cache_mb * (1 << 20))
     assert 0 <= m["trace_cache_bytes"] <= m["trace_cache_limit_bytes"]
+
+
+def test_what_the_cache_lets_go_is_handed_back_once(tmp_path, bound, monkeypatch):
+    """Each way a parse leaves the cache (evicted, replaced by a newer version, too large to
+    keep) asks the C library for its pages back once (backend/core/memory.release_freed,
+    counted here), and nothing else does."""
+    from backend.core import memory
+    calls = []
+    monkeypatch.setattr(memory, "release_freed", lambda: calls.append(1) or True)
+    per = run_traces.RECORD_BYTES
+    run_traces.configure(100 * per / (1 << 20))
+    run_traces.trim_if_dropped()
+    calls.clear()
+    a, b, c = (a_run(tmp_path / n, 19) for n in "abc")  # 40 records each
+    run_traces.get(a)
+    run_traces.get(b)
+    run_traces.get(a)  # a hit
+    assert run_traces.trim_if_dropped() is False and calls == []
+    run_traces.get(c)  # 120 records: b, the least recent, is evicted
+    assert run_traces.trim_if_dropped() is True and calls == [1]
+    assert run_traces.trim_if_dropped() is False and calls == [1]
+    a_run(tmp_path / "a", 21)  # a newer version of a's files replaces the older
+    run_traces.get(a)
+    assert run_traces.trim_if_dropped() is True and calls == [1, 1]
+    run_traces.get(a_run(tmp_path / "big", 60))  # served, not kept
+    assert run_traces.trim_if_dropped() is True and calls == [1, 1, 1]
+
+
+def test_the_c_library_calls_answer_on_this_machine():
+    """glibc here (Debian): the arena cap is taken and a trim runs (its answer, 0 or 1, says
+    only whether pages were free to return, so it is not asserted)."""
+    from backend.core import memory
+    assert memory._libc() is not None
+    assert memory.limit_arenas(8) is True
+    memory.release_freed()
+
+
+def test_room_is_made_before_a_parse_not_after(tmp_path, bound, monkeypatch):
+    """The least recently used run leaves before the next one is parsed, so the process never
+    holds the bound plus one more parse: what the cache holds while a parse runs, plus that
+    parse's charge (40 records, counted by hand from a_run), is within the bound."""
+    per = run_traces.RECORD_BYTES
+    run_traces.configure(100 * per / (1 << 20))  # room for two 40-record runs, not three
+    real, seen = run_traces.load_run_dir, []
+
+    def load(d):
+        seen.append(run_traces.cached_bytes())
+        return real(d)
+    monkeypatch.setattr(run_traces, "load_run_dir", load)
+    runs = [a_run(tmp_path / f"r{i}", 19) for i in range(4)]
+    for d in runs:
+        run_traces.get(d)
+    assert seen == [0, 40 * per, 40 * per, 40 * per]  # (0, 1, then 1 of the 2 kept runs)
+    assert all(held + 40 * per <= 100 * per for held in seen)
+    assert [k[0] for k in run_traces._CACHE] == [str(runs[2]), str(runs[3])]
+    seen.clear()
+    run_traces.get(a_run(tmp_path / "big", 60))  # too large to keep: evicts nothing for it
+    assert seen == [80 * per] and len(run_traces._CACHE) == 2
