@@ -54,6 +54,18 @@ class HangWatch:
         return stalled / 1e9 if stalled > self.timeout_ns else None
 
 
+    def hung(self, stalled_s: float, alive: int, local_ranks: int) -> bool:
+        """Whether a stall (stalled_s's answer) is a hang, given how many of the `local_ranks`
+        this host started are alive. None alive: they failed and torchrun is winding down.
+        Fewer than started: a rank has left (a crash, a non-finite loss) and its failure is
+        ending the job (torchrun stops the others), which can take longer than a short
+        timeout on a loaded host; reported as a hang only if the stall outlasts one more
+        timeout, so the run ends `failed` with its cause rather than `hung`."""
+        if alive == 0:
+            return False
+        return alive >= local_ranks or stalled_s * 1e9 >= 2 * self.timeout_ns
+
+
 def rank_pids(key: str) -> list[int]:
     """The job's rank processes on this host: they carry the run's key (procs.proc_key) and
     torchrun's RANK variable (the shim and torchrun itself carry only the key)."""

@@ -306,13 +306,14 @@ class JobSupervisor:
 
     def _supervise(self, proc: subprocess.Popen, timeout: float) -> tuple[str | None, str]:
         start, next_beat = time.monotonic(), 0.0
+        local_ranks = int(self.spec["runtime"]["nproc_per_node"])  # started on this host
         while proc.poll() is None:
             now = time.monotonic()
             if now - start > timeout:
                 self._stop(proc, f"timeout of {timeout:g} s reached")
                 return "timed_out", f"timed out after {timeout:g} s (runtime.timeout_s)"
-            if (stalled := self.hang.stalled_s()) is not None and rank_pids(self.key):
-                # (no rank alive: they failed and torchrun is winding down, not a hang)
+            if (stalled := self.hang.stalled_s()) is not None and self.hang.hung(
+                    stalled, len(rank_pids(self.key)), local_ranks):
                 self.say(f"no rank completed a step or a collective for {stalled:.0f} s "
                          "(runtime.hang_timeout_s): dumping every rank's stack")
                 asked = dump_stacks(self.key, self.out)

@@ -26,6 +26,26 @@ def test_fires_only_after_the_timeout_without_progress_on_any_rank(tmp_path):
     assert w.stalled_s() is None
 
 
+def test_a_stall_after_a_rank_left_is_a_failure_ending_not_a_hang(tmp_path):
+    """2 ranks started here, 5 s timeout. Both alive and stalled: hung. One gone (it crashed;
+    torchrun is stopping the other): not hung until the stall outlasts a second timeout. None
+    alive: never (the job is ending)."""
+    now = [100 * S]
+    w = HangWatch(tmp_path, 5.0, clock=lambda: now[0], poll_s=0)
+    flight(tmp_path, 0, 100 * S)
+    now[0] = 106 * S
+    stalled = w.stalled_s()
+    assert stalled is not None and abs(stalled - 6.0) < 1e-6
+    assert w.hung(stalled, alive=2, local_ranks=2)
+    assert not w.hung(stalled, alive=1, local_ranks=2)
+    assert not w.hung(stalled, alive=0, local_ranks=2)
+    now[0] = 109 * S + S // 2  # 9.5 s: still within the second timeout
+    assert not w.hung(w.stalled_s(), alive=1, local_ranks=2)
+    now[0] = 110 * S  # 10 s = two timeouts: the leaver's failure did not end the job
+    assert w.hung(w.stalled_s(), alive=1, local_ranks=2)
+    assert not w.hung(w.stalled_s(), alive=0, local_ranks=2)
+
+
 def test_start_up_and_restarts_do_not_count(tmp_path):
     now = [0]
     w = HangWatch(tmp_path, 2.0, clock=lambda: now[0], poll_s=0)
