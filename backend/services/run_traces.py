@@ -74,14 +74,20 @@ def _lines(files: list[Path]) -> int:
     return n
 
 
+def _drop_older(key: tuple) -> None:
+    """Drop the cached older versions of `key`'s run: never asked again (caller holds _LOCK)."""
+    global _DROPPED
+    for old in [k for k in _CACHE if k[0] == key[0] and k != key]:
+        del _CACHE[old]
+        _DROPPED = True
+
+
 def _make_room(key: tuple, expected: int) -> None:
     """Before a parse that will be kept: drop this run's older versions and the least
     recently used runs until it fits beside the rest, so the process never holds the bound
     plus one parse (caller holds _LOCK). A parse too large to keep evicts nothing."""
     global _DROPPED
-    for old in [k for k in _CACHE if k[0] == key[0]]:
-        del _CACHE[old]  # an older version of this run's files: never asked again
-        _DROPPED = True
+    _drop_older(key)
     if expected > LIMIT_BYTES:
         return
     total = sum(rt.nbytes for rt in _CACHE.values())
@@ -120,6 +126,7 @@ def get(run_dir: Path) -> RunTraces | None:
     """The run's loaded traces (None without trace files), parsed once per file version.
     None too for a large converted run (scale.use): its millions of records are never loaded
     whole; its readers go through backend/services/gantt_columnar.py and the stored analysis."""
+    global _DROPPED
     files = trace_files(run_dir)
     if not files or _large(run_dir):
         return None
@@ -135,14 +142,13 @@ def get(run_dir: Path) -> RunTraces | None:
         with _LOCK:
             if key in _CACHE:
                 return _CACHE[key]
-            _make_room(key, RECORD_BYTES * _lines(files))
+        expected = RECORD_BYTES * _lines(files)  # (read outside _LOCK: hits go on meanwhile)
+        with _LOCK:
+            _make_room(key, expected)
         tr = load_run_dir(run_dir)
         rt = RunTraces(tr, nbytes=RECORD_BYTES * sum(len(r) for r in tr.ranks.values()))
-        global _DROPPED
         with _LOCK:
-            for old in [k for k in _CACHE if k[0] == key[0]]:
-                del _CACHE[old]  # an older version of this run's files: never asked again
-                _DROPPED = True
+            _drop_older(key)
             if rt.nbytes <= LIMIT_BYTES:  # a larger run is served, not kept
                 _CACHE[key] = rt
                 _evict()
