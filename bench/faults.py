@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from devtools.service import Service  # noqa: E402 - the harness the tests use
+from devtools.service import Service, embedded  # noqa: E402 - the harness the tests use
 
 BASE = {"preset": "dp-allreduce", "model": {"arch": "mlp", "hidden": 8, "layers": 2},
         "train": {"steps": 5, "global_batch": 8, "optimizer": "sgd"}}
@@ -61,14 +61,9 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        svc = Service(tmp, db_url=f"sqlite:///{tmp / 'p.db'}", redis_url=None)
-        try:
-            svc.start_backend()
-            svc.start_worker()
+        with embedded(tmp) as svc:
             one(svc, None, args.hang_timeout)  # warm-up
             rows = {k: one(svc, f, args.hang_timeout) for k, f in FAULTS.items()}
-        finally:
-            svc.close()
     clean = rows["none"]["wall_s"]
     print(f"runtime.hang_timeout_s = {args.hang_timeout:g}; clean run {clean:.1f} s")
     print(f"{'fault':<16} {'status':<9} {'submit->end s':>13} {'x clean':>8} "

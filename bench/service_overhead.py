@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from devtools.service import Service  # noqa: E402 - the harness the tests use
+from devtools.service import Service, embedded  # noqa: E402 - the harness the tests use
 
 BASE = {"preset": "ddp", "name": "overhead"}
 
@@ -69,10 +69,7 @@ def main() -> None:
     med = statistics.median
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        svc = Service(tmp, db_url=f"sqlite:///{tmp}/p.db", redis_url=None)
-        try:
-            svc.start_backend()
-            svc.start_worker()
+        with embedded(tmp) as svc:
             print(f"{'steps':>6} {'bare s':>8} {'API s':>8} {'CLI s':>8} {'API +s':>8} "
                   f"{'CLI +s':>8} {'API x':>6} {'CLI x':>6}  load")
             for steps in a.steps:
@@ -87,8 +84,6 @@ def main() -> None:
                 b, p, c = (med(got[k]) for k in ("bare", "api", "cli"))
                 print(f"{steps:6d} {b:8.2f} {p:8.2f} {c:8.2f} {p - b:+8.2f} {c - b:+8.2f} "
                       f"{p / b:6.2f} {c / b:6.2f}  {os.getloadavg()[0]:.1f}")
-        finally:
-            svc.close()
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ machine's PostgreSQL server (PARALAB_TEST_PG_URL, a fresh database each) and Red
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -180,3 +181,22 @@ class Service:
         except httpx.TransportError:
             return False
         return False
+
+
+@contextlib.contextmanager
+def running(svc: Service, worker: bool = True):
+    """`svc`'s backend (and worker) started, yielded, and stopped whatever happens."""
+    try:
+        svc.start_backend()
+        if worker:
+            svc.start_worker()
+        yield svc
+    finally:
+        svc.close()
+
+
+def embedded(tmp: Path, extra_env: dict | None = None, worker: bool = True):
+    """Backend (+ worker) on the embedded default (SQLite under `tmp`, filesystem broker): what
+    the tests' module fixtures and the benches run."""
+    return running(Service(tmp, db_url=f"sqlite:///{tmp / 'p.db'}", redis_url=None,
+                           extra_env=extra_env), worker)

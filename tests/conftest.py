@@ -15,7 +15,7 @@ import pytest
 # The harness shared with bench/ (devtools/), under the names the tests import from here.
 from devtools.launch import ROOT as ROOT
 from devtools.launch import free_port as free_port
-from devtools.service import PG_ADMIN_URL, REDIS_URL, Service
+from devtools.service import PG_ADMIN_URL, REDIS_URL, Service, embedded, running
 from devtools.service import fresh_pg_database as _fresh_pg_database
 from devtools.service import psycopg_dsn as _psycopg_dsn
 from devtools.service import wait_for as wait_for
@@ -108,35 +108,23 @@ def children_of(pid: int) -> list[int]:
 def embedded_service(tmp: Path, extra_env: dict | None = None):
     """Body of a fixture: backend + worker on the embedded default (SQLite, filesystem
     broker), started and stopped around the tests that share it."""
-    svc = Service(tmp, db_url=f"sqlite:///{tmp / 'p.db'}", redis_url=None, extra_env=extra_env)
-    try:
-        svc.start_backend()
-        svc.start_worker()
+    with embedded(tmp, extra_env) as svc:
         yield svc
-    finally:
-        svc.close()
 
 
 def backend_only_service(tmp: Path):
     """Body of a fixture: the backend alone (SQLite, embedded broker), no worker."""
-    svc = Service(tmp, db_url=f"sqlite:///{tmp / 'p.db'}", redis_url=None)
-    try:
-        svc.start_backend()
+    with embedded(tmp, worker=False) as svc:
         yield svc
-    finally:
-        svc.close()
 
 
 def redis_service_body(tmp: Path, pg_server_url: str):
     """Body of a fixture: backend + worker on real Redis and a fresh PostgreSQL database."""
     url, drop = _fresh_pg_database(pg_server_url)
-    svc = Service(tmp, db_url=url, redis_url=REDIS_URL)
     try:
-        svc.start_backend()
-        svc.start_worker()
-        yield svc
+        with running(Service(tmp, db_url=url, redis_url=REDIS_URL)) as svc:
+            yield svc
     finally:
-        svc.close()
         drop()
 
 
