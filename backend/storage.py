@@ -12,6 +12,7 @@ import hashlib
 import os
 import re
 import secrets
+import shutil
 import time
 from pathlib import Path, PurePosixPath
 from urllib.parse import unquote
@@ -138,6 +139,8 @@ class PartFile:
     (`.NAME.<random>.part`, never recorded as a run file), so a retried upload
     racing the one it replaces never shares or removes the other's file."""
 
+    TMP_NAME = re.compile(r"^\..+\.[0-9a-f]{12}\.part$")  # what __init__ names (the sweep's)
+
     def __init__(self, target: Path):
         injected_full(target)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -172,7 +175,6 @@ class PartFile:
         self.tmp.unlink(missing_ok=True)
 
 
-_PART_NAME = re.compile(r"^\..+\.[0-9a-f]{12}\.part$")  # PartFile's temporary names
 _UPLOAD_TMP = re.compile(r"^\.tmp-[0-9a-f]{16}$")  # services/uploads.receive's
 _IMPORT_STAGE = re.compile(r"^body-[0-9a-f]{16}$")  # services/imports' staging folders
 LEFTOVER_AGE_S = 3600.0
@@ -184,7 +186,6 @@ def sweep_leftovers(settings, older_than_s: float = LEFTOVER_AGE_S,
     upload's temporary file, an import's staging folder. Only those older than
     `older_than_s` (by mtime): another API process may be writing a younger one right now.
     Run once at startup (backend.main's lifespan, in a thread); returns what it removed."""
-    import shutil
     now = time.time() if now is None else now
     gone: list[Path] = []
 
@@ -193,7 +194,8 @@ def sweep_leftovers(settings, older_than_s: float = LEFTOVER_AGE_S,
             return now - p.lstat().st_mtime > older_than_s
         except OSError:
             return False
-    for top, pattern in ((settings.runs_dir, _PART_NAME), (settings.uploads_dir, _UPLOAD_TMP)):
+    for top, pattern in ((settings.runs_dir, PartFile.TMP_NAME),
+                         (settings.uploads_dir, _UPLOAD_TMP)):
         for root, _dirs, files in os.walk(top):
             for name in files:
                 p = Path(root) / name

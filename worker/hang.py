@@ -53,7 +53,6 @@ class HangWatch:
         stalled = self.clock() - self.last_ns
         return stalled / 1e9 if stalled > self.timeout_ns else None
 
-
     def hung(self, stalled_s: float, alive: int, local_ranks: int) -> bool:
         """Whether a stall (stalled_s's answer) is a hang, given how many of the `local_ranks`
         this host started are alive. None alive: they failed and torchrun is winding down.

@@ -10,9 +10,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import logging
 
-log = logging.getLogger(__name__)
 M_ARENA_MAX = -8  # glibc's mallopt parameter number (malloc.h)
 ARENAS = 2  # the event loop's thread and the request threads: they share two
 

@@ -50,11 +50,12 @@ def cached_bytes() -> int:
         return sum(rt.nbytes for rt in _CACHE.values())
 
 
-def _evict() -> None:
-    """Least recently used first, until the rest fits (caller holds _LOCK)."""
+def _evict(expected: int = 0) -> None:
+    """Least recently used first, until the rest (and `expected` more bytes) fits (caller
+    holds _LOCK)."""
     global _DROPPED
     total = sum(rt.nbytes for rt in _CACHE.values())
-    while _CACHE and total > LIMIT_BYTES:
+    while _CACHE and total + expected > LIMIT_BYTES:
         _, old = _CACHE.popitem(last=False)
         total -= old.nbytes
         _DROPPED = True
@@ -86,15 +87,9 @@ def _make_room(key: tuple, expected: int) -> None:
     """Before a parse that will be kept: drop this run's older versions and the least
     recently used runs until it fits beside the rest, so the process never holds the bound
     plus one parse (caller holds _LOCK). A parse too large to keep evicts nothing."""
-    global _DROPPED
     _drop_older(key)
-    if expected > LIMIT_BYTES:
-        return
-    total = sum(rt.nbytes for rt in _CACHE.values())
-    while _CACHE and total + expected > LIMIT_BYTES:
-        _, old_rt = _CACHE.popitem(last=False)
-        total -= old_rt.nbytes
-        _DROPPED = True
+    if expected <= LIMIT_BYTES:
+        _evict(expected)
 
 
 def trim_if_dropped() -> bool:
