@@ -31,7 +31,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 
 from jobs.ckpt_index import (
     FORMAT,
@@ -45,8 +44,16 @@ from jobs.ckpt_index import (
 from jobs.ckpt_state import dp_load, dp_state, supported
 from jobs.dumps import global_name
 from jobs.models import model_module
-from jobs.parallel.base import make_optimizer
+from jobs.parallel.optim import make_optimizer
 from jobs.testbug import injected
+
+
+def _dcp():
+    """torch.distributed.checkpoint, imported when a checkpoint is saved or loaded: it brings
+    DTensor (~0.7 CPU-s per rank) that a run without checkpoints never needs."""
+    import torch.distributed.checkpoint as dcp
+
+    return dcp
 
 CRASH_ENV = "PARALAB_TEST_CRASH_AT_STEP"   # TEST-ONLY, read here only: see test_crash()
 CRASH_RANK_ENV = "PARALAB_TEST_CRASH_RANK"
@@ -201,7 +208,7 @@ def save(ctx, comp, steps_done: int) -> Path:
     names = _Names(ctx, comp)
     (params, moments, step), _ = _logical(ctx, comp, names)
     groups = _param_groups(ctx, names) if step is not None else None
-    dcp.save(_standard(params, moments, step, _rng(ctx), groups), checkpoint_id=str(path))
+    _dcp().save(_standard(params, moments, step, _rng(ctx), groups), checkpoint_id=str(path))
     test_crash_before_commit(ctx, steps_done)
     dist.barrier()  # DCP returned on every rank: every shard and .metadata are on disk
     if ctx.rank == 0:
@@ -254,7 +261,7 @@ def load(ctx, comp, path: Path) -> int:
     rng = {k: v.clone() for k, v in _rng(ctx).items()} if same_world else {}
     legacy = commit["format"] == LEGACY_FORMAT  # old keys, loaded into the same tensors
     state = (_legacy if legacy else _standard)(g_params, g_moments, step, rng)
-    dcp.load(state, checkpoint_id=str(path))  # fills the tensors of g_params, ... in place
+    _dcp().load(state, checkpoint_id=str(path))  # fills the tensors of g_params, ... in place
     new_p = {n: names.split(names.name(n), g_params[names.name(n)], t.shape)
              for n, t in params.items()}
     new_m = {k: {n: names.split(names.name(n), g_moments[k][names.name(n)], t.shape)

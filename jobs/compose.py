@@ -36,7 +36,6 @@ from jobs.parallel.context import apply_context_parallel
 from jobs.parallel.data import DDP, AllReduceDP, ParameterServerDP, Single
 from jobs.parallel.expert import ExpertParallel, apply_expert_parallel, trace_moe
 from jobs.parallel.native import NativeDDP, NativeFSDP
-from jobs.parallel.pipeline.native import NativePipeline
 from jobs.parallel.pipeline.runtime import PipelineRuntime
 from jobs.parallel.pipeline.stage import (
     Stage,
@@ -231,6 +230,10 @@ def pipeline(ctx: RunContext, stages: dict, loss_fn, schedule: str):
     m, accum = p.microbatches, spec.train.grad_accum
     c = dims.coords(ctx.rank)
     if p.engine == "native" and dims.pp > 1:
+        # imported here: torch.distributed.pipelining imports torch._dynamo (with DTensor and
+        # sympy ~1 CPU-s per rank), which no other layout needs (jobs/parallel/optim.py)
+        from jobs.parallel.pipeline.native import NativePipeline
+
         rt = NativePipeline(stages, schedule=schedule, p=dims.pp, m=m, v=p.virtual_stages,
                             rank=c["pp"], pp_group=ctx.mesh["pp"].get_group(),
                             loss_fn=loss_fn, tracer=ctx.tracer, device=ctx.device)

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from jobs.parallel.optim import EagerOptimizer
 from jobs.trace import NullTracer
 
 
@@ -237,26 +238,14 @@ class Buckets:
         return flat
 
 
-OPTIMIZERS = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
-
-
-def optimizer_class(name: str):
-    """The torch optimizer class for `train.optimizer` (the one table every engine uses)."""
-    return OPTIMIZERS[name]
-
-
-def make_optimizer(params, name: str, lr: float) -> torch.optim.Optimizer:
-    return OPTIMIZERS[name](params, lr=lr)
-
-
 class FlatOptimizer:
-    """torch.optim.Adam / SGD over flat fp32 tensors (elementwise, so identical to the same
-    optimizer on the unflattened parameters). `master` is updated in place: in fp32 it is a
-    view of the parameters themselves, in bf16 a separate fp32 copy."""
+    """torch's Adam / SGD update over flat fp32 tensors (elementwise, so identical to the same
+    optimizer on the unflattened parameters; jobs/parallel/optim.py). `master` is updated in
+    place: in fp32 it is a view of the parameters themselves, in bf16 a separate fp32 copy."""
 
     def __init__(self, masters: list[torch.Tensor], lr: float, name: str = "adam"):
         self.params = [nn.Parameter(m, requires_grad=True) for m in masters]  # share storage
-        self.opt = make_optimizer(self.params, name, lr)
+        self.opt = EagerOptimizer(self.params, name, lr)
 
     def step(self, grads: list[torch.Tensor]) -> None:
         for p, g in zip(self.params, grads, strict=True):

@@ -33,8 +33,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from jobs.models.moe import moe_blocks
-from jobs.parallel.base import make_optimizer, tensor_bytes
+from jobs.parallel.base import tensor_bytes
 from jobs.parallel.ep_comm import all_to_all, exchange_counts
+from jobs.parallel.optim import EagerOptimizer
 from jobs.testbug import ep_divisor, mb_divisor
 
 
@@ -149,7 +150,7 @@ class ExpertParallel:
         self.dp = ctx.dims.dp
         self.tracer = ctx.tracer
         t = ctx.spec.train
-        self.expert_opt = make_optimizer(list(self.expert.values()), t.optimizer, t.lr)
+        self.expert_opt = EagerOptimizer(self.expert.values(), t.optimizer, t.lr)
         self.expert_numel = sum(p.numel() for p in self.expert.values())
         inner.notes.append(f"expert parallelism: ep = {ctx.spec.parallel.ep}, "
                            f"{self.expert_numel} expert parameters on this rank, expert "

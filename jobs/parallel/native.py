@@ -29,8 +29,9 @@ import torch
 import torch.nn as nn
 
 from jobs.models import layer_list
-from jobs.parallel.base import Strategy, make_optimizer, optimizer_class, tensor_bytes
+from jobs.parallel.base import Strategy, tensor_bytes
 from jobs.parallel.capture import ORIGINAL, capture
+from jobs.parallel.optim import make_optimizer, optimizer_class
 from jobs.testbug import dp_divisor
 
 

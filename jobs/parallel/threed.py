@@ -19,9 +19,10 @@ import contextlib
 import torch
 
 from jobs.models import layer_list
-from jobs.parallel.base import Strategy, make_optimizer, tensor_bytes
+from jobs.parallel.base import Strategy, tensor_bytes
 from jobs.parallel.checkpoint import recomputing
 from jobs.parallel.native import undo_dp_average
+from jobs.parallel.optim import make_optimizer
 
 
 def _local(t):

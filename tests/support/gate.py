@@ -16,7 +16,6 @@ import torch
 
 from jobs.data import global_batch
 from jobs.models import model_module
-from jobs.parallel.base import make_optimizer
 
 TOL = 1e-5  # fp32: relative error of gradients / parameters / losses
 
@@ -42,7 +41,9 @@ def reference(spec, capacity_group: int | None = None) -> dict:
         fwd, params, step = st.forward, st.full_parameters, st.step
         zero, grads = st.zero_grad, st.full_grads
     else:
-        opt = make_optimizer(model.parameters(), t.optimizer, t.lr)
+        # torch's own classes: the jobs step torch's functional update (jobs/parallel/optim.py)
+        cls = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}[t.optimizer]
+        opt = cls(model.parameters(), lr=t.lr)
         fwd, step, zero = model, opt.step, opt.zero_grad
 
         def params():
