@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from jobs.torchrun import MODULE as TORCHRUN
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -36,7 +38,7 @@ def torchrun(nproc: int, args: list[str], *, env: dict | None = None, inherit: b
     base = dict(os.environ) if inherit else {"PATH": "/usr/bin:/bin"}
     e = {**base, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
     for _ in range(3):
-        argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+        argv = [sys.executable, "-m", TORCHRUN, "--nproc-per-node", str(nproc),
                 "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *args]
         proc = subprocess.run(argv, cwd=ROOT, env=e, capture_output=True, text=True,
                               timeout=timeout)

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from jobs.torchrun import MODULE as TORCHRUN
 from worker.procs import PROC_KEY, proc_key
 
 JOB_MODULES = {"train": "jobs.train", "collective_bench": "jobs.collective_bench",
@@ -60,7 +61,7 @@ def build_argv(spec: Mapping, *, python: str, spec_path: Path, out_dir: Path,
     restarts = int(rt.get("max_restarts", 0))
     assert 1 <= nnodes <= 1024 and 1 <= nproc <= 4096 and 0 <= restarts <= 10
     return [
-        python, "-m", "torch.distributed.run",
+        python, "-m", TORCHRUN,  # torch's torchrun, without the teardown (jobs/torchrun.py)
         *rendezvous_args(nnodes, rdzv),
         "--nproc-per-node", str(nproc),
         # torchrun's own restart: every rank again, each loading the last complete checkpoint

@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from jobs.ckpt_index import attempts, complete_checkpoints
+from jobs.torchrun import MODULE as TORCHRUN
 from tests.ckpt.helpers import TOL, loss_gap
 from tests.support.launch import ROOT, _raise, run_job
 
@@ -34,7 +35,7 @@ def _restarting(out, env: dict, *args: str) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "spec.json").write_text(json.dumps(SPEC))
     # --standalone (c10d rendezvous on a free port), as worker/launch.py launches jobs
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+    argv = [sys.executable, "-m", TORCHRUN, "--standalone", "--nproc-per-node",
             "2", "--max-restarts", "1", "-m", "jobs.train", "--spec", str(out / "spec.json"),
             "--out", str(out), *args]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600,

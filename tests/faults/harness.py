@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from jobs.analysis.diagnose import diagnose, exit_codes_from_log, last_progress_ns, read_flights
+from jobs.torchrun import MODULE as TORCHRUN
 from tests.support.launch import ROOT, free_port
 
 BASE = {"model": {"arch": "mlp", "hidden": 8, "layers": 2},
@@ -58,7 +59,7 @@ def run_faulty(out: Path, spec_dict: dict, *, limit_s: float = 120.0) -> dict:
     world = spec_dict["runtime"]["nproc_per_node"]
     timeout = float(spec_dict["runtime"].get("hang_timeout_s") or 0)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+    argv = [sys.executable, "-m", TORCHRUN, "--standalone", "--nproc-per-node",
             str(world), "--master-port", str(free_port()), "-m", "jobs.train",
             "--spec", str(out / "spec.json"), "--out", str(out)]
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from jobs.analysis.diagnose import read_flights
+from jobs.torchrun import MODULE as TORCHRUN
 from tests.support.launch import ROOT, free_port, torchrun
 from worker.hang import HangWatch, LogTail, post_mortem
 
@@ -54,7 +55,7 @@ def _kill(pids) -> None:
 def test_skipped_all_reduce_is_detected_and_diagnosed(tmp_path):
     out = tmp_path / "run"
     spec = _spec(out, "hang_skip.py", ["--steps", "5", "--skip-at", "2", "--stall-s", "120"])
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
+    argv = [sys.executable, "-m", TORCHRUN, "--nproc-per-node", str(WORLD),
             "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m",
             "jobs.script_runner", "--spec", str(spec), "--out", str(out),
             "--workdir", str(SCRIPTS)]

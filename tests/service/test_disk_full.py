@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
+from jobs.torchrun import MODULE as TORCHRUN
 from tests.conftest import REDIS_URL, Service, children_of, pids_with_run_id, wait_for
 
 pytestmark = pytest.mark.slow
@@ -42,7 +43,7 @@ def _heartbeat_age_s(db_url: str, run_id: str) -> float:
 def _a_rank(run_id: str) -> int:
     argvs = {p: Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
              for p in pids_with_run_id(run_id)}
-    torchrun = next(p for p, a in argvs.items() if a[1:3] == [b"-m", b"torch.distributed.run"])
+    torchrun = next(p for p, a in argvs.items() if a[1:3] == [b"-m", TORCHRUN.encode()])
     return children_of(torchrun)[0]
 
 

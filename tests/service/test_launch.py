@@ -17,7 +17,7 @@ def _argv(spec):
 def test_argv_is_a_list_running_torchrun_on_the_job_module():
     spec = parse_spec({"preset": "ddp", "name": "x; rm -rf / `id` $(id)"})
     argv = _argv(spec)
-    assert argv[:3] == ["/py", "-m", "torch.distributed.run"]
+    assert argv[:3] == ["/py", "-m", "jobs.torchrun"]
     assert argv[argv.index("--nproc-per-node") + 1] == "2"
     assert argv[-6:] == ["-m", "jobs.train", "--spec", "/r/spec.json", "--out", "/r/out"]
     # The name (a user string) never appears: the spec travels as a file.

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from jobs.torchrun import MODULE as TORCHRUN
 from jobs.units import fmt
 from tests.conftest import (
     FINISHED,
@@ -138,7 +139,7 @@ def test_cancel_stops_every_process(redis_service):
     run = svc.submit(LONG)
     pids = wait_ranks_running(svc, run["id"])
     argvs = {p: Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0") for p in pids}
-    torchrun = next(p for p, a in argvs.items() if a[1:3] == [b"-m", b"torch.distributed.run"])
+    torchrun = next(p for p, a in argvs.items() if a[1:3] == [b"-m", TORCHRUN.encode()])
     shim = next(p for p, a in argvs.items() if a[1:3] == [b"-m", b"worker.shim"])
     assert children_of(shim) == [torchrun]
     ranks = children_of(torchrun)
