@@ -1,12 +1,12 @@
 """torchrun, leaving without interpreter finalization: `python -m jobs.torchrun ARGS` runs
 torch's own launcher (`torch.distributed.run.main`, the same arguments, the same agent,
 rendezvous, restarts and failure report) and, once it has returned or raised, runs the atexit
-handlers, flushes and leaves with `os._exit`.
+handlers and leaves as the ranks do (jobs/entry.py exit_now: flush, then `os._exit`).
 
 Why: after `import torch` the interpreter's teardown (module cleanup and torch's C++ objects)
 took 1-2 s of wall time and about 0.5 CPU-s on this 2-core machine, after the ranks had exited
 and the agent's work was done: every run ended that much later than its job (measured:
-docs/benchmarks.md). The ranks leave the same way (jobs/entry.py exit_now).
+docs/benchmarks.md).
 
 The exit status is the launcher's: 0 when it returns, a SystemExit's code (argparse's 2 for
 bad arguments), 1 with the traceback on stderr for any exception (a failed rank's
@@ -16,9 +16,10 @@ torch.distributed.run` ends."""
 from __future__ import annotations
 
 import atexit
-import os
 import sys
 import traceback
+
+from jobs.entry import exit_now
 
 MODULE = "jobs.torchrun"  # what `python -m` runs: the worker's launch and the test launchers
 
@@ -51,6 +52,4 @@ def main(argv: list[str]) -> int:
 if __name__ == "__main__":
     code = main(sys.argv[1:])
     atexit._run_exitfuncs()  # logging's shutdown and the like: what finalization would run
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_now(code)

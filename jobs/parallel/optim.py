@@ -8,9 +8,10 @@ none), so checkpoints and the memory accounting read it as they read torch's.
 
 Why not the class itself: `torch.optim.Optimizer` imports torch._dynamo on its first parameter
 group and on every step (graph breaks for torch.compile). With what that brings in (DTensor,
-sympy) it cost a test-sized rank 1.2 of its 2.6 CPU-s (measured, docs/testing.md); a job that
-never compiles needs none of it. Native engines keep the classes: they run torch's own stack
-and import it anyway. tests/jobs/test_optim.py holds the update bit-for-bit equal to the class's.
+sympy) it cost a rank 1.45 of its 3.08 CPU-s before the first step (bench/rank_startup.py,
+docs/benchmarks.md); a job that never compiles needs none of it. Native engines keep the
+classes: they run torch's own stack and import it anyway. tests/jobs/test_optim.py holds the
+update bit-for-bit equal to the class's.
 """
 
 from __future__ import annotations
