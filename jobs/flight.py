@@ -62,7 +62,15 @@ DTYPES = {"float32": ("Float", 4), "float64": ("Double", 8), "bfloat16": ("BFloa
           "int8": ("Char", 1), "uint8": ("Byte", 1), "bool": ("Bool", 1)}
 _SKIP = (os.path.join("jobs", "trace.py"), os.path.join("jobs", "flight.py"), "contextlib.py")
 _CODE, _LASTI = operator.attrgetter("f_code"), operator.attrgetter("f_lasti")
-DUMP_EVERY_S = 5.0  # while the ring keeps moving, the flusher's torch dump waits this long
+# While the ring keeps moving, the flusher's torch dump waits DUMP_EVERY_S and its JSON view
+# VIEW_EVERY_S. A dump builds torch's dict of every entry it holds (~13 us each, once) and pickles
+# the ring; the view costs ~0.5 ms: written four times a second they were most of the tracer's
+# cost at `level: off`. A rank that stops moving (blocked, idle) has both on disk within two
+# turns, and the hang detector (worker/hang.py, timeouts of seconds) reads a view at most
+# VIEW_EVERY_S behind a moving rank. torch's own recorder dumps only on a failure or a request;
+# the periodic dump is for a rank killed while moving (SIGKILL runs no handler).
+DUMP_EVERY_S = 60.0
+VIEW_EVERY_S = 1.0
 
 
 def dump_path(out_dir, rank: int) -> Path:
@@ -144,7 +152,8 @@ class FlightRecorder:
         self.extra: dict = {"closed": None, "exit": None, "nonfinite": None}
         self.dirty = True
         self.changes = 0  # entries entered or completed so far (the flusher's quiet test)
-        self._seen, self._next_dump = -1, 0.0  # the flusher's last turn, its next dump
+        # the flusher's last turn, its next dump and view (monotonic seconds)
+        self._seen, self._next_dump, self._next_view = -1, 0.0, 0.0
 
     def resize(self, entries: int) -> None:
         """Keep the last `entries` (spec trace.flight_entries)."""
@@ -337,14 +346,16 @@ class FlightRecorder:
 
     def write(self, tr, *, periodic: bool = False) -> None:
         """Both files, each written to a temporary name and renamed. `periodic` (the flusher's
-        turn): the JSON view is written, torch's dump only when the ring has not moved since
-        the previous turn (the rank is blocked or idle: what a hang leaves is on disk within two
-        turns), or DUMP_EVERY_S after the last one while the rank makes progress (pickling the
-        whole ring every turn was most of the tracer's cost). Every other write has both."""
-        self.dirty = False
+        turn): while the ring moves, the JSON view waits VIEW_EVERY_S after the last one and
+        torch's dump DUMP_EVERY_S; a turn that finds the ring as the previous turn left it (the
+        rank is blocked or idle) writes both, so what a hang leaves is on disk within two turns.
+        Every other write (close, a fault's last words, a signal) has both."""
         changes, now = self.changes, time.monotonic()
         quiet, self._seen = changes == self._seen, changes
         due = not periodic or quiet or now >= self._next_dump
+        if not due and now < self._next_view:
+            return  # still dirty: the next turn looks again
+        self.dirty = False
         for _ in range(3):  # the main thread may change the ring while it is read: retry
             try:
                 d = self.dump(tr) if due else None
@@ -356,6 +367,7 @@ class FlightRecorder:
         else:  # pragma: no cover
             self.dirty = True
             return
+        self._next_view = now + VIEW_EVERY_S
         if due:
             self._next_dump = now + DUMP_EVERY_S
         else:

@@ -6,6 +6,7 @@ on disk once it stops. The tracer's counts on untraced steps equal a traced run'
 
 from __future__ import annotations
 
+import json
 import pickle
 import traceback
 from types import SimpleNamespace
@@ -103,6 +104,7 @@ def test_the_per_turn_view_is_the_dump_s_in_every_ring_state(tmp_path):
 
 def test_the_flusher_s_dump_waits_while_the_ring_moves(tmp_path, monkeypatch):
     monkeypatch.setattr(flight, "DUMP_EVERY_S", 1e9)  # only the quiet rule can write it
+    monkeypatch.setattr(flight, "VIEW_EVERY_S", 0.0)  # the view every turn (tested below)
     tr = _tracer()
     fr = FlightRecorder(tmp_path / "flight-rank0.json")
 
@@ -127,6 +129,45 @@ def test_the_flusher_s_dump_waits_while_the_ring_moves(tmp_path, monkeypatch):
     op(2)
     fr.write(tr)  # every other write (close, a fault's last words) has both
     assert on_disk()[0] == 3
+
+
+def test_the_flusher_s_view_waits_while_the_ring_moves_and_not_once_it_stops(tmp_path,
+                                                                             monkeypatch):
+    """A moving rank's view is rewritten at most every VIEW_EVERY_S; a turn that finds the ring
+    where the previous turn left it (a blocked rank) writes it at once. The clock is injected:
+    flight's `time.monotonic`."""
+    clock = [100.0]
+    monkeypatch.setattr(flight.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(flight, "DUMP_EVERY_S", 1e9)
+    monkeypatch.setattr(flight, "VIEW_EVERY_S", 1.0)
+    tr = _tracer()
+    fr = FlightRecorder(tmp_path / "flight-rank0.json")
+    issued = lambda: json.loads((tmp_path / "flight-rank0.json").read_text())[  # noqa: E731
+        "groups"]["dp"]["issued"]
+
+    def op(seq):
+        fr.done("dp", fr.enter("dp", seq, "all_reduce", payload_bytes=8, dtype="float32",
+                               group_size=2, step=seq, t_ns=seq), seq + 1)
+
+    op(0)
+    fr.write(tr, periodic=True)  # the first turn writes both
+    assert issued() == 1
+    op(1)
+    clock[0] += 0.25
+    fr.write(tr, periodic=True)  # moving, 0.25 s after the last view: nothing written
+    assert issued() == 1 and fr.dirty
+    op(2)
+    clock[0] += 0.8
+    fr.write(tr, periodic=True)  # moving, 1.05 s after it: the view
+    assert issued() == 3
+    op(3)
+    clock[0] += 0.25
+    fr.write(tr, periodic=True)  # moved, too soon
+    assert issued() == 3
+    clock[0] += 0.25
+    fr.write(tr, periodic=True)  # blocked since the previous turn: written at once, 0.5 s on
+    assert issued() == 4 and len(pickle.loads(dump_path(tmp_path, 0).read_bytes())[
+        "entries"]) == 4
 
 
 def _feed(tr):
