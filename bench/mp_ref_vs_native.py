@@ -1,11 +1,16 @@
 """Reference vs native engine, step time per model-parallel strategy (issue 4).
 
-    python bench/mp_ref_vs_native.py [--steps 8] [--out /tmp/mp-bench] [--only tp,sp,...]
+    python bench/mp_ref_vs_native.py [--steps 8] [--trials 3] [--out /tmp/mp-bench]
+                                     [--only tp,sp,...]
 
-Runs `python -m jobs.train` under torchrun (gloo, CPU) for each preset twice (engine reference
-and native) on the same small GPT and prints the mean step time (steps after the first) and
-the ratio reference / native (goal <= 1.15), as a markdown table for docs/benchmarks.md.
-Also prints each pipeline run's measured per-stage bubble next to the simulator's.
+Runs `python -m jobs.train` under torchrun (gloo, CPU) for each preset with engine reference and
+native on the same small GPT, `--trials` times, the engines' order alternating trial by trial
+(the machine's noise falls on both). A trial's figure is the median step time of its steps
+after the first (a mean let one slow step of a few-ms pipeline step swing the ratio from 0.5 to
+2.7); printed per preset: each engine's median over the trials, the ratio of the medians
+(goal <= 1.15), and each trial's own ratio with their spread about the median ratio (goal: under
++-15 %), as a markdown table for docs/benchmarks.md. Also prints each pipeline run's measured
+per-stage bubble next to the simulator's (its first trial).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -48,35 +54,54 @@ def run(name: str, engine: str, steps: int, out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
+def steady_s(summary: dict) -> float:
+    """The median step time after the first step (which pays the start-up)."""
+    return statistics.median(summary["step_time_s"][1:])
+
+
+def spread(ratios: list[float]) -> float:
+    """The largest distance of a trial's ratio from their median, as a fraction of it."""
+    mid = statistics.median(ratios)
+    return max(abs(r / mid - 1) for r in ratios)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path("/tmp/mp-bench"))
     ap.add_argument("--only", default=",".join(PRESETS))
     args = ap.parse_args()
-    rows = []
+    table = []
     for preset in args.only.split(","):
-        t = {}
-        for engine in ("reference", "native"):
-            s = run(preset, engine, args.steps, args.out / preset / engine)
-            t[engine] = s["mean_step_time_s"]
-            pipe = s.get("pipeline", {})
-            if pipe.get("p", 1) > 1:  # the analysis' stage table: the bubble's one home
-                rows = analyze_run_dir(args.out / preset / engine)["tables"]["stage_bubbles"]
-                bub = {r["stage"]: (round(r["measured_idle_fraction"], 3),
-                                    r["simulated"] and round(r["simulated"], 3)) for r in rows}
-                print(f"  {preset}/{engine} bubble (measured, simulated) per stage: {bub}",
-                      flush=True)
-        ratio = t["reference"] / t["native"]
-        rows.append((preset, t["reference"], t["native"], ratio))
-        print(f"{preset}: reference {t['reference'] * 1e3:.1f} ms, native "
-              f"{t['native'] * 1e3:.1f} ms, ratio {ratio:.2f}", flush=True)
+        t: dict[str, list[float]] = {"reference": [], "native": []}
+        for trial in range(args.trials):
+            engines = ("reference", "native") if trial % 2 == 0 else ("native", "reference")
+            for engine in engines:
+                out = args.out / preset / engine / str(trial)
+                s = run(preset, engine, args.steps, out)
+                t[engine].append(steady_s(s))
+                if trial == 0 and s.get("pipeline", {}).get("p", 1) > 1:
+                    # the analysis' stage table: the bubble's one home
+                    stages = analyze_run_dir(out)["tables"]["stage_bubbles"]
+                    bub = {r["stage"]: (round(r["measured_idle_fraction"], 3),
+                                        r["simulated"] and round(r["simulated"], 3))
+                           for r in stages}
+                    print(f"  {preset}/{engine} bubble (measured, simulated) per stage: {bub}",
+                          flush=True)
+        ratios = [r / n for r, n in zip(t["reference"], t["native"], strict=True)]
+        ref, nat = statistics.median(t["reference"]), statistics.median(t["native"])
+        table.append((preset, ref, nat, ref / nat, ratios))
+        print(f"{preset}: reference {ref * 1e3:.1f} ms, native {nat * 1e3:.1f} ms, ratio "
+              f"{ref / nat:.2f}, per trial {', '.join(f'{q:.2f}' for q in ratios)}", flush=True)
     print(f"\n{time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, gloo, GPT {GPT}, "
-          f"global batch 16, {args.steps} steps (mean of steps 1..)\n")
-    print("| strategy | reference ms/step | native ms/step | ref / native |")
-    print("|---|---|---|---|")
-    for preset, r, n, q in rows:
-        print(f"| {preset} | {r * 1e3:.1f} | {n * 1e3:.1f} | {q:.2f} |")
+          f"global batch 16, {args.steps} steps, median of steps 1.., {args.trials} trials "
+          "alternated\n")
+    print("| strategy | reference ms/step | native ms/step | ref / native | per trial | spread |")
+    print("|---|---|---|---|---|---|")
+    for preset, r, n, q, ratios in table:
+        print(f"| {preset} | {r * 1e3:.1f} | {n * 1e3:.1f} | {q:.2f} | "
+              f"{', '.join(f'{x:.2f}' for x in ratios)} | ±{spread(ratios) * 100:.0f} % |")
 
 
 if __name__ == "__main__":

@@ -10,25 +10,31 @@ import sys
 import pytest
 import torch
 
+from jobs.parallel import optim
 from jobs.parallel.optim import EagerOptimizer
 
 SHAPES = [(7, 5), (5,), (3, 2, 4)]
+# a parameter the CPU update cuts into chunks (optim.CPU_CHUNK_BYTES: 65,536 fp32 elements),
+# the last one short, beside small ones
+LARGE = [(7, 5), (3 * 65_536 + 17,), (3, 2, 4)]
 
 
-def _pair(name: str, lr: float, seed: int = 0):
+def _pair(name: str, lr: float, seed: int = 0, shapes=SHAPES):
     g = torch.Generator().manual_seed(seed)
-    base = [torch.randn(s, generator=g) for s in SHAPES]
+    base = [torch.randn(s, generator=g) for s in shapes]
     ours = [torch.nn.Parameter(t.clone()) for t in base]
     theirs = [torch.nn.Parameter(t.clone()) for t in base]
     cls = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}[name]
     return ours, EagerOptimizer(ours, name, lr), theirs, cls(theirs, lr=lr), g
 
 
+@pytest.mark.parametrize("shapes", [SHAPES, LARGE], ids=["small", "chunked"])
 @pytest.mark.parametrize("name,lr", [("adam", 1e-3), ("adam", 0.3), ("sgd", 0.1), ("sgd", 2.0)])
-def test_each_step_equals_torchs_class_bit_for_bit(name, lr):
-    ours, opt, theirs, ref, g = _pair(name, lr)
+def test_each_step_equals_torchs_class_bit_for_bit(name, lr, shapes):
+    assert torch.Size(LARGE[1]).numel() * 4 > 3 * optim.CPU_CHUNK_BYTES  # it is cut in 4
+    ours, opt, theirs, ref, g = _pair(name, lr, shapes=shapes)
     for step in range(5):
-        grads = [torch.randn(s, generator=g) * (10 ** step) for s in SHAPES]
+        grads = [torch.randn(s, generator=g) * (10 ** step) for s in shapes]
         for p, q, gr in zip(ours, theirs, grads, strict=True):
             p.grad, q.grad = gr.clone(), gr.clone()
         if step == 2:  # a parameter without a gradient this step is left alone by both
