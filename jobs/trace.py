@@ -25,9 +25,8 @@ Flight recorder (jobs/flight.py; docs/faults.md): a ring of the last collectives
 process group what was issued and completed, written as `flight/flight_rank_{R}` (torch's dump)
 and `flight-rank{R}.json` (paralab's view of it) by the flusher thread whenever it changed (the
 dump waits up to flight.DUMP_EVERY_S and the view flight.VIEW_EVERY_S while the ring moves),
-even while the main thread is
-blocked inside a collective. `last_progress_ns` (the
-last completed collective or step) is what the worker's hang detector reads.
+even while the main thread is blocked inside a collective. `last_progress_ns` (the last
+completed collective or step) is what the worker's hang detector reads.
 
 Bounded tracing (jobs/trace_schedule.py): `begin_step` decides per step whether the step is
 traced in detail (`enabled`). On an untraced step `span`, `comm_start` and `memory` write

@@ -77,44 +77,47 @@ class EagerOptimizer:
                     "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
         st = [self.state[p] for p in ps]
         beta1, beta2 = d["betas"]
-        cols, steps = _chunked(ps, grads, st)
+        cols, steps, counted = _chunked(ps, grads, st)
         adam_update(
-            *cols, [], [s for s, _ in steps], foreach=d["foreach"], fused=d["fused"],
+            *cols, [], steps, foreach=d["foreach"], fused=d["fused"],
             has_complex=any(torch.is_complex(p) for p in ps), amsgrad=False, beta1=beta1,
             beta2=beta2, lr=self.lr, weight_decay=d["weight_decay"], eps=d["eps"],
             maximize=False)
-        for s, owner in steps:
-            if s is not owner:  # a chunk's own step counter: the state's takes its value
-                owner.copy_(s)
+        for owner, chunk_step in counted:  # a chunked parameter's state takes its chunks' count
+            owner.copy_(chunk_step)
 
 
 # Adam reads and writes the parameter, its gradient and both moments in several passes (lerp,
 # mul, addcmul, sqrt, div, addcdiv), each with a temporary as large as the tensor. On a CPU a
-# flat buffer of a few MB makes every pass stream from memory (and each temporary a fresh
-# mmap); cut into chunks of CPU_CHUNK_BYTES the passes of a chunk stay in cache. Measured on
-# the reference engines' 2 MB flat buffer: 5.4 ms a step unchunked, 1.3 ms in 256 KiB chunks
-# (bench/optimizer_chunks.py, docs/benchmarks.md). The update is elementwise, so a chunk's
-# result is bit for bit the whole tensor's (tests/jobs/test_optim.py). On a GPU one kernel per
-# pass over the whole buffer is what is fast: no chunks there.
+# flat buffer of a few MB makes every pass stream from memory; cut into chunks of
+# CPU_CHUNK_BYTES the passes of a chunk stay in cache. Measured on the reference engines' 2 MB
+# flat buffer: 4.7 ms a step whole, 1.5 ms in 256 KiB chunks, torch's class over the same
+# elements as 8 parameters 1.3 ms (bench/optimizer_chunks.py, docs/benchmarks.md). The update
+# is elementwise, so a chunk's result is bit for bit the whole tensor's
+# (tests/jobs/test_optim.py). On a GPU one kernel per pass over the whole buffer is what is
+# fast: no chunks there.
 CPU_CHUNK_BYTES = 256 << 10
 
 
-def _chunked(ps, grads, st) -> tuple[tuple[list, list, list, list], list[tuple]]:
+def _chunked(ps, grads, st) -> tuple[tuple[list, list, list, list], list, list[tuple]]:
     """(params, grads, exp_avgs, exp_avg_sqs) with every large contiguous CPU parameter cut
-    into chunk views, and [(the step tensor to pass, the state's own step tensor)]: each chunk
-    needs a counter of its own (adam increments each one it is given), copied back after."""
+    into chunk views; the step tensors to pass, one per entry; and [(a chunked parameter's
+    state step, one of its chunks' steps)] to copy back: each chunk needs a counter of its own,
+    since adam increments every counter it is given."""
     cols: tuple[list, list, list, list] = ([], [], [], [])
-    steps = []
+    steps, counted = [], []
     for p, g, s in zip(ps, grads, st, strict=True):
         ts = (p, g, s["exp_avg"], s["exp_avg_sq"])
         n = max(1, CPU_CHUNK_BYTES // p.element_size())
         if p.device.type != "cpu" or p.numel() <= n or not all(t.is_contiguous() for t in ts):
             for col, t in zip(cols, ts, strict=True):
                 col.append(t)
-            steps.append((s["step"], s["step"]))
+            steps.append(s["step"])
             continue
         parts = [t.view(-1).split(n) for t in ts]
         for col, part in zip(cols, parts, strict=True):
             col.extend(part)
-        steps.extend((s["step"].clone(), s["step"]) for _ in parts[0])
-    return cols, steps
+        mine = [s["step"].clone() for _ in parts[0]]
+        steps.extend(mine)
+        counted.append((s["step"], mine[0]))
+    return cols, steps, counted
