@@ -5,7 +5,8 @@ the train job and takes one optimizer step, with the reference engines' optimize
 run by run. A bare `import torch` is the floor. Then a whole launch, the agent included: the
 2-rank ddp preset for 3 steps through `python -m torch.distributed.run` and through
 `python -m jobs.torchrun` (the same launcher, leaving without the interpreter's teardown, as the
-worker launches jobs), alternated.
+worker launches jobs) with every rank its own interpreter and with the ranks forked from the
+agent (jobs/torchrun.py's warm ranks, the default for jobs.train), alternated.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/rank_startup.py [--runs 5]
 
@@ -38,11 +39,12 @@ ARMS = {
 }
 
 
-def measured(argv: list[str]) -> tuple[float, float]:
+def measured(argv: list[str], env: dict | None = None) -> tuple[float, float]:
     """(CPU seconds, wall seconds) of `argv` and every process it reaped."""
     before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     subprocess.run(argv, cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
-                   env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+                   env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
+                        **(env or {})})
     wall, after = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), wall
 
@@ -60,21 +62,29 @@ def launches(runs: int) -> None:
         spec = Path(d) / "spec.json"
         spec.write_text(json.dumps(parse_spec({"preset": "ddp", "train": {"steps": 3}})
                                    .to_dict()))
-        got: dict[str, list[tuple[float, float]]] = {"torch.distributed.run": [],
-                                                     "jobs.torchrun": []}
-        for i in range(runs):
-            for module, rows in got.items():
-                rows.append(measured([
+        # (module, PARALAB_RANK_START): torch's launcher; ours with every rank exec'd as
+        # torchrun does; ours with the ranks forked from the agent (the default for jobs.train)
+        arms = {"torch.distributed.run": ("torch.distributed.run", "exec"),
+                "jobs.torchrun, exec'd ranks": ("jobs.torchrun", "exec"),
+                "jobs.torchrun, forked ranks": ("jobs.torchrun", "")}
+        got: dict[str, list[tuple[float, float]]] = {k: [] for k in arms}
+        for _ in range(runs):
+            for k, (module, start) in arms.items():
+                got[k].append(measured([
                     sys.executable, "-m", module, "--nproc-per-node", "2", "--master-addr",
                     "127.0.0.1", "--master-port", str(free_port()), "-m", "jobs.train",
-                    "--spec", str(spec), "--out", f"{d}/{module}-{i}"]))
+                    "--spec", str(spec), "--out", f"{d}/{len(got[k])}-{module}-{start}"],
+                    {"PARALAB_RANK_START": start}))
     med = {k: (statistics.median(c for c, _ in v), statistics.median(w for _, w in v))
            for k, v in got.items()}
     for k, (c, w) in med.items():
-        print(f"{k:>22}: median {c:.2f} CPU-s, {w:.2f} s wall")
-    (c0, w0), (c1, w1) = med["torch.distributed.run"], med["jobs.torchrun"]
-    print(f"jobs.torchrun - torch.distributed.run: {c1 - c0:+.2f} CPU-s ({c1 / c0:.2f}x), "
-          f"{w1 - w0:+.2f} s wall ({w1 / w0:.2f}x); load average {os.getloadavg()[0]:.1f}")
+        print(f"{k:>28}: median {c:.2f} CPU-s, {w:.2f} s wall")
+    c0, w0 = med["torch.distributed.run"]
+    for k in list(arms)[1:]:
+        c1, w1 = med[k]
+        print(f"{k} - torch.distributed.run: {c1 - c0:+.2f} CPU-s ({c1 / c0:.2f}x), "
+              f"{w1 - w0:+.2f} s wall ({w1 / w0:.2f}x)")
+    print(f"load average {os.getloadavg()[0]:.1f}")
 
 
 def main() -> None:

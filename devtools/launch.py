@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from jobs.torchrun import MODULE as TORCHRUN
+from jobs.torchrun import START_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,9 +35,12 @@ def torchrun(nproc: int, args: list[str], *, env: dict | None = None, inherit: b
     """`torchrun --nproc-per-node nproc ARGS` from the repo root; retried on a new port when
     another process grabbed the probed one before the rendezvous bound it. The environment is
     this process's (unless `inherit` is False) with OMP_NUM_THREADS=1 and PYTHONPATH=ROOT,
-    then `env` over it."""
+    then `env` over it. The ranks of every module or script but a user's script fork from the
+    agent (jobs/torchrun.py START_ENV: the scripts launched here are written for it) unless
+    the environment says PARALAB_RANK_START=exec."""
     base = dict(os.environ) if inherit else {"PATH": "/usr/bin:/bin"}
-    e = {**base, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
+    e = {START_ENV: "fork", **base, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
+         **(env or {})}
     for _ in range(3):
         argv = [sys.executable, "-m", TORCHRUN, "--nproc-per-node", str(nproc),
                 "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *args]

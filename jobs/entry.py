@@ -61,12 +61,20 @@ def job_main(prog: str, kind: str, run: Callable[[JobSpec, Path], object],
     return 0
 
 
+# True in a rank forked from torchrun's agent (jobs/torchrun.py rank_main), which leaves by
+# returning to the launcher: os._exit there would leave the agent waiting for its result
+FORKED_RANK = False
+
+
 def exit_now(code: int = 0) -> None:
-    """Leave without interpreter finalization, once every output is written and closed.
+    """Leave without interpreter finalization, once every output is written and closed (in a
+    forked rank, SystemExit: the launcher's process ends without finalization anyway).
 
     Seen here (gloo, torch 2.13): a rank occasionally aborts with "terminate called without an
     active exception" while the interpreter tears down torch's C++ objects after a clean run,
     which torchrun reports as a failed job. Nothing is left to do at that point, so skip it."""
     sys.stdout.flush()
     sys.stderr.flush()
+    if FORKED_RANK:
+        raise SystemExit(code)
     os._exit(code)

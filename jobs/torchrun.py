@@ -1,12 +1,27 @@
-"""torchrun, leaving without interpreter finalization: `python -m jobs.torchrun ARGS` runs
-torch's own launcher (`torch.distributed.run.main`, the same arguments, the same agent,
-rendezvous, restarts and failure report) and, once it has returned or raised, runs the atexit
-handlers and leaves as the ranks do (jobs/entry.py exit_now: flush, then `os._exit`).
+"""torchrun, leaving without interpreter finalization, with warm ranks for paralab's own jobs.
 
-Why: after `import torch` the interpreter's teardown (module cleanup and torch's C++ objects)
-took 1-2 s of wall time and about 0.5 CPU-s on this 2-core machine, after the ranks had exited
-and the agent's work was done: every run ended that much later than its job (measured:
-docs/benchmarks.md).
+`python -m jobs.torchrun ARGS` runs torch's own launcher (`torch.distributed.run.main`, the
+same arguments, the same agent, rendezvous, restarts and failure report) and, once it has
+returned or raised, runs the atexit handlers and leaves as the ranks do (jobs/entry.py
+exit_now: flush, then `os._exit`).
+
+Why no teardown: after `import torch` the interpreter's teardown (module cleanup and torch's
+C++ objects) took 1-2 s of wall time and about 0.5 CPU-s on a 2-core machine, after the ranks
+had exited and the agent's work was done: every run ended that much later than its job
+(measured: docs/benchmarks.md).
+
+Warm ranks: for the job modules of WARM_MODULES (`-m jobs.train` and the benchmarks: this
+project's code, not a user's script) the agent runs the module's imports once and starts each
+rank the way torch's launcher starts a function entrypoint with `start_method="fork"` (its
+MultiprocessContext: the same environment per rank, the same log redirection and tee, the same
+failure report), not as `python -u -m MODULE`. Each rank then skips its own `import torch` and
+the job's imports: a 2-rank launch of the ddp preset for 3 steps cost 1.40 CPU-s and 1.42 s
+against 3.58 CPU-s and 2.47 s with every rank exec'd (bench/rank_startup.py, docs/benchmarks.md).
+The agent never computes, so nothing is forked in the middle of a torch operation; the rank
+puts back what a fresh process would have (signal handlers, unbuffered output, and its name,
+RANK_COMM: a forked rank's /proc environment is the agent's, so the worker finds ranks by that
+name too, worker/hang.py). A user's script (`jobs.script_runner`) keeps a process of its own;
+START_ENV chooses otherwise.
 
 The exit status is the launcher's: 0 when it returns, a SystemExit's code (argparse's 2 for
 bad arguments), 1 with the traceback on stderr for any exception (a failed rank's
@@ -16,13 +31,29 @@ torch.distributed.run` ends."""
 from __future__ import annotations
 
 import atexit
+import ctypes
+import io
+import os
+import runpy
+import signal
 import sys
 import traceback
 
+from jobs import entry
 from jobs.entry import exit_now
 
 MODULE = "jobs.torchrun"  # what `python -m` runs: the worker's launch and the test launchers
-
+# paralab's own job modules: their ranks fork from the agent unless START_ENV says "exec"
+WARM_MODULES = ("jobs.train", "jobs.collective_bench", "jobs.compute_bench")
+# a user's script: always a process of its own (it may hold state a fork would share, or leave
+# through os._exit(0), which a forked rank must not)
+COLD_MODULES = ("jobs.script_runner",)
+# "exec": every rank its own interpreter, as torchrun does (a debugger, a comparison); "fork":
+# every rank forks, any module or script but COLD_MODULES (the launcher of this repository's
+# tests and benchmarks, devtools/launch.py: scripts written for it); unset: WARM_MODULES fork
+START_ENV = "PARALAB_RANK_START"
+RANK_COMM = "paralab-rank"  # a forked rank's process name (/proc/PID/comm)
+_PR_SET_NAME = 15  # prctl(2)
 
 
 def exit_code(exc: SystemExit) -> int:
@@ -35,12 +66,90 @@ def exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def main(argv: list[str]) -> int:
-    from torch.distributed.run import main as launch
+def warm(cmd_args: list[str], env=os.environ) -> list[str] | None:
+    """For the command torch's launcher built for each rank (`-u [-m] TARGET ARGS...`), what a
+    rank forked from the agent runs instead (rank_main's arguments: "module" or "path", the
+    target, its arguments), or None when each rank runs a command of its own."""
+    mode = env.get(START_ENV, "")
+    if mode == "exec" or cmd_args[:1] != ["-u"]:
+        return None
+    if cmd_args[1:2] == ["-m"] and len(cmd_args) >= 3:
+        module = cmd_args[2]
+        if module in COLD_MODULES or (module not in WARM_MODULES and mode != "fork"):
+            return None
+        return ["module", *cmd_args[2:]]
+    if mode == "fork" and len(cmd_args) >= 2 and cmd_args[1].endswith(".py"):
+        return ["path", *cmd_args[1:]]
+    return None
 
+
+def as_fresh_process(name: str = RANK_COMM) -> None:
+    """What a rank forked from the agent takes back from a new interpreter: default signal
+    handlers (the agent's raise its SignalException; jobs/trace.py installs its own only over
+    the defaults), `python -u`'s unbuffered output (whole lines: ranks sharing a terminal do not
+    cut each other's), a name of its own, and exit_now leaving through the launcher."""
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for stream in ("stdout", "stderr"):
+        old = getattr(sys, stream)
+        old.flush()
+        raw = open(old.fileno(), "wb", buffering=0, closefd=False)  # noqa: SIM115 - sys's own
+        setattr(sys, stream, io.TextIOWrapper(raw, encoding=old.encoding, errors=old.errors,
+                                              line_buffering=True))
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+    entry.FORKED_RANK = True
+
+
+def rank_main(kind: str, target: str, *args: str) -> int:
+    """One rank forked from the agent (torch's function entrypoint): the module or script run
+    as `__main__`, as `python -u -m MODULE` / `python -u SCRIPT` would. It returns: the
+    launcher waits for every rank's return value, so a rank must not `os._exit(0)` (exit_now
+    raises SystemExit here). An exception is printed on the rank's stderr as an interpreter
+    prints it, then raised for torch's failure report."""
+    as_fresh_process()
+    sys.argv = [target, *args]
+    try:
+        if kind == "module":
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exc:
+        if exit_code(exc) == 0:
+            return 0
+        raise
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        raise
+    return 0
+
+
+def _forking(config_from_args):
+    """torch's config_from_args, with the ranks of a warm target started by fork."""
+    def config(args):
+        cfg, cmd, cmd_args = config_from_args(args)
+        forked = warm(cmd_args)
+        if forked is None:
+            return cfg, cmd, cmd_args
+        if forked[0] == "module":  # its imports once, here: every rank forks with them (the
+            runpy.run_module(forked[1])  # body runs under its own name: no __main__ block)
+        cfg.start_method = "fork"
+        return cfg, rank_main, forked
+    return config
+
+
+def main(argv: list[str]) -> int:
+    import torch.distributed.run as torchrun
+
+    torchrun.config_from_args = _forking(torchrun.config_from_args)
     sys.argv[0] = "torchrun"  # argparse's prog, as torch's console script names it
     try:
-        launch(argv)
+        torchrun.main(argv)
         return 0
     except SystemExit as exc:
         return exit_code(exc)

@@ -18,6 +18,7 @@ from collections import deque
 from pathlib import Path
 
 from jobs.analysis.diagnose import exit_codes_from_log, last_progress_ns, write_diagnosis
+from jobs.torchrun import RANK_COMM
 from worker.procs import PROC_KEY, pids_with_env
 
 log = logging.getLogger(__name__)
@@ -67,8 +68,9 @@ class HangWatch:
 
 def rank_pids(key: str) -> list[int]:
     """The job's rank processes on this host: they carry the run's key (procs.proc_key) and
-    torchrun's RANK variable (the shim and torchrun itself carry only the key)."""
-    return pids_with_env(PROC_KEY, key, having="RANK")
+    torchrun's RANK variable (the shim and torchrun itself carry only the key), or, forked
+    from torchrun's agent (whose environment /proc shows), the rank's process name."""
+    return pids_with_env(PROC_KEY, key, having="RANK", named=RANK_COMM)
 
 
 def dump_stacks(key: str, out: Path, wait_s: float = 2.0) -> int:

@@ -13,9 +13,10 @@ import signal
 from pathlib import Path
 
 
-def pids_with_env(key: str, value: str, *, having: str | None = None) -> list[int]:
+def pids_with_env(key: str, value: str, *, having: str | None = None,
+                  named: str | None = None) -> list[int]:
     """Processes whose environment holds key=value (and, with `having`, also sets that
-    variable to anything)."""
+    variable to anything, or, with `named`, has that process name: /proc/PID/comm)."""
     needle = f"{key}={value}".encode()
     also = f"{having}=".encode() if having else None
     found = []
@@ -27,9 +28,17 @@ def pids_with_env(key: str, value: str, *, having: str | None = None) -> list[in
         except (OSError, PermissionError):
             continue
         items = env.split(b"\0")
-        if needle in items and (also is None or any(e.startswith(also) for e in items)):
+        if needle in items and (also is None or any(e.startswith(also) for e in items)
+                                or (named is not None and _comm(entry) == named)):
             found.append(int(entry.name))
     return found
+
+
+def _comm(proc: Path) -> str | None:
+    try:
+        return (proc / "comm").read_text().strip()
+    except OSError:
+        return None
 
 
 # What finds the processes of one run on this host: the run ID, and for one node of a multi-host

@@ -1,0 +1,150 @@
+"""Warm ranks (jobs/torchrun.py): paralab's own job modules start each rank by forking torchrun's
+agent (torch's function entrypoint, start_method "fork") instead of a new interpreter. The
+oracle is torchrun's default launch, every rank its own `python -u` (PARALAB_RANK_START=exec):
+the same results, the same exit statuses and failure report, and a rank that looks like a new
+process to the job (signal handlers, unbuffered output, RANK for the worker's hang watch)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobs.torchrun import MODULE, RANK_COMM, START_ENV, warm
+from tests.support.hold import until_exists
+from tests.support.launch import ROOT, free_port, read_trace, torchrun
+from worker.hang import rank_pids
+from worker.procs import PROC_KEY
+
+ARGS = ["--spec", "S", "--out", "O"]
+
+
+@pytest.mark.parametrize("mode,cmd,want", [
+    ("", ["-u", "-m", "jobs.train", *ARGS], ["module", "jobs.train", *ARGS]),
+    ("", ["-u", "-m", "jobs.collective_bench", *ARGS], ["module", "jobs.collective_bench", *ARGS]),
+    ("exec", ["-u", "-m", "jobs.train", *ARGS], None),  # torchrun's own way, on request
+    ("", ["-u", "-m", "jobs.script_runner", *ARGS], None),  # a user's script: never forked
+    ("fork", ["-u", "-m", "jobs.script_runner", *ARGS], None),
+    ("", ["-u", "-m", "tests.jobs.multirun", "--specs", "S"], None),  # only when asked
+    ("fork", ["-u", "-m", "tests.jobs.multirun", "--specs", "S"],
+     ["module", "tests.jobs.multirun", "--specs", "S"]),
+    ("", ["-u", "/x/worker.py", "a"], None),
+    ("fork", ["-u", "/x/worker.py", "a"], ["path", "/x/worker.py", "a"]),
+    ("fork", ["-u", "/bin/true"], None),  # not a Python script
+    ("fork", ["-u", "-m", "jobs.train"], ["module", "jobs.train"]),
+    ("fork", ["true"], None),  # --no-python: a command of its own
+])
+def test_which_launches_fork_their_ranks(mode, cmd, want):
+    assert warm(cmd, {START_ENV: mode} if mode else {}) == want
+
+
+PROBE = '''
+import os, signal, sys
+PRELOADED = "torch" in sys.modules  # first line: a new interpreter has imported nothing yet
+import json
+from jobs.entry import exit_now
+out, how = sys.argv[1], sys.argv[2]
+rank = os.environ["RANK"]
+with open(f"{out}/probe-{rank}.json", "w") as f:
+    json.dump({"preloaded": PRELOADED, "comm": open("/proc/self/comm").read().strip(),
+               "term": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+               "int": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+               "key": os.environ.get("PARALAB_PROCS"), "argv": sys.argv[1:],
+               "name": __name__, "path0": sys.path[0]}, f)
+print(f"rank {rank} says hello", end="")
+print(" in one line")
+if how == "raise" and rank == "1":
+    raise ValueError("boom from the probe")
+if how == "exit" and rank == "1":
+    exit_now(3)
+exit_now(0)
+'''
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("probe")
+    (d / "probe.py").write_text(PROBE)
+    return d / "probe.py"
+
+
+def _launch(probe: Path, out: Path, mode: str, how: str = "ok"):
+    out.mkdir(parents=True, exist_ok=True)
+    return torchrun(2, [str(probe), str(out), how], timeout=120,
+                    env={START_ENV: mode, PROC_KEY: f"probe-{mode}"})
+
+
+@pytest.mark.parametrize("mode", ["fork", "exec"])
+def test_a_forked_rank_looks_like_a_new_process_to_its_script(probe, tmp_path, mode):
+    p = _launch(probe, tmp_path, mode)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for r in (0, 1):
+        got = json.loads((tmp_path / f"probe-{r}.json").read_text())
+        assert got["preloaded"] is (mode == "fork")  # the point: torch came with the fork
+        assert got["comm"] == RANK_COMM if mode == "fork" else got["comm"] != RANK_COMM
+        assert got["term"] and got["int"], got  # not the agent's SignalException handlers
+        assert got["key"] == f"probe-{mode}" and got["argv"] == [str(tmp_path), "ok"]
+        assert got["name"] == "__main__" and got["path0"] == str(probe.parent)
+        assert f"rank {r} says hello in one line\n" in p.stdout
+
+
+@pytest.mark.parametrize("how,code,says", [("raise", 1, "ValueError: boom from the probe"),
+                                           ("exit", 3, None)])
+def test_a_failing_forked_rank_fails_the_launch_as_an_exec_d_one_does(probe, tmp_path, how,
+                                                                       code, says):
+    for mode in ("fork", "exec"):
+        p = _launch(probe, tmp_path / mode, mode, how)
+        assert p.returncode == 1, (mode, p.stderr[-3000:])  # torchrun's status for a failure
+        assert "ChildFailedError" in p.stderr and "rank      : 1 (local_rank: 1)" in p.stderr
+        if says:  # the rank's traceback on its stderr, whichever way it started
+            assert says in p.stderr, (mode, p.stderr[-3000:])
+        else:
+            assert f"exitcode  : {code}" in p.stderr, (mode, p.stderr[-3000:])
+
+
+def test_a_warm_job_trains_exactly_as_torchruns_default_launch(tmp_path):
+    """jobs.train forks its ranks by default; the same spec with every rank exec'd is the
+    oracle: the same losses and gradients' effect, bit for bit (fp32, gloo, one thread)."""
+    spec = {"preset": "ddp", "train": {"steps": 3}}
+    losses = {}
+    for mode in ("", "exec"):  # "": the default, as the worker launches jobs.train
+        out = tmp_path / (mode or "default")
+        out.mkdir()
+        (out / "spec.json").write_text(json.dumps(spec))
+        p = torchrun(2, ["-m", "jobs.train", "--spec", str(out / "spec.json"), "--out",
+                         str(out)], env={START_ENV: mode}, inherit=False, timeout=240)
+        assert p.returncode == 0, p.stderr[-3000:]
+        losses[mode] = json.loads((out / "summary.json").read_text())["loss"]
+        assert {r["type"] for r in read_trace(out, 1)} >= {"comm", "span", "end"}
+    assert losses[""] == losses["exec"] and len(losses[""]) == 3
+
+
+def test_the_hang_watch_finds_forked_ranks_by_name(probe, tmp_path):
+    """worker/hang.py rank_pids: a forked rank's /proc environment is the agent's (no RANK), so
+    it is found by its name; the agent itself is not a rank."""
+    hold = tmp_path / "release"
+    script = tmp_path / "hold.py"
+    script.write_text("import os, sys, time\n"
+                      f"open({str(tmp_path)!r} + '/up-' + os.environ['RANK'], 'w').close()\n"
+                      f"while not os.path.exists({str(hold)!r}): time.sleep(0.05)\n")
+    key = f"hold-{os.getpid()}"
+    env = {**os.environ, START_ENV: "fork", PROC_KEY: key, "PYTHONPATH": str(ROOT),
+           "OMP_NUM_THREADS": "1"}
+    agent = subprocess.Popen([sys.executable, "-m", MODULE, "--nproc-per-node", "2",
+                              "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+                              str(script)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        assert until_exists(str(tmp_path / "up-0")) and until_exists(str(tmp_path / "up-1"))
+        pids = rank_pids(key)
+        assert len(pids) == 2 and agent.pid not in pids, pids
+        for pid in pids:
+            assert Path(f"/proc/{pid}/status").read_text().count(f"PPid:\t{agent.pid}\n") == 1
+    finally:
+        hold.touch()
+        agent.wait(timeout=60)
+    assert agent.returncode == 0
