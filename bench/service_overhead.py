@@ -6,9 +6,12 @@ alternated run by run on one machine, at a few step counts.
 
 Bare: `python -m torch.distributed.run --standalone --nproc-per-node 2 -m jobs.train` with
 the spec the service stored for the same job (so both train the same thing), its wall time
-from start to exit. API: submit to `succeeded` as a client sees it (the Service harness's
-wait_status: woken by GET /live). CLI: the `paralab submit --wait` process's wall time.
-Prints each median, the overhead (service - bare) and the ratio, with the load average."""
+from start to exit: what a user runs by hand. Same launch: `python -m jobs.torchrun` with the
+same arguments, the worker's launcher (its ranks fork from the agent, jobs/torchrun.py), so
+"service - same launch" is what the service itself adds. API: submit to `succeeded` as a
+client sees it (the Service harness's wait_status: woken by GET /live). CLI: the `paralab
+submit --wait` process's wall time. Prints each median, the overhead (service - bare) and the
+ratio, the service less the same launch, with the load average."""
 
 from __future__ import annotations
 
@@ -30,11 +33,11 @@ from devtools.service import Service, embedded  # noqa: E402 - the harness the t
 BASE = {"preset": "ddp", "name": "overhead"}
 
 
-def bare(spec: dict, tmp: Path) -> float:
+def bare(spec: dict, tmp: Path, launcher: str = "torch.distributed.run") -> float:
     out = tmp / f"bare-{time.monotonic_ns()}"
     out.mkdir()
     (out / "spec.json").write_text(json.dumps(spec))
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+    argv = [sys.executable, "-m", launcher, "--standalone", "--nnodes", "1",
             "--nproc-per-node", str(spec["runtime"]["nproc_per_node"]), "-m", "jobs.train",
             "--spec", str(out / "spec.json"), "--out", str(out)]
     t0 = time.perf_counter()
@@ -70,20 +73,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         with embedded(tmp) as svc:
-            print(f"{'steps':>6} {'bare s':>8} {'API s':>8} {'CLI s':>8} {'API +s':>8} "
-                  f"{'CLI +s':>8} {'API x':>6} {'CLI x':>6}  load")
+            print(f"{'steps':>6} {'bare s':>8} {'same s':>8} {'API s':>8} {'CLI s':>8} "
+                  f"{'API +s':>8} {'CLI +s':>8} {'API x':>6} {'CLI x':>6} {'API-same':>9} "
+                  f"{'CLI-same':>9}  load")
             for steps in a.steps:
                 body = {**BASE, "train": {"steps": steps}}
                 first = svc.submit(body)  # warm-up, and the stored spec the bare run uses
                 spec = svc.wait_status(first["id"], "succeeded", 900)["spec"]
-                got: dict[str, list[float]] = {"bare": [], "api": [], "cli": []}
-                for _ in range(a.runs):  # alternated, so load drifts hit all three alike
+                got: dict[str, list[float]] = {"bare": [], "same": [], "api": [], "cli": []}
+                for _ in range(a.runs):  # alternated, so load drifts hit every arm alike
                     got["bare"].append(bare(spec, tmp))
+                    got["same"].append(bare(spec, tmp, "jobs.torchrun"))
                     got["api"].append(api(svc, body))
                     got["cli"].append(cli(svc, body, tmp))
-                b, p, c = (med(got[k]) for k in ("bare", "api", "cli"))
-                print(f"{steps:6d} {b:8.2f} {p:8.2f} {c:8.2f} {p - b:+8.2f} {c - b:+8.2f} "
-                      f"{p / b:6.2f} {c / b:6.2f}  {os.getloadavg()[0]:.1f}")
+                b, w, p, c = (med(got[k]) for k in ("bare", "same", "api", "cli"))
+                print(f"{steps:6d} {b:8.2f} {w:8.2f} {p:8.2f} {c:8.2f} {p - b:+8.2f} "
+                      f"{c - b:+8.2f} {p / b:6.2f} {c / b:6.2f} {p - w:+9.2f} {c - w:+9.2f}  "
+                      f"{os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ against 3.58 CPU-s and 2.47 s with every rank exec'd (bench/rank_startup.py, doc
 The agent never computes, so nothing is forked in the middle of a torch operation; the rank
 puts back what a fresh process would have (signal handlers, unbuffered output, and its name,
 RANK_COMM: a forked rank's /proc environment is the agent's, so the worker finds ranks by that
-name too, worker/hang.py). A user's script (`jobs.script_runner`) keeps a process of its own;
-START_ENV chooses otherwise.
+name too, worker/hang.py). A user's script (`jobs.script_runner`) keeps a process of its own,
+and so does every rank on a host where torch sees a CUDA device (cuda_host); START_ENV=exec
+turns forking off everywhere, START_ENV=fork widens it to any module or script.
 
 The exit status is the launcher's: 0 when it returns, a SystemExit's code (argparse's 2 for
 bad arguments), 1 with the traceback on stderr for any exception (a failed rank's
@@ -54,6 +55,7 @@ COLD_MODULES = ("jobs.script_runner",)
 START_ENV = "PARALAB_RANK_START"
 RANK_COMM = "paralab-rank"  # a forked rank's process name (/proc/PID/comm)
 _PR_SET_NAME = 15  # prctl(2)
+_NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"  # torch.cuda.is_available without cuInit
 
 
 def exit_code(exc: SystemExit) -> int:
@@ -129,12 +131,32 @@ def rank_main(kind: str, target: str, *args: str) -> int:
     return 0
 
 
-def _forking(config_from_args):
-    """torch's config_from_args, with the ranks of a warm target started by fork."""
+def cuda_host() -> bool:
+    """Whether torch sees a CUDA device here, asked without initialising CUDA in the agent
+    (NVML, where torch can): a rank forked after `cuInit` cannot use CUDA. On such a host every
+    rank gets its own interpreter, torchrun's default: forking GPU ranks is not tested here."""
+    import torch
+
+    if not torch.backends.cuda.is_built():
+        return False
+    before = os.environ.get(_NVML_CHECK)
+    os.environ[_NVML_CHECK] = "1"
+    try:
+        return torch.cuda.is_available()
+    finally:
+        if before is None:
+            del os.environ[_NVML_CHECK]
+        else:
+            os.environ[_NVML_CHECK] = before
+
+
+def forking(config_from_args, cuda=cuda_host):
+    """torch's config_from_args, with the ranks of a warm target started by fork (not on a
+    CUDA host)."""
     def config(args):
         cfg, cmd, cmd_args = config_from_args(args)
         forked = warm(cmd_args)
-        if forked is None:
+        if forked is None or cuda():
             return cfg, cmd, cmd_args
         if forked[0] == "module":  # its imports once, here: every rank forks with them (the
             runpy.run_module(forked[1])  # body runs under its own name: no __main__ block)
@@ -146,7 +168,7 @@ def _forking(config_from_args):
 def main(argv: list[str]) -> int:
     import torch.distributed.run as torchrun
 
-    torchrun.config_from_args = _forking(torchrun.config_from_args)
+    torchrun.config_from_args = forking(torchrun.config_from_args)
     sys.argv[0] = "torchrun"  # argparse's prog, as torch's console script names it
     try:
         torchrun.main(argv)

@@ -11,10 +11,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
-from jobs.torchrun import MODULE, RANK_COMM, START_ENV, warm
+from jobs.torchrun import MODULE, RANK_COMM, START_ENV, cuda_host, forking, rank_main, warm
 from tests.support.hold import until_exists
 from tests.support.launch import ROOT, free_port, read_trace, torchrun
 from worker.hang import rank_pids
@@ -40,6 +42,30 @@ ARGS = ["--spec", "S", "--out", "O"]
 ])
 def test_which_launches_fork_their_ranks(mode, cmd, want):
     assert warm(cmd, {START_ENV: mode} if mode else {}) == want
+
+
+def _config(cmd_args):
+    return lambda args: (SimpleNamespace(start_method="spawn"), "/py", cmd_args)
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_a_cuda_host_keeps_torchruns_own_launch(cuda):
+    """Forking after CUDA is initialised breaks the child's CUDA: on a host with a device every
+    rank gets its own interpreter (the branch this CPU machine cannot take for real)."""
+    cmd = ["-u", "-m", "jobs.collective_bench", *ARGS]
+    cfg, fn, args = forking(_config(cmd), cuda=lambda: cuda)(None)
+    if cuda:
+        assert (cfg.start_method, fn, args) == ("spawn", "/py", cmd)
+    else:
+        assert (cfg.start_method, fn, args) == ("fork", rank_main,
+                                                ["module", "jobs.collective_bench", *ARGS])
+
+
+def test_asking_for_cuda_initialises_nothing_and_leaves_the_environment(monkeypatch):
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
+    assert cuda_host() is torch.cuda.is_available()
+    assert "PYTORCH_NVML_BASED_CUDA_CHECK" not in os.environ
+    assert not torch.cuda.is_initialized()
 
 
 PROBE = '''
