@@ -11,18 +11,20 @@ had exited and the agent's work was done: every run ended that much later than i
 (measured: docs/benchmarks.md).
 
 Warm ranks: for the job modules of WARM_MODULES (`-m jobs.train` and the benchmarks: this
-project's code, not a user's script) the agent runs the module's imports once and starts each
-rank the way torch's launcher starts a function entrypoint with `start_method="fork"` (its
+project's code, not a user's script) the ranks are not each a new interpreter (`python -u -m
+MODULE`): torch's launcher starts them as it starts a function entrypoint (its
 MultiprocessContext: the same environment per rank, the same log redirection and tee, the same
-failure report), not as `python -u -m MODULE`. Each rank then skips its own `import torch` and
-the job's imports: a 2-rank launch of the ddp preset for 3 steps cost 1.40 CPU-s and 1.42 s
-against 3.58 CPU-s and 2.47 s with every rank exec'd (bench/rank_startup.py, docs/benchmarks.md).
-The agent never computes, so nothing is forked in the middle of a torch operation; the rank
-puts back what a fresh process would have (signal handlers, unbuffered output, and its name,
-RANK_COMM: a forked rank's /proc environment is the agent's, so the worker finds ranks by that
-name too, worker/hang.py). A user's script (`jobs.script_runner`) keeps a process of its own,
-and so does every rank on a host where torch sees a CUDA device (cuda_host); START_ENV=exec
-turns forking off everywhere, START_ENV=fork widens it to any module or script.
+failure report) with `start_method="forkserver"`, the server having imported torch and the job
+once. Each rank then skips its own `import torch` and the job's imports: most of what a short
+run costs (bench/rank_startup.py, docs/benchmarks.md). Not "fork" from the agent: the agent
+has threads by then (its rendezvous store's server), and a rank forked while one of them held
+a lock hung before its first line (seen once in a full test run, a 4-rank launch); the fork
+server is a single-threaded process that only imports. The rank puts back what a fresh process
+would have (signal handlers, unbuffered output, and its name, RANK_COMM: its /proc environment
+is the agent's, without RANK, so the worker finds ranks by that name too, worker/hang.py). A
+user's script (`jobs.script_runner`) keeps a process of its own, and so does every rank on a
+host where torch sees a CUDA device (cuda_host); START_ENV=exec turns this off everywhere,
+START_ENV=fork widens it to any module or script.
 
 The exit status is the launcher's: 0 when it returns, a SystemExit's code (argparse's 2 for
 bad arguments), 1 with the traceback on stderr for any exception (a failed rank's
@@ -34,11 +36,14 @@ from __future__ import annotations
 import atexit
 import ctypes
 import io
+import multiprocessing
 import os
 import runpy
 import signal
 import sys
 import traceback
+import warnings
+from multiprocessing import forkserver
 
 from jobs import entry
 from jobs.entry import exit_now
@@ -56,6 +61,12 @@ START_ENV = "PARALAB_RANK_START"
 RANK_COMM = "paralab-rank"  # a forked rank's process name (/proc/PID/comm)
 _PR_SET_NAME = 15  # prctl(2)
 _NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"  # torch.cuda.is_available without cuInit
+
+# A rank runs its target as __main__ (and multiprocessing runs this module as __mp_main__) after
+# the fork server's preload imported it: runpy's warning about that is this design, not a slip.
+# Set at import, so the agent, the server and (inherited) every rank have it.
+warnings.filterwarnings("ignore", message=".* found in sys.modules after import of package",
+                        category=RuntimeWarning)
 
 
 def exit_code(exc: SystemExit) -> int:
@@ -113,6 +124,10 @@ def rank_main(kind: str, target: str, *args: str) -> int:
     raises SystemExit here). An exception is printed on the rank's stderr as an interpreter
     prints it, then raised for torch's failure report."""
     as_fresh_process()
+    if (os.environ.get("OMP_NUM_THREADS") or "").isdigit():  # torch read it at import, in the
+        import torch  # server, maybe before torchrun set it: as a new process would read it
+
+        torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
     sys.argv = [target, *args]
     try:
         if kind == "module":
@@ -150,22 +165,48 @@ def cuda_host() -> bool:
             os.environ[_NVML_CHECK] = before
 
 
+def preload(forked: list[str]) -> list[str]:
+    """What the fork server imports once, before it forks any rank (a script is run only in the
+    ranks: it may not guard its __main__ block)."""
+    return ["torch", MODULE, *([forked[1]] if forked[0] == "module" else [])]
+
+
+def early_start(argv: list[str], env=os.environ) -> bool:
+    """Start the fork server now, before the agent imports torch, so that the two imports run
+    side by side: when torchrun's arguments name a warm target (guessed from `-m MODULE` or a
+    `.py` path, before torch's parser exists: a wrong guess costs an idle server) on a host
+    without an NVIDIA driver (there cuda_host decides later, once torch is imported)."""
+    forked = None
+    for i, a in enumerate(argv):
+        if a in ("-m", "--module") and i + 1 < len(argv):
+            forked = warm(["-u", "-m", argv[i + 1]], env)
+            break
+        if a.endswith(".py"):
+            forked = warm(["-u", a], env)
+            break
+    if forked is None or os.path.exists("/proc/driver/nvidia"):
+        return False
+    multiprocessing.set_forkserver_preload(preload(forked))
+    forkserver.ensure_running()
+    return True
+
+
 def forking(config_from_args, cuda=cuda_host):
-    """torch's config_from_args, with the ranks of a warm target started by fork (not on a
-    CUDA host)."""
+    """torch's config_from_args, with the ranks of a warm target forked by a fork server (not on
+    a CUDA host)."""
     def config(args):
         cfg, cmd, cmd_args = config_from_args(args)
         forked = warm(cmd_args)
         if forked is None or cuda():
             return cfg, cmd, cmd_args
-        if forked[0] == "module":  # its imports once, here: every rank forks with them (the
-            runpy.run_module(forked[1])  # body runs under its own name: no __main__ block)
-        cfg.start_method = "fork"
+        multiprocessing.set_forkserver_preload(preload(forked))  # if not started early
+        cfg.start_method = "forkserver"
         return cfg, rank_main, forked
     return config
 
 
 def main(argv: list[str]) -> int:
+    early_start(argv)
     import torch.distributed.run as torchrun
 
     torchrun.config_from_args = forking(torchrun.config_from_args)
@@ -178,6 +219,12 @@ def main(argv: list[str]) -> int:
     except BaseException:  # noqa: BLE001 - reported as the default hook would, then the status
         traceback.print_exc()
         return 1
+    finally:
+        # the fork server (if any) ends and is reaped here, not orphaned: its CPU time and its
+        # ranks' reach whoever waits on this launch (resource usage of reaped children)
+        stop = getattr(forkserver._forkserver, "_stop", None)
+        if stop is not None:
+            stop()
 
 
 if __name__ == "__main__":
