@@ -35,8 +35,8 @@ def torchrun(nproc: int, args: list[str], *, env: dict | None = None, inherit: b
     """`torchrun --nproc-per-node nproc ARGS` from the repo root; retried on a new port when
     another process grabbed the probed one before the rendezvous bound it. The environment is
     this process's (unless `inherit` is False) with OMP_NUM_THREADS=1 and PYTHONPATH=ROOT,
-    then `env` over it. The ranks of every module or script but a user's script fork from the
-    agent (jobs/torchrun.py START_ENV: the scripts launched here are written for it) unless
+    then `env` over it. The ranks of every module or script but a user's script come from a
+    fork server (jobs/torchrun.py START_ENV: the scripts launched here are written for it) unless
     the environment says PARALAB_RANK_START=exec."""
     base = dict(os.environ) if inherit else {"PATH": "/usr/bin:/bin"}
     e = {START_ENV: "fork", **base, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),

@@ -61,7 +61,7 @@ def job_main(prog: str, kind: str, run: Callable[[JobSpec, Path], object],
     return 0
 
 
-# True in a rank forked from torchrun's agent (jobs/torchrun.py rank_main), which leaves by
+# True in a rank started by jobs/torchrun.py's fork server (rank_main), which leaves by
 # returning to the launcher: os._exit there would leave the agent waiting for its result
 FORKED_RANK = False
 

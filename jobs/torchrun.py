@@ -49,7 +49,7 @@ from jobs import entry
 from jobs.entry import exit_now
 
 MODULE = "jobs.torchrun"  # what `python -m` runs: the worker's launch and the test launchers
-# paralab's own job modules: their ranks fork from the agent unless START_ENV says "exec"
+# paralab's own job modules: their ranks come from the fork server unless START_ENV says "exec"
 WARM_MODULES = ("jobs.train", "jobs.collective_bench", "jobs.compute_bench")
 # a user's script: always a process of its own (it may hold state a fork would share, or leave
 # through os._exit(0), which a forked rank must not)
@@ -81,7 +81,7 @@ def exit_code(exc: SystemExit) -> int:
 
 def warm(cmd_args: list[str], env=os.environ) -> list[str] | None:
     """For the command torch's launcher built for each rank (`-u [-m] TARGET ARGS...`), what a
-    rank forked from the agent runs instead (rank_main's arguments: "module" or "path", the
+    rank from the fork server runs instead (rank_main's arguments: "module" or "path", the
     target, its arguments), or None when each rank runs a command of its own."""
     mode = env.get(START_ENV, "")
     if mode == "exec" or cmd_args[:1] != ["-u"]:
@@ -97,8 +97,8 @@ def warm(cmd_args: list[str], env=os.environ) -> list[str] | None:
 
 
 def as_fresh_process(name: str = RANK_COMM) -> None:
-    """What a rank forked from the agent takes back from a new interpreter: default signal
-    handlers (the agent's raise its SignalException; jobs/trace.py installs its own only over
+    """What a forked rank takes back from a new interpreter: default signal
+    handlers (torchrun's agent's raise its SignalException; jobs/trace.py installs its own only over
     the defaults), `python -u`'s unbuffered output (whole lines: ranks sharing a terminal do not
     cut each other's), a name of its own, and exit_now leaving through the launcher."""
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
@@ -118,7 +118,7 @@ def as_fresh_process(name: str = RANK_COMM) -> None:
 
 
 def rank_main(kind: str, target: str, *args: str) -> int:
-    """One rank forked from the agent (torch's function entrypoint): the module or script run
+    """One rank from the fork server (torch's function entrypoint): the module or script run
     as `__main__`, as `python -u -m MODULE` / `python -u SCRIPT` would. It returns: the
     launcher waits for every rank's return value, so a rank must not `os._exit(0)` (exit_now
     raises SystemExit here). An exception is printed on the rank's stderr as an interpreter
@@ -148,8 +148,8 @@ def rank_main(kind: str, target: str, *args: str) -> int:
 
 def cuda_host() -> bool:
     """Whether torch sees a CUDA device here, asked without initialising CUDA in the agent
-    (NVML, where torch can): a rank forked after `cuInit` cannot use CUDA. On such a host every
-    rank gets its own interpreter, torchrun's default: forking GPU ranks is not tested here."""
+    (NVML, where torch can). On such a host every rank gets its own interpreter, torchrun's
+    default: forked GPU ranks are not tested here."""
     import torch
 
     if not torch.backends.cuda.is_built():
@@ -171,7 +171,7 @@ def preload(forked: list[str]) -> list[str]:
     return ["torch", MODULE, *([forked[1]] if forked[0] == "module" else [])]
 
 
-def early_start(argv: list[str], env=os.environ) -> bool:
+def early_start(argv: list[str], env=os.environ) -> None:
     """Start the fork server now, before the agent imports torch, so that the two imports run
     side by side: when torchrun's arguments name a warm target (guessed from `-m MODULE` or a
     `.py` path, before torch's parser exists: a wrong guess costs an idle server) on a host
@@ -185,10 +185,9 @@ def early_start(argv: list[str], env=os.environ) -> bool:
             forked = warm(["-u", a], env)
             break
     if forked is None or os.path.exists("/proc/driver/nvidia"):
-        return False
+        return
     multiprocessing.set_forkserver_preload(preload(forked))
     forkserver.ensure_running()
-    return True
 
 
 def forking(config_from_args, cuda=cuda_host):

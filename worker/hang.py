@@ -68,8 +68,8 @@ class HangWatch:
 
 def rank_pids(key: str) -> list[int]:
     """The job's rank processes on this host: they carry the run's key (procs.proc_key) and
-    torchrun's RANK variable (the shim and torchrun itself carry only the key), or, forked
-    from torchrun's agent (whose environment /proc shows), the rank's process name."""
+    torchrun's RANK variable (the shim and torchrun itself carry only the key), or, for a rank
+    from jobs/torchrun.py's fork server (/proc shows the agent's environment), its process name."""
     return pids_with_env(PROC_KEY, key, having="RANK", named=RANK_COMM)
 
 
