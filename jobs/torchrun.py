@@ -19,7 +19,9 @@ once. Each rank then skips its own `import torch` and the job's imports: most of
 run costs (bench/rank_startup.py, docs/benchmarks.md). Not "fork" from the agent: the agent
 has threads by then (its rendezvous store's server), and a rank forked while one of them held
 a lock hung before its first line (seen once in a full test run, a 4-rank launch); the fork
-server is a single-threaded process that only imports. The rank puts back what a fresh process
+server is a single-threaded process that only imports. It is itself a fork of the agent, made
+right after the agent's `import torch` while the agent still has one thread (in_process; an
+exec'd server, importing torch a second time, where it has more: OMP_NUM_THREADS > 1). The rank puts back what a fresh process
 would have (signal handlers, unbuffered output, and its name, RANK_COMM: its /proc environment
 is the agent's, without RANK, so the worker finds ranks by that name too, worker/hang.py). A
 user's script (`jobs.script_runner`) keeps a process of its own, and so does every rank on a
@@ -41,9 +43,10 @@ import os
 import runpy
 import signal
 import sys
+import threading
 import traceback
 import warnings
-from multiprocessing import forkserver
+from multiprocessing import forkserver, resource_tracker, util
 
 from jobs import entry
 from jobs.entry import exit_now
@@ -171,11 +174,52 @@ def preload(forked: list[str]) -> list[str]:
     return ["torch", MODULE, *([forked[1]] if forked[0] == "module" else [])]
 
 
-def early_start(argv: list[str], env=os.environ) -> None:
-    """Start the fork server now, before the agent imports torch, so that the two imports run
-    side by side: when torchrun's arguments name a warm target (guessed from `-m MODULE` or a
-    `.py` path, before torch's parser exists: a wrong guess costs an idle server) on a host
-    without an NVIDIA driver (there cuda_host decides later, once torch is imported)."""
+def in_process(spawnv_passfds):
+    """multiprocessing's spawnv_passfds (how it starts its helper processes: `python -c CODE`
+    with only `passfds` kept), running CODE in a fork of this process instead of a new
+    interpreter, when this process has one thread (a fork of a threaded process can copy a lock
+    some thread held, and hang). The fork server so started has torch imported already: no
+    second `import torch` per launch. What else a fork would keep is dropped as exec drops it:
+    every other file descriptor is closed, and the server's lock (held by the caller during
+    the fork) is a new one."""
+    def spawn(path, args, passfds):
+        code = args[-1] if args[-2:-1] == ["-c"] else ""
+        if (not code.startswith("from multiprocessing.")
+                or len(os.listdir("/proc/self/task")) != 1):
+            return spawnv_passfds(path, args, passfds)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid:
+            return pid
+        status = 1
+        try:
+            low = 3
+            for fd in sorted(set(passfds)):
+                os.closerange(low, fd)
+                low = fd + 1
+            os.closerange(low, os.sysconf("SC_OPEN_MAX"))
+            forkserver._forkserver._lock = threading.Lock()
+            resource_tracker._resource_tracker._fd = None  # closed above: as a new process has it
+            resource_tracker._resource_tracker._pid = None
+            exec(code, {"__name__": "__mp_helper__"})  # noqa: S102 - multiprocessing's own code
+            status = 0
+        except SystemExit as exc:  # the server's way out: its last client went away
+            status = exit_code(exc)
+        except BaseException:  # noqa: BLE001 - reported, as the interpreter would
+            traceback.print_exc()
+        finally:
+            os._exit(status)
+    return spawn
+
+
+def start_server(argv: list[str], env=os.environ) -> None:
+    """Start the fork server now, forked from this process (in_process), right after torch's
+    import and before torch's launcher starts any thread (its rendezvous store's server): when
+    torchrun's arguments name a warm target (guessed from `-m MODULE` or a `.py` path: a wrong
+    guess costs an idle fork) on a host without an NVIDIA driver (there cuda_host decides
+    later, and an exec'd server is started if it says no). The server imports the job module
+    while the agent meets its peers."""
     forked = None
     for i, a in enumerate(argv):
         if a in ("-m", "--module") and i + 1 < len(argv):
@@ -187,7 +231,12 @@ def early_start(argv: list[str], env=os.environ) -> None:
     if forked is None or os.path.exists("/proc/driver/nvidia"):
         return
     multiprocessing.set_forkserver_preload(preload(forked))
-    forkserver.ensure_running()
+    spawnv_passfds = util.spawnv_passfds
+    util.spawnv_passfds = in_process(spawnv_passfds)
+    try:
+        forkserver.ensure_running()
+    finally:
+        util.spawnv_passfds = spawnv_passfds
 
 
 def forking(config_from_args, cuda=cuda_host):
@@ -198,15 +247,16 @@ def forking(config_from_args, cuda=cuda_host):
         forked = warm(cmd_args)
         if forked is None or cuda():
             return cfg, cmd, cmd_args
-        multiprocessing.set_forkserver_preload(preload(forked))  # if not started early
+        multiprocessing.set_forkserver_preload(preload(forked))  # if not started already
         cfg.start_method = "forkserver"
         return cfg, rank_main, forked
     return config
 
 
 def main(argv: list[str]) -> int:
-    early_start(argv)
     import torch.distributed.run as torchrun
+
+    start_server(argv)
 
     torchrun.config_from_args = forking(torchrun.config_from_args)
     sys.argv[0] = "torchrun"  # argparse's prog, as torch's console script names it

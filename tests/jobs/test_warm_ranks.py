@@ -17,7 +17,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from jobs.torchrun import MODULE, RANK_COMM, START_ENV, cuda_host, forking, rank_main, warm
+from jobs.torchrun import (
+    MODULE,
+    RANK_COMM,
+    START_ENV,
+    cuda_host,
+    forking,
+    rank_main,
+    warm,
+)
 from tests.support.hold import until_exists
 from tests.support.launch import ROOT, free_port, read_trace, torchrun
 from worker.hang import rank_pids
@@ -175,8 +183,53 @@ def test_the_hang_watch_finds_forked_ranks_by_name(probe, tmp_path):
         pids = rank_pids(key)
         assert len(pids) == 2 and agent.pid not in pids, pids
         server = {_ppid(pid) for pid in pids}  # forked by the fork server, the agent's child
-        assert len(server) == 1 and _ppid(server.pop()) == agent.pid
+        assert len(server) == 1
+        srv = server.pop()
+        assert _ppid(srv) == agent.pid
+        # ... itself a fork of the agent (in_process: one thread there), not a new interpreter
+        cmdline = Path(f"/proc/{srv}/cmdline").read_bytes()
+        assert cmdline == Path(f"/proc/{agent.pid}/cmdline").read_bytes(), cmdline
     finally:
         hold.touch()
         agent.wait(timeout=60)
     assert agent.returncode == 0
+
+
+SPAWN = """
+import json, os, sys, threading
+from jobs.torchrun import in_process
+keep_r, keep_w = os.pipe()
+drop_r, drop_w = os.pipe()  # what the fork must not keep, as exec with close_fds would not
+exec_d = []
+spawn = in_process(lambda path, args, fds: exec_d.append(args) or -1)
+code = ("from multiprocessing.util import debug; import os; "
+        f"os.write({keep_w}, repr(sorted(map(int, os.listdir('/proc/self/fd')))).encode()); "
+        "raise SystemExit(3)")
+pid = spawn(sys.executable, [sys.executable, "-c", code], [keep_w])
+os.close(keep_w)
+fds = eval(os.read(keep_r, 4096))
+status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+threaded = threading.Event()
+t = threading.Thread(target=threaded.wait)
+t.start()
+again = spawn(sys.executable, [sys.executable, "-c", code], [keep_w])
+threaded.set()
+t.join()
+other = spawn(sys.executable, [sys.executable, "-c", "import os"], [])
+print(json.dumps({"fds": fds, "kept": keep_w, "dropped": [drop_r, drop_w], "status": status,
+                  "pid": pid, "again": again, "other": other, "exec_d": len(exec_d)}))
+"""
+
+
+def test_a_helper_forked_in_process_keeps_only_its_fds_and_falls_back_with_threads():
+    """in_process, multiprocessing's helper started as a fork: only the descriptors it is
+    passed (and 0-2) stay open, its SystemExit code is its status, and with a second thread
+    alive, or for code not multiprocessing's, the exec'd start is used instead."""
+    p = subprocess.run([sys.executable, "-c", SPAWN], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout)
+    assert got["kept"] in got["fds"] and not set(got["dropped"]) & set(got["fds"]), got
+    assert len(set(got["fds"]) - {0, 1, 2, got["kept"]}) <= 1, got  # listdir's own
+    assert got["status"] == 3 and got["pid"] > 0
+    assert got["again"] == -1 and got["other"] == -1 and got["exec_d"] == 2
