@@ -21,12 +21,12 @@ has threads by then (its rendezvous store's server), and a rank forked while one
 a lock hung before its first line (seen once in a full test run, a 4-rank launch); the fork
 server is a single-threaded process that only imports. It is itself a fork of the agent, made
 right after the agent's `import torch` while the agent still has one thread (in_process; an
-exec'd server, importing torch a second time, where it has more: OMP_NUM_THREADS > 1). The rank puts back what a fresh process
-would have (signal handlers, unbuffered output, and its name, RANK_COMM: its /proc environment
-is the agent's, without RANK, so the worker finds ranks by that name too, worker/hang.py). A
-user's script (`jobs.script_runner`) keeps a process of its own, and so does every rank on a
-host where torch sees a CUDA device (cuda_host); START_ENV=exec turns this off everywhere,
-START_ENV=fork widens it to any module or script.
+exec'd server, importing torch a second time, where it has more: OMP_NUM_THREADS > 1). The
+rank puts back what a fresh process would have (signal handlers, unbuffered output, and its
+name, RANK_COMM: its /proc environment is the agent's, without RANK, so the worker finds ranks
+by that name too, worker/hang.py). A user's script (`jobs.script_runner`) keeps a process of
+its own, and so does every rank on a host where torch sees a CUDA device (cuda_host);
+START_ENV=exec turns this off everywhere, START_ENV=fork widens it to any module or script.
 
 The exit status is the launcher's: 0 when it returns, a SystemExit's code (argparse's 2 for
 bad arguments), 1 with the traceback on stderr for any exception (a failed rank's

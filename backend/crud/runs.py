@@ -344,26 +344,31 @@ def finish(db: Session, run_id: str, *, status: str, exit_code: int | None, erro
     """running -> a final status. Idempotent: a retried report changes nothing, except that a
     report of the same outcome may add the summary a first, early report did not have yet."""
     assert status in FINISHED, status
+    metrics = (summary or {}).get("headline")
+    started = db.scalar(select(Run.started_at).where(Run.id == run_id))
+    now = utcnow()
+    # the key figures as sortable columns in the same statement as the status: a reader
+    # between two commits saw a succeeded run without its figures (a sweep's member, once)
     values = dict(status=status, exit_code=exit_code, error=error, summary=summary,
-                  metrics=(summary or {}).get("headline"), provenance=provenance)
+                  metrics=metrics, provenance=provenance, finished_at=now,
+                  **metric_values(metrics, started, now))
     res = db.execute(update(Run).where(Run.id == run_id, or_(Run.status == "running",
                                                              _reaped_as_lost()))
-                     .values(**values, finished_at=utcnow()))
+                     .values(**values))
     if res.rowcount == 0 and summary is not None:
         # the same outcome reported again with the summary; or a multi-host run failed as
         # "host lost" whose surviving coordinator still analysed what the nodes traced
+        finished = db.scalar(select(Run.finished_at).where(Run.id == run_id))
         db.execute(update(Run).where(Run.id == run_id, or_(
             Run.status == status, and_(Run.status == "failed",
                                        Run.error.like(HOST_LOST_PREFIX + "%"))),
                                      Run.summary.is_(None))
-                   .values(summary=summary, metrics=values["metrics"], provenance=provenance))
+                   .values(summary=summary, metrics=metrics, provenance=provenance,
+                           **metric_values(metrics, started, finished)))
     db.commit()
     run = db.get(Run, run_id)
-    if run is not None and run.status in FINISHED:  # the key figures as sortable columns
-        db.execute(update(Run).where(Run.id == run_id).values(
-            **metric_values(run.metrics, run.started_at, run.finished_at)))
-        db.commit()
-        db.refresh(run)
+    if run is not None:
+        db.refresh(run)  # the session keeps objects past a commit (expire_on_commit=False)
     return run
 
 

@@ -117,3 +117,31 @@ def test_the_models_are_what_the_migrations_build(db_url):
         diff = compare_metadata(MigrationContext.configure(c), Base.metadata)
     engine.dispose()
     assert diff == []
+
+
+def test_a_finished_run_is_never_seen_without_its_figures(client, settings):
+    """Every state another reader can see (each commit of crud.finish, read from a session of
+    its own): once the run is succeeded, its headline is in the sortable columns too. A sweep
+    read its members between two commits and found a succeeded run with no step time."""
+    rid = client.post("/api/runs", json={"preset": "ddp", "name": "seen"}).json()["id"]
+    make = get_sessionmaker(settings.db_url)
+    seen = []
+
+    def look(_session):
+        with make() as other:
+            r = other.execute(sa.text("SELECT status, step_time_s, peak_memory_bytes, "
+                                      "duration_s FROM runs WHERE id = :i"), {"i": rid}).one()
+            seen.append(tuple(r))
+
+    with make() as db:
+        crud.claim(db, rid, worker="w", task_id=None)
+        sa.event.listen(db, "after_commit", look)
+        crud.finish(db, rid, status="succeeded", exit_code=0, error=None, provenance={},
+                    summary={"headline": {"step_time_s": 0.25, "peak_memory_bytes": 7e6}})
+        # a retried report of the same outcome changes nothing anyone sees
+        crud.finish(db, rid, status="succeeded", exit_code=0, error=None, provenance={},
+                    summary={"headline": {"step_time_s": 0.5, "peak_memory_bytes": 1}})
+    assert seen, "no commit observed"
+    for status, step, peak, duration in seen:
+        assert status == "succeeded" and step == 0.25 and peak == 7_000_000, seen
+        assert duration is not None and duration >= 0, seen
