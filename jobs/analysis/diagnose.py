@@ -154,11 +154,15 @@ def diagnose(out_dir, *, status: str, exit_codes: dict[int, int] | None = None) 
             state = f"crashed: {_error_line(err)}"
         elif code is not None and code > 0:
             state = f"exited with code {code}"
-        elif code is not None and code < 0:
-            state = signal_words if code not in STOPPED else f"stopped by signal {-code}"
-        elif waits:
+        elif code is not None and code < 0 and code not in STOPPED:
+            state = signal_words
+        elif waits:  # also when stopped: what it was doing when the stop came (a hang's
+            # watch SIGKILLs the waiting ranks, and whether torchrun saw those deaths before
+            # its own SIGTERM is a race: the state must not depend on it)
             k, e = waits[0]
             state = f"waiting in {_coll(e, by_key.get((k, r), k))}"
+        elif code is not None and code < 0:
+            state = f"stopped by signal {-code}"
         elif f is None:
             state = "unknown (no flight file)"
         elif (f.get("closed") or {}).get("reason") == "ok":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from pytest import approx
 
 from jobs.analysis import analyze
@@ -82,6 +83,22 @@ def test_hang_names_the_rank_that_never_entered(tmp_path):
     assert [x["state"] for x in d["ranks"]][:3] == \
         ["waiting in all_reduce #6 of group dp [0, 1, 2, 3]"] * 3
     assert last_progress_ns(tmp_path) == 7 * MS
+
+
+@pytest.mark.parametrize("codes", [{}, {0: -9, 1: -9, 2: -9}, {0: -15, 2: -9}])
+def test_a_stopped_rank_that_was_waiting_is_waiting(tmp_path, codes):
+    """The hang watch SIGKILLs the ranks, then stops torchrun: whether torchrun's report lists
+    their deaths (-9) first is a race. Each rank's state is what it was doing, either way; a
+    stopped rank in no collective is "stopped by signal N"."""
+    steady = [entry(s, s // 2) for s in range(6)]
+    fl = {r: flight(r, steady + [entry(6, 3, end=False)], done=3) for r in range(3)}
+    fl[3] = flight(3, steady, done=3, step=3)
+    d = diagnose(write(tmp_path, fl, stacks={3: STACK}), status="hung",
+                 exit_codes={**codes, 3: -9} if codes else {})
+    states = [x["state"] for x in d["ranks"]]
+    assert states[:3] == ["waiting in all_reduce #6 of group dp [0, 1, 2, 3]"] * 3
+    assert states[3] == ("stopped by signal 9" if codes else "running")
+    assert d["waited_for"] == 3 and d["sentence"].startswith("rank 3 never entered")
 
 
 def test_content_mismatch_and_skip(tmp_path):
