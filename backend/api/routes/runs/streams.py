@@ -147,11 +147,13 @@ async def stream_logs(
 async def stream_live(request: Request, run_id: str, settings: SettingsDep) -> StreamingResponse:
     """What the live run page redraws on: `event: status` when the run's status changes,
     `event: traces` when its traces have grown (at most one a second; the page then refetches
-    GET /metrics, which analyses the partial traces), `event: end` once it is finished."""
+    GET /metrics, which analyses the partial traces), `event: end` once it is finished: a
+    status change is sent at once, never held back by the traces' one-second window."""
     status = await run_in_threadpool(_status_of, settings, run_id)
 
     async def events():
         sent_status, seen = None, -1
+        loop = asyncio.get_running_loop()
         with hub.subscribe(run_id) as sub:
             cur = status
             while True:
@@ -167,8 +169,13 @@ async def stream_live(request: Request, run_id: str, settings: SettingsDep) -> S
                     yield _event(str(v), event="traces")
                 if await sub.wait(settings.stream_recheck_s):
                     cur = hub.status(run_id) or cur
-                    if cur == sent_status:  # trace growth: coalesce a burst into one event
-                        await asyncio.sleep(TRACE_EVENTS_S)
+                    # trace growth: coalesce a burst into one event, but leave the window at
+                    # once on a status change (a sleep here held every finished run's `end`
+                    # back by up to TRACE_EVENTS_S: `paralab submit --wait` waits on it)
+                    end = loop.time() + TRACE_EVENTS_S
+                    while cur == sent_status and (left := end - loop.time()) > 0:
+                        if await sub.wait(left):
+                            cur = hub.status(run_id) or cur
                 else:
                     cur = await run_in_threadpool(_status_of, settings, run_id)
                     yield ": ping\n\n"
