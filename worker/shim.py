@@ -14,9 +14,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
-from paralab_core.procs import pdeathsig_preexec
+from paralab_core.procs import pdeathsig_preexec, wait_exit
 from worker.procs import PROC_KEY, kill_run_processes
 
 
@@ -34,8 +33,8 @@ def main(argv: list[str]) -> int:
     if os.getppid() != parent:  # the worker died before the signal was armed
         stop.append(signal.SIGTERM)
     child = subprocess.Popen(cmd, preexec_fn=pdeathsig_preexec(signal.SIGTERM))
-    while child.poll() is None and not stop and os.getppid() == parent:
-        time.sleep(0.1)
+    while not stop and os.getppid() == parent and not wait_exit(child, 0.1):
+        pass
     if child.poll() is None:
         child.send_signal(signal.SIGTERM)
         try:

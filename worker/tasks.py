@@ -32,7 +32,7 @@ from jobs.analysis.diagnose import failure_text
 from jobs.ckpt_index import attempts
 from jobs.spec import parse_spec
 from paralab_core.config import Settings, get_settings, job_timeout_s
-from paralab_core.procs import pdeathsig_preexec
+from paralab_core.procs import pdeathsig_preexec, wait_exit
 from paralab_core.queue import TASK_NAME, worker_host, worker_name
 from worker.client import BackendClient
 from worker.hang import HangWatch, LogTail, dump_stacks, post_mortem, rank_pids
@@ -336,7 +336,7 @@ class JobSupervisor:
                 if beat and beat.get("cancel"):
                     self._stop(proc, "cancel requested")
                     return "cancelled", "cancelled by user"
-            time.sleep(0.1)
+            wait_exit(proc, 0.1)  # woken by the job's exit: no sleep added to its end
         return None, ""
 
     def _stop(self, proc: subprocess.Popen, why: str) -> None:
