@@ -63,7 +63,7 @@ def install_stack_dump(out, rank: int) -> None:
 def group_ranks(dims, rank: int, world: int) -> dict[str, list[int]]:
     """Per mesh axis: the global ranks of this rank's group (jobs.dims: the layout)."""
     assert world == dims.world_size, (world, dims.world_size)
-    return {axis: next(g for g in dims.groups(axis) if rank in g) for axis in AXES}
+    return {axis: dims.group_ranks(axis, rank) for axis in AXES}
 
 
 def install(spec, out, rank: int, world: int, dims, tracer) -> Injector:

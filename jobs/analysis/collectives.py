@@ -214,6 +214,3 @@ def axis_bytes_table(tr: Traces) -> list[dict]:
                      "bytes_sent_per_step": sent / n if n else None,
                      "bytes_recv_per_step": recv / n if n else None})
     return rows
-
-
-from .stragglers import straggler_of_run, stragglers_table  # noqa: E402,F401 - moved there

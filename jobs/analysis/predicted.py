@@ -41,21 +41,17 @@ def rank_model_state(pred: dict | None, spec: JobSpec | None, pp_coord: int,
     parameter-server worker, dp > 0 of dp-ps, holds no optimizer state: seed 001)."""
     if not pred or spec is None:
         return {}
-    from jobs.theory import MEMORY_MODELS, model_state_bytes
+    from jobs.theory.memory import rank_state_bytes
     rows = (pred.get("memory") or {}).get("per_rank")
     if spec.parallel.ep > 1 and rows:  # experts not ZeRO-sharded: the theory's own rows
         row = rows[min(max(pp_coord, 0), len(rows) - 1)]
         return {k: row[v] for k, v in COMPONENTS.items()}
     per = pred["params"].get("per_pipeline_rank") or [pred["params"]["per_rank"]]
     psi = per[min(max(pp_coord, 0), len(per) - 1)]
-    mm = MEMORY_MODELS[pred["memory"]["memory_model"]]
-    c = model_state_bytes(psi, spec.parallel.dp, spec.parallel.zero_stage,
-                          bytes_params=mm["params"], bytes_grads=mm["grads"],
-                          bytes_optimizer=mm["optimizer"])
-    out = {k: c[v] for k, v in COMPONENTS.items()}
-    if ps_worker(spec.parallel.dp_mode, spec.parallel.zero_stage, dp_coord):
-        out["optimizer"] = 0.0
-    return out
+    c = rank_state_bytes(psi, spec.parallel.dp, spec.parallel.zero_stage,
+                         pred["memory"]["memory_model"], dp_mode=spec.parallel.dp_mode,
+                         dp_coord=dp_coord)
+    return {k: float(c[v]) for k, v in COMPONENTS.items()}
 
 
 def rank_extra(pred: dict | None, spec: JobSpec | None, pp_coord: int,

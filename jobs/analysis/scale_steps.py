@@ -97,8 +97,7 @@ def write_step_rank(tr: Traces, path: Path, chunks=None, pipe=None) -> pa.Table 
     table = table.take(pc_sort(table, ("rank", "step")))
     missing = int((~table.column("has_step_span").to_numpy(zero_copy_only=False)).sum())
     if missing:
-        tr.warnings.append(f"{missing} (step, rank) pair(s) without a `step` span: window taken "
-                           "from the extent of their records (an unfinished step)")
+        tr.warnings.append(S.no_step_span(missing))
     pq.write_table(table, path)
     return table
 

@@ -136,6 +136,12 @@ def step_row(step: int, rank: int, coords: dict, recs: list[dict],
             "loss_weight": steps[0].get("loss_weight") if steps else None}
 
 
+def no_step_span(missing: int) -> str:
+    """The warning of a step table with (step, rank) pairs that have no `step` span."""
+    return (f"{missing} (step, rank) pair(s) without a `step` span: window taken from the "
+            "extent of their records (an unfinished step)")
+
+
 def step_rank_table(tr: Traces) -> list[dict]:
     rows = []
     missing = 0
@@ -151,8 +157,7 @@ def step_rank_table(tr: Traces) -> list[dict]:
                 missing += not row["has_step_span"]
                 rows.append(row)
     if missing:
-        tr.warnings.append(f"{missing} (step, rank) pair(s) without a `step` span: window taken "
-                           "from the extent of their records (an unfinished step)")
+        tr.warnings.append(no_step_span(missing))
     return rows
 
 

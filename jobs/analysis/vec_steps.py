@@ -62,6 +62,5 @@ def step_rank_table(con, tr: Traces, out_dir: Path | None) -> list[dict] | None:
             missing += not x["has_step"]
     rows.sort(key=lambda r: (r["rank"], r["step"]))
     if missing:
-        tr.warnings.append(f"{missing} (step, rank) pair(s) without a `step` span: window taken "
-                           "from the extent of their records (an unfinished step)")
+        tr.warnings.append(S.no_step_span(missing))
     return rows

@@ -29,6 +29,18 @@ from jobs.parallel.optim import EagerOptimizer
 from jobs.trace import NullTracer
 
 
+def own_group(dims, axis: str, rank: int) -> tuple:
+    """(process group, its global ranks) of `rank` on `axis`: every rank creates every group
+    of the axis, in jobs.dims' order (torch.distributed.new_group is collective)."""
+    mine = None
+    for ranks in dims.groups(axis):
+        pg = dist.new_group(ranks)
+        if rank in ranks:
+            mine = (pg, ranks)
+    assert mine is not None, (axis, rank)
+    return mine
+
+
 def tensor_bytes(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.numel() * t.element_size()
 

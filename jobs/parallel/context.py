@@ -27,9 +27,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
+from jobs.parallel.base import own_group
 from jobs.parallel.cp_comm import Ring
 from jobs.testbug import injected
 
@@ -183,12 +183,7 @@ def cp_groups(ctx) -> tuple:
     """(CP group, its global ranks) of this rank; every rank creates every group (new_group
     is collective), in the same order (jobs.dims: the layout)."""
     assert ctx.dims.cp == ctx.spec.parallel.cp, "dims built without the spec's cp"
-    mine = None
-    for ranks in ctx.dims.groups("cp"):
-        pg = dist.new_group(ranks)
-        if ctx.rank in ranks:
-            mine = (pg, ranks)
-    return mine
+    return own_group(ctx.dims, "cp", ctx.rank)
 
 
 def apply_context_parallel(ctx, *models: nn.Module) -> Ring | None:

@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from jobs.models.moe import moe_blocks
-from jobs.parallel.base import tensor_bytes
+from jobs.parallel.base import own_group, tensor_bytes
 from jobs.parallel.ep_comm import all_to_all, exchange_counts
 from jobs.parallel.optim import EagerOptimizer
 from jobs.testbug import ep_divisor, mb_divisor
@@ -79,13 +79,8 @@ def ep_groups(ctx) -> tuple:
     """(EP group, expert-DP group, their global ranks) of this rank; every rank takes part in
     creating every group (torch.distributed.new_group is collective; jobs.dims: the layout)."""
     assert ctx.dims.ep == ctx.spec.parallel.ep, "dims built without the spec's ep"
-    mine = {}
-    for axis in ("ep", "edp"):
-        for ranks in ctx.dims.groups(axis):
-            pg = dist.new_group(ranks)
-            if ctx.rank in ranks:
-                mine[axis] = (pg, ranks)
-    (ep_g, ep_ranks), (edp_g, edp_ranks) = mine["ep"], mine["edp"]
+    ep_g, ep_ranks = own_group(ctx.dims, "ep", ctx.rank)  # every EP group first, then EDP
+    edp_g, edp_ranks = own_group(ctx.dims, "edp", ctx.rank)
     return ep_g, edp_g, ep_ranks, edp_ranks
 
 

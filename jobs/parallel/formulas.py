@@ -1,19 +1,20 @@
 """The seeds' per-rank traffic and model-state memory of each data-parallel strategy, per step,
 for the run summary's `formula_check`: both come from `jobs.theory` (the one formula table:
-`theory.comm.dp_collectives` / `dp_bytes_per_rank`, `theory.memory.MEMORY_MODELS` /
-`model_state_bytes`), with the nccl-tests factors of `jobs.commbytes` the tracer uses.
+`theory.comm.dp_collectives` / `dp_bytes_per_rank`, `theory.memory.rank_state_bytes`, which
+knows a parameter-server worker holds no optimizer state), with the nccl-tests factors of
+`jobs.commbytes` the tracer uses.
 
-What is added here is only what a run has and the theory's per-step figure has not: the role
-of a parameter-server rank, and gradient accumulation (ZeRO-2 reduce-scatters every round,
-ZeRO-3 also gathers the parameters twice per round; the others communicate once per step).
+What is added here is only what a run has and the theory's per-step figure has not: gradient
+accumulation (ZeRO-2 reduce-scatters every round, ZeRO-3 also gathers the parameters twice per
+round; the others communicate once per step).
 """
 
 from __future__ import annotations
 
 from jobs import commbytes
-from jobs.strategies import DP_STRATEGIES, ZERO_STAGE, memory_model, ps_worker
+from jobs.strategies import DP_STRATEGIES, ZERO_STAGE, memory_model
 from jobs.theory.comm import dp_bytes_per_rank, dp_collectives
-from jobs.theory.memory import MEMORY_MODELS, model_state_bytes
+from jobs.theory.memory import rank_state_bytes
 
 
 def comm_per_step(strategy: str, n: int, psi_bytes: int, rank: int = 0,
@@ -39,14 +40,10 @@ def comm_per_step(strategy: str, n: int, psi_bytes: int, rank: int = 0,
 def model_state(strategy: str, n: int, psi: int, precision: str = "fp32",
                 fp32_grads: bool = False, rank: int = 0) -> dict:
     """Bytes of `params` / `grads` / `optimizer` one rank holds (exact, unpadded)."""
-    mm = MEMORY_MODELS[memory_model(precision, fp32_grads)]
     s = DP_STRATEGIES[strategy]
-    out = model_state_bytes(psi, n, s.zero_stage, bytes_params=mm["params"],
-                            bytes_grads=mm["grads"], bytes_optimizer=mm["optimizer"])
-    out = {k: int(v) if float(v).is_integer() else v for k, v in out.items()}
-    if ps_worker(s.dp_mode, s.zero_stage, rank):
-        out["optimizer"] = 0
-    return out
+    out = rank_state_bytes(psi, n, s.zero_stage, memory_model(precision, fp32_grads),
+                           dp_mode=s.dp_mode, dp_coord=rank)
+    return {k: int(v) if float(v).is_integer() else v for k, v in out.items()}
 
 
 NATIVE_DEVIATIONS = {

@@ -48,6 +48,20 @@ def model_state_bytes(psi: float, n: int, stage: int, *, bytes_params: float = 2
     }
 
 
+def rank_state_bytes(psi: float, n: int, stage: int, memory_model: str, *,
+                     dp_mode: str = "collective", dp_coord: int = 0) -> dict:
+    """model_state_bytes of one rank under a memory model (MEMORY_MODELS key): the rank at
+    data-parallel coordinate `dp_coord`, so a parameter-server worker (jobs.strategies.ps_worker:
+    the server updates for everyone) holds no optimizer state (seed 001)."""
+    from jobs.strategies import ps_worker
+    mm = MEMORY_MODELS[memory_model]
+    out = model_state_bytes(psi, n, stage, bytes_params=mm["params"], bytes_grads=mm["grads"],
+                            bytes_optimizer=mm["optimizer"])
+    if ps_worker(dp_mode, stage, dp_coord):
+        out["optimizer"] = 0
+    return out
+
+
 def zero_table(psi: float, n: int, memory_model: str) -> dict:
     """{stage: per-rank model-state bytes} for stages 0..3 under `memory_model`."""
     mm = MEMORY_MODELS[memory_model]
