@@ -61,6 +61,8 @@ def wake(folder: str) -> None:
     except OSError:
         return  # no consumer has a pipe (or pipes are not possible here): they poll
     for name in names:
+        if not name.endswith(".fifo"):
+            continue  # a pipe being made (Waker): not yet open, not to be removed
         path = os.path.join(d, name)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
@@ -90,8 +92,17 @@ class Waker:
         d = os.path.join(folder, WAKE)
         os.makedirs(d, exist_ok=True)
         self.path = os.path.join(d, f"{os.getpid()}-{uuid.uuid4().hex[:8]}.fifo")
-        os.mkfifo(self.path, 0o600)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_NONBLOCK)
+        # made and opened under another name, then renamed into place: a publisher that saw
+        # the pipe before it had a reader took it for a dead worker's and removed it (ENXIO),
+        # and this consumer lost its wake-ups for good
+        making = self.path + ".new"
+        os.mkfifo(making, 0o600)
+        try:
+            self.fd = os.open(making, os.O_RDWR | os.O_NONBLOCK)
+            os.rename(making, self.path)
+        except OSError:
+            _unlink(making)
+            raise
 
     def wait(self, seconds: float) -> None:
         ready, _, _ = select.select([self.fd], [], [], seconds)
@@ -137,9 +148,13 @@ class Transport(filesystem.Transport):
         if waker is None and not self._no_waker and opts.get("wake", True):
             folder = opts.get("data_folder_in")
             try:
-                waker = self._waker = Waker(folder)
+                self._waker = Waker(folder)
             except (OSError, TypeError):
                 self._no_waker = True  # no pipes here: poll as kombu does
+            else:
+                # a publish between the empty poll and the pipe's making woke nobody: poll
+                # again now, and wait on the pipe from the next pause on
+                return
         if waker is None:
             sleep(seconds)
         else:

@@ -106,3 +106,53 @@ def test_a_dead_consumers_pipe_is_removed_by_the_next_publish(tmp_path):
     os.mkfifo(d / "123-dead.fifo")  # no process reads it
     fs_transport.wake(str(tmp_path / "queue"))
     assert not list(d.iterdir())
+
+
+def test_a_publish_while_a_pipe_is_being_made_neither_removes_it_nor_is_lost(tmp_path,
+                                                                             monkeypatch):
+    """A publish that lands after a consumer's empty poll, while its pipe is being made (made,
+    not yet opened): the publisher must not take the pipe for a dead worker's and remove it
+    (the consumer then lost its wake-ups for good, and slept a whole polling interval), and
+    the consumer polls once more before its first wait on the pipe (that publish woke nobody).
+    Seen once in a full CI pass: a consumer slept through a publish."""
+    import os
+    import threading
+
+    folder = tmp_path / "queue"
+    folder.mkdir()
+    real = os.mkfifo
+
+    def mkfifo_then_publish(path, *a, **kw):
+        real(path, *a, **kw)
+        fs_transport.wake(str(folder))  # the publisher, between the making and the opening
+    monkeypatch.setattr(fs_transport.os, "mkfifo", mkfifo_then_publish)
+    w = fs_transport.Waker(str(folder))
+    monkeypatch.setattr(fs_transport.os, "mkfifo", real)
+    try:
+        assert os.path.exists(w.path)  # still there, under its name
+        t = threading.Thread(target=w.wait, args=(3600.0,), daemon=True)
+        t.start()
+        fs_transport.wake(str(folder))  # a later publish wakes it
+        t.join(30)
+        assert not t.is_alive(), "the pipe no longer wakes its consumer"
+    finally:
+        w.close()
+
+    # the pause that makes the pipe returns at once (the loop polls again), later ones wait
+    conn = Connection("filesystem://", transport="paralab_core.fs_transport:Transport",
+                      transport_options={"data_folder_in": str(folder),
+                                         "data_folder_out": str(folder)})
+    transport = conn.transport
+    t = threading.Thread(target=transport._pause, args=(conn.connection, 3600.0), daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "the first pause slept before its pipe could be woken"
+    assert transport._waker is not None
+    t = threading.Thread(target=transport._pause, args=(conn.connection, 3600.0), daemon=True)
+    t.start()
+    t.join(0.3)
+    assert t.is_alive()  # a later pause waits on the pipe ...
+    fs_transport.wake(str(folder))
+    t.join(30)
+    assert not t.is_alive()  # ... until a publish
+    conn.close()
