@@ -113,7 +113,7 @@ def analyse_script_run(out: Path, spec: dict) -> dict:
     weights = _loss_weights(metrics)
     for r in imported["ranks"]:
         merge_scalars(out / f"trace-rank{r}.jsonl", r, metrics.get(r, {}), weights,
-                      js.script.tokens_per_step, spec_dict)
+                      js.tokens_per_step, spec_dict)
     losses: dict[int, float] = defaultdict(float)
     for steps in metrics.values():
         for s, m in steps.items():
