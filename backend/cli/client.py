@@ -29,6 +29,22 @@ def _url() -> str:
     return os.environ.get("PARALAB_URL", "http://127.0.0.1:8000").rstrip("/")
 
 
+_CLIENTS: dict[bool, httpx.Client] = {}
+
+
+def _http() -> httpx.Client:
+    """The process's HTTP client (one for plain HTTP, one for HTTPS). httpx.request and
+    httpx.stream build a Client per call, and with it a TLS context that loads the CA bundle
+    (~20-30 ms, even for http://): `submit --wait` paid that three times. No keep-alive: each
+    request has its own connection, as before, so nothing pooled outlives a server."""
+    tls = _url().startswith("https://")
+    c = _CLIENTS.get(tls)
+    if c is None:
+        c = _CLIENTS[tls] = httpx.Client(
+            verify=tls, limits=httpx.Limits(max_keepalive_connections=0))
+    return c
+
+
 def _auth_headers(extra: dict | None = None) -> dict:
     """`Authorization: Bearer $PARALAB_TOKEN` when set (team mode; `paralab token create`)."""
     token = os.environ.get("PARALAB_TOKEN", "").strip()
@@ -39,7 +55,7 @@ def _request(method: str, path: str, *, raw: bool = False, **kw):
     """The answer's JSON or text (`raw`: the httpx response itself); CliError on failure."""
     kw["headers"] = _auth_headers(kw.get("headers"))
     try:
-        r = httpx.request(method, _url() + path, timeout=kw.pop("timeout", 30), **kw)
+        r = _http().request(method, _url() + path, timeout=kw.pop("timeout", 30), **kw)
     except httpx.TransportError as exc:
         raise CliError(f"cannot reach paralab at {_url()} ({exc}); is it running? "
                        "(`make run`, or set PARALAB_URL)", 3) from exc
@@ -128,8 +144,8 @@ def _wait(run: dict) -> dict:
 def _sse(path: str, params: dict | None = None, headers: dict | None = None):
     """(event, data, id) of a server-sent-event stream as each arrives (`: ping` comments
     skipped); CliError on an error answer, httpx.TransportError when the connection drops."""
-    with httpx.stream("GET", f"{_url()}{path}", params=params or {},
-                      headers=_auth_headers(headers or {}), timeout=None) as r:
+    with _http().stream("GET", f"{_url()}{path}", params=params or {},
+                        headers=_auth_headers(headers or {}), timeout=None) as r:
         if r.status_code >= 400:
             raise CliError(f"error {r.status_code}: {r.read().decode()}")
         event, data, last = "message", [], None
@@ -289,8 +305,8 @@ def cmd_export(a) -> int:
                "checkpoint": f"{a.id}.checkpoint.zip"}[a.format]
     out = Path(a.output or default)
     try:
-        with httpx.stream("GET", f"{_url()}/api/runs/{a.id}/export", params=params,
-                          timeout=120, headers=_auth_headers()) as r:
+        with _http().stream("GET", f"{_url()}/api/runs/{a.id}/export", params=params,
+                            timeout=120, headers=_auth_headers()) as r:
             if r.status_code >= 400:
                 raise CliError(f"error {r.status_code}: {r.read().decode(errors='replace')[:500]}")
             size = 0

@@ -364,13 +364,13 @@ def test_paralab_logs_pages_through_a_long_log(settings, monkeypatch, capsys):
 
     rid = running_run(settings, [_line(i) for i in range(LINES)])
     asked = []
-    real = httpx.request
+    real = httpx.Client.request
 
-    def counting(method, url, **kw):
+    def counting(self, method, url, **kw):
         asked.append(kw.get("params"))
-        return real(method, url, **kw)
+        return real(self, method, url, **kw)
 
-    monkeypatch.setattr(httpx, "request", counting)
+    monkeypatch.setattr(httpx.Client, "request", counting)
     monkeypatch.setattr(cli, "LOG_PAGE", 1000, raising=False)  # (a CLI that does not page)
     with serving(settings) as url:
         monkeypatch.setenv("PARALAB_URL", url)
