@@ -105,7 +105,10 @@ _PREVIOUS: dict = {}
 
 def _on_signal(signum, frame):  # pragma: no cover - exercised by the SIGTERM test in a child
     for t in list(_LIVE):
-        t.close(reason=signal.Signals(signum).name)
+        if t._closed:  # still live: the signal came inside its close(), on this same thread
+            t.rewrite_flight()
+        else:
+            t.close(reason=signal.Signals(signum).name)
     prev = _PREVIOUS.get(signum)
     if callable(prev):  # e.g. Python's SIGINT handler: KeyboardInterrupt as usual
         signal.signal(signum, prev)
@@ -619,6 +622,17 @@ class Tracer:
                 if self._blocks is not None:
                     self._blocks.close()
         _LIVE.discard(self)
+
+    def rewrite_flight(self) -> None:
+        """The flight files once more, whole: for a signal handled inside close() (Python runs
+        handlers on the main thread, between two of close()'s bytecodes), after which the
+        process ends. close() had set `_closed`, so the handler's own close() did nothing and
+        the dump close() was writing was never renamed into place (a rank SIGTERMed by
+        torchrun while it closed after a collective's error left no flight dump)."""
+        try:
+            self.flight.write(self)
+        except Exception:  # noqa: BLE001 - last words are best effort: the process is ending
+            pass
 
     def __enter__(self):
         return self

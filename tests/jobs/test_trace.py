@@ -95,6 +95,42 @@ def test_trace_survives_hang_and_sigterm(tmp_path):
     assert recs[-1]["last_completed_seq"] == {"dp": 0}
 
 
+SIGNAL_IN_CLOSE = """
+import os, signal, sys
+from pathlib import Path
+from jobs.trace import Tracer
+tr = Tracer(Path(sys.argv[1]), 0, 1, cuda_events=False)
+with tr.comm("all_reduce", payload_bytes=8, group_size=2):
+    pass
+real = os.replace
+
+def replace(src, dst):
+    if Path(dst).name == "flight_rank_0":  # close()'s dump, about to be renamed into place
+        os.replace = real
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs here, inside close()
+    return real(src, dst)
+
+os.replace = replace
+tr.close()
+"""
+
+
+def test_a_signal_inside_close_still_leaves_the_flight_dump(tmp_path):
+    """torchrun SIGTERMs a rank that is already closing its tracer (a collective's error):
+    the handler runs inside close() and the process ends with it. The dump close() was
+    writing must still be on disk, whole (the old handler found the tracer closed, did
+    nothing, and the dump was never renamed into place: seen once in a fault test)."""
+    import pickle
+
+    from jobs.flight import dump_path
+    p = subprocess.run([sys.executable, "-c", SIGNAL_IN_CLOSE, str(tmp_path)], cwd=ROOT,
+                       timeout=60, capture_output=True, text=True)
+    assert p.returncode == -signal.SIGTERM, p.stderr
+    d = pickle.loads(dump_path(tmp_path, 0).read_bytes())
+    assert d["paralab"]["closed"]["reason"] == "ok"  # the close() it interrupted
+    assert d["paralab"]["groups"] and (tmp_path / "flight-rank0.json").is_file()
+
+
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
     out = tmp_path_factory.mktemp("trace2")
