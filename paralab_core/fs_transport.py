@@ -51,6 +51,7 @@ class Channel(filesystem.Channel):
 
 
 WAKE = ".wake"  # a leading dot: no queue's `_get` takes it for a message
+PIPE = ".fifo"  # a consumer's pipe in WAKE; any other name there is one still being made
 
 
 def wake(folder: str) -> None:
@@ -61,7 +62,7 @@ def wake(folder: str) -> None:
     except OSError:
         return  # no consumer has a pipe (or pipes are not possible here): they poll
     for name in names:
-        if not name.endswith(".fifo"):
+        if not name.endswith(PIPE):
             continue  # a pipe being made (Waker): not yet open, not to be removed
         path = os.path.join(d, name)
         try:
@@ -91,7 +92,7 @@ class Waker:
     def __init__(self, folder: str):
         d = os.path.join(folder, WAKE)
         os.makedirs(d, exist_ok=True)
-        self.path = os.path.join(d, f"{os.getpid()}-{uuid.uuid4().hex[:8]}.fifo")
+        self.path = os.path.join(d, f"{os.getpid()}-{uuid.uuid4().hex[:8]}{PIPE}")
         # made and opened under another name, then renamed into place: a publisher that saw
         # the pipe before it had a reader took it for a dead worker's and removed it (ENXIO),
         # and this consumer lost its wake-ups for good

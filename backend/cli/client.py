@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -29,7 +30,9 @@ def _url() -> str:
     return os.environ.get("PARALAB_URL", "http://127.0.0.1:8000").rstrip("/")
 
 
-_CLIENTS: dict[bool, httpx.Client] = {}
+@functools.cache
+def _client(tls: bool) -> httpx.Client:
+    return httpx.Client(verify=tls, limits=httpx.Limits(max_keepalive_connections=0))
 
 
 def _http() -> httpx.Client:
@@ -37,12 +40,7 @@ def _http() -> httpx.Client:
     httpx.stream build a Client per call, and with it a TLS context that loads the CA bundle
     (~20-30 ms, even for http://): `submit --wait` paid that three times. No keep-alive: each
     request has its own connection, as before, so nothing pooled outlives a server."""
-    tls = _url().startswith("https://")
-    c = _CLIENTS.get(tls)
-    if c is None:
-        c = _CLIENTS[tls] = httpx.Client(
-            verify=tls, limits=httpx.Limits(max_keepalive_connections=0))
-    return c
+    return _client(_url().startswith("https://"))
 
 
 def _auth_headers(extra: dict | None = None) -> dict:
