@@ -227,7 +227,7 @@ def child(mode: str, d: str) -> None:
         convert.convert_run_dir(out, live=run)  # what is left after the run
         conv = {"cpu": time.process_time() - c0, "wall": time.perf_counter() - t0}
         t0, c0 = time.perf_counter(), time.process_time()
-        head = write_analysis(out, scale_records=0, live=run.analysis)  # resumed
+        head = write_analysis(out, live=run.analysis)  # resumed
         assert "analysis_error" not in head, head
         an = {"cpu": time.process_time() - c0, "wall": time.perf_counter() - t0}
         print(json.dumps({"during": during, "convert": conv, "analysis": an,
@@ -241,12 +241,12 @@ def child(mode: str, d: str) -> None:
         convert.USE_BLOCKS = False
         convert.IN_MEMORY_BYTES = 1 << 62  # every file takes the converter's in-memory path
         convert.convert_run_dir(out)
-    elif mode == "scale":  # the whole post-run step on the columnar scale path
-        head = write_analysis(out, scale_records=0)
+    elif mode == "scale":  # the whole post-run step on the columnar engine
+        head = write_analysis(out)
         assert "analysis_error" not in head, head
         engine = json.loads((out / "analysis.json").read_text()).get("engine")
         assert engine == "columnar", engine
-    else:  # "json" / "columnar": the whole post-run analysis, files written
+    else:  # "json": the Python path's post-run analysis of the lines, files written
         head = write_analysis(out)
         assert "analysis_error" not in head, head
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -308,8 +308,8 @@ def parse_count(text: str) -> int:
 
 def scale(a) -> int:
     """--records targets: per size, JSON lines (when at most --json-max records) analysed by
-    the Python path, the conversion, the whole analysis on the Parquet files, and the
-    vectorised tables alone; one markdown table."""
+    the Python path, the conversion, and the whole analysis on the Parquet files by the
+    columnar engine; one markdown table."""
     sizes = [parse_count(x) for x in a.records.split(",")]
     print(f"{a.ranks} ranks; DP x TP record mix ({PER_STEP} records per rank and step); "
           "CPU s count every thread; RSS is the measured process's peak")
@@ -355,9 +355,6 @@ def scale(a) -> int:
                 rows.append(("after the run: the analysis, resumed from the live passes "
                              f"(steps from {live['resumed']} read)",
                              {**live["analysis"], "rss": live["rss"]}, pqs))
-                if target <= a.json_max:
-                    rows.append(("Parquet, write_analysis (vectorised + Python)",
-                                 measure("columnar", out), pqs))
             else:
                 n = make_parquet(out, a.ranks, steps)
                 pqs = sum(p.stat().st_size for p in out.glob("trace-rank*.parquet"))

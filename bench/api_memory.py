@@ -1,20 +1,24 @@
 """API resident memory over many finished runs: flat (within ±10 % of its value after a
-warm-up) while the runs' analysis goes through the byte-bounded trace cache
-(backend/services/run_traces.py, Settings.analysis_cache_mb).
+warm-up). A finished run is converted (the worker leaves its Parquet files beside the lines):
+its page is read from its stored analysis and, a window at a time, from its Parquet files
+(backend/services/gantt_columnar.py), and the API parses none of its JSON lines. With
+--json-only (a worker lost before converting) the lines are parsed into the byte-bounded trace
+cache (backend/services/run_traces.py, Settings.analysis_cache_mb).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/api_memory.py [--runs 500] [--records 100000]
     OMP_NUM_THREADS=1 .venv/bin/python bench/api_memory.py --runs 40 --records 20000   (minutes)
     ... --minutes 38: stop at that time bound and report the runs done (a loaded machine)
 
 Starts a real `paralab serve` (devtools/service.py, the harness the tests and bench/lifecycle.py
-use) on the embedded default (SQLite + filesystem broker), no worker. One run's trace is written
-once (bench/analysis_speed.py's synthetic 4-rank DP x TP record mix, as the tracer's flusher
-writes it: lines and blocks) with its stored analysis (jobs.analysis.write_analysis, as the worker
-does at the end of a run); each run then goes the worker's way through the API: submitted,
-claimed on the worker channel, its files hard-linked into its folder (the bytes are not what is
-measured; the channel's upload is), finished with a summary (which warms the cache in the API),
-and then asked what its page asks: the run, the analysis headline, a table, the Gantt's steps and
-the Gantt. The API process's RSS (/proc/<pid>/status VmRSS) is sampled every --every runs.
+use) on the embedded default (SQLite + filesystem broker), no worker. One run's trace is
+written once (bench/analysis_speed.py's synthetic 4-rank DP x TP record mix, as the tracer's
+flusher writes it: lines and blocks), converted, with its stored analysis (jobs.analysis.
+write_analysis), as the worker leaves a run. Each run then goes the worker's way through the
+API: submitted, claimed on the worker channel, its files hard-linked into its folder (the bytes
+are not what is measured; the channel's upload is), finished with a summary (which warms its
+page in the API), and then asked what its page asks: the run, the analysis headline, a table,
+the Gantt's steps and the Gantt. The API process's RSS (/proc/<pid>/status VmRSS) is sampled
+every --every runs.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from backend.services.run_traces import RECORD_BYTES  # noqa: E402
 from bench.analysis_speed import PER_STEP, make_run, spec_dict  # noqa: E402
 from devtools.service import Service  # noqa: E402 - the harness the tests use
 from jobs.analysis import write_analysis  # noqa: E402
+from jobs.analysis.convert import convert_run_dir  # noqa: E402
 
 RANKS = 4
 TABLE = "step_rank"  # a table the run page pages through
@@ -46,11 +51,16 @@ def rss(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-def template(folder: Path, records: int) -> tuple[Path, int, int, dict]:
-    """One run's files, written once: (folder, records, steps, headline)."""
+def template(folder: Path, records: int, converted: bool = True
+             ) -> tuple[Path, int, int, dict]:
+    """One run's files, written once: (folder, records, steps, headline). `converted`: its
+    Parquet files beside the lines, as the worker leaves every finished run (False: the
+    lines only, as a run whose worker was lost before converting)."""
     steps = max(1, round(records / (RANKS * PER_STEP)))
     folder.mkdir()
     n = make_run(folder, RANKS, steps)
+    if converted:
+        convert_run_dir(folder)
     headline = write_analysis(folder, spec_dict(RANKS, steps))
     assert "analysis_error" not in headline, headline
     return folder, n, steps, headline
@@ -114,15 +124,19 @@ def main(argv=None) -> int:
                     help="stop after this long and report the runs done (a loaded machine)")
     ap.add_argument("--cache-mb", type=float, default=None,
                     help="PARALAB_ANALYSIS_CACHE_MB for the API (default: the setting's)")
+    ap.add_argument("--json-only", action="store_true",
+                    help="runs without their Parquet files (a worker lost before converting): "
+                    "the API parses their JSON lines into its byte-bounded cache")
     ap.add_argument("--no-trim", action="store_true",
                     help="PARALAB_HEAP_TRIM=0: the API keeps what glibc frees (to measure)")
     a = ap.parse_args(argv)
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="api-memory-") as d:
         t0 = time.perf_counter()
-        src, n, steps, headline = template(Path(d) / "template", a.records)
+        src, n, steps, headline = template(Path(d) / "template", a.records, not a.json_only)
         size = sum(f.stat().st_size for f in src.glob("trace-rank*.jsonl"))
-        print(f"template: {n} records ({RANKS} ranks x {steps} steps), traces "
+        kind = "JSON lines only" if a.json_only else "converted, as the worker leaves it"
+        print(f"template: {n} records ({RANKS} ranks x {steps} steps, {kind}), traces "
               f"{size / MiB:.1f} MiB, written in {time.perf_counter() - t0:.1f} s", flush=True)
         env = {} if a.cache_mb is None else {"PARALAB_ANALYSIS_CACHE_MB": str(a.cache_mb)}
         if a.no_trim:

@@ -24,7 +24,7 @@ STEP_S = ("SELECT step, max(dur_ns) / 1e9 FROM t WHERE type = 'span' AND cat = '
 def main(mode: str, out: Path) -> None:
     c0, w0 = time.process_time(), time.perf_counter()
     from jobs.analysis import vec_tables as V
-    con, tr = V.connect(out), V.meta_traces(out)
+    con, tr = V.connect(out), V.meta_only(out)
     path = out / "table-collectives.parquet"
     extra = ""
     if mode == "new":

@@ -1,8 +1,9 @@
-"""The Gantt of a large converted run (issue 19): one window's records read from the Parquet
-files, never the whole run's.
+"""The Gantt of a converted run (every finished run): one window's records read from the
+Parquet files, never the whole run's.
 
-A converted run of at least jobs.analysis.scale.SCALE_RECORDS records would need its whole
-trace in memory for backend/services/gantt.py's columns. Here a request reads only the records
+A whole run's trace in memory for backend/services/gantt.py's columns would cost the API about
+2.3 KB a record, kept per finished run (a 50 M-record run would not fit at all). Here a
+request reads only the records
 overlapping its window (DuckDB over the files, row groups pruned by their `ts_ns` / `step`
 statistics), loads them as a sparse Traces and hands them to the same `gantt.columns` /
 `gantt.gantt` (one lane rule, one drawing), with the run's time origin and its full step list
@@ -33,8 +34,9 @@ def _version(run_dir: Path) -> tuple:
     return (str(run_dir), tuple((p.name, p.stat().st_mtime_ns) for p in files))
 
 
-def is_large(run_dir: Path) -> bool:
-    """A converted run the columnar scale path analyses (scale.use)."""
+def covers(run_dir: Path) -> bool:
+    """A converted run: the columnar engine analyses it (scale.use), its Gantt and windows
+    are read here."""
     try:
         return scale.use(run_dir)
     except OSError:
@@ -56,7 +58,7 @@ def run_info(run_dir: Path) -> dict:
 
 def _build(run_dir: Path, key: tuple) -> dict:
     con = V.connect(run_dir)
-    meta = V.meta_traces(run_dir)
+    meta = V.meta_only(run_dir)
     origin = perfetto.origin_ns(run_dir, meta)
     rows = con.execute("SELECT step, min(ts_ns), max(ts_ns + coalesce(dur_ns, 0)) FROM t "
                        "WHERE type = 'span' AND cat = 'step' AND step >= 0 "

@@ -1,9 +1,9 @@
 """One run's analysis as the API serves it, whichever engine computed it: the analysis
 document, a page of a table, a table's rows streamed, the Perfetto document or a window of it,
 and the Gantt. The routes (api/routes/runs/analysis.py) call these and never ask which engine
-ran: a large run's tables live in Parquet files (jobs.analysis.scale), its Gantt and Perfetto
-windows are read from the columnar trace (gantt_columnar), a small or running run's from its
-loaded traces (run_traces); that choice is made here, once per answer.
+ran: a converted (finished) run's large tables live in Parquet files (jobs.analysis.scale), its
+Gantt and Perfetto windows are read from the columnar trace (gantt_columnar), a running run's
+from its loaded JSON lines (run_traces); that choice is made here, once per answer.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class RunAnalysis:
         if window_ms is not None:
             t0, t1 = window_ms
             name = f"paralab-{rid}-{t0:g}-{t1:g}ms.perfetto.json"
-            if gantt_columnar.is_large(self.dir):
+            if gantt_columnar.covers(self.dir):
                 try:
                     tr, origin = gantt_columnar.export_window(self.dir, t0, t1)
                 except ValueError as exc:
@@ -158,7 +158,7 @@ class RunAnalysis:
     # --- the Gantt --------------------------------------------------------------------------
     def gantt(self, *, step, t0_ms, t1_ms, max_spans: int, px: int) -> dict:
         """Per-rank segments of a window (a large run: only the window's records read)."""
-        if gantt_columnar.is_large(self.dir):
+        if gantt_columnar.covers(self.dir):
             return gantt_columnar.answer(self.dir, step=step, t0_ms=t0_ms, t1_ms=t1_ms,
                                          max_spans=max_spans, px=px)
         return gantt.gantt(self._gantt_trace(), step=step, t0_ms=t0_ms, t1_ms=t1_ms,
@@ -166,7 +166,7 @@ class RunAnalysis:
 
     def gantt_steps(self) -> dict:
         """The trace's optimizer steps and their windows, without any span."""
-        if gantt_columnar.is_large(self.dir):
+        if gantt_columnar.covers(self.dir):
             info = gantt_columnar.run_info(self.dir)
             return {"steps": gantt_columnar.listed_steps(info["steps"]),
                     "steps_total": len(info["steps"]), "ranks": len(info["meta"].ranks),

@@ -1,10 +1,12 @@
 """A run's traces and analysis as the backend serves them, cached by file version.
 
 The worker stores `analysis.json` (jobs.analysis.write_analysis) when a run ends; until then
-(a running run, or one whose worker died before analysing) the same `jobs.analysis.analyze`
-runs here over the partial trace files. Either way the run page reads one analysis: the
-backend computes no metric of its own. The Gantt's columns (backend/services/gantt.py) are derived
-from the same loaded traces (`jobs.analysis.load_run_dir`, the one trace loader).
+(a running run, or one whose worker died before analysing) `jobs.analysis.analyze` runs here
+over the partial trace files. Either way the run page reads one analysis: the backend
+computes no metric of its own. A running run's Gantt columns (backend/services/gantt.py) are
+derived from the same loaded traces (`jobs.analysis.load_run_dir`, the one trace loader); a
+converted run's (every finished run) are read a window at a time from its Parquet files
+(gantt_columnar.py), and its JSON lines are never parsed here.
 """
 
 from __future__ import annotations
@@ -119,11 +121,12 @@ def _version(run_dir: Path, files: list[Path]) -> tuple:
 
 def get(run_dir: Path) -> RunTraces | None:
     """The run's loaded traces (None without trace files), parsed once per file version.
-    None too for a large converted run (scale.use): its millions of records are never loaded
-    whole; its readers go through backend/services/gantt_columnar.py and the stored analysis."""
+    None too for a converted run (scale.use: every finished run): its records are never loaded
+    whole here; its readers go through backend/services/gantt_columnar.py and the stored
+    analysis. What is parsed and kept here is a running run's (or a lost worker's) JSON lines."""
     global _DROPPED
     files = trace_files(run_dir)
-    if not files or _large(run_dir):
+    if not files or _converted(run_dir):
         return None
     try:
         key = _version(run_dir, files)
@@ -185,17 +188,17 @@ def _copy(tr: Traces) -> Traces:
     return Traces(ranks=tr.ranks, meta=tr.meta, warnings=list(tr.warnings), summary=tr.summary)
 
 
-def _large(run_dir: Path) -> bool:
+def _converted(run_dir: Path) -> bool:
     from backend.services import gantt_columnar
-    return gantt_columnar.is_large(run_dir)
+    return gantt_columnar.covers(run_dir)
 
 
 def warm(run_dir: Path) -> None:
     """Parse a run's traces and build its Gantt columns before the page asks (a background
-    task when a run finishes or its page is opened; for a large converted run, the Gantt's
+    task when a run finishes or its page is opened; for a converted run, the Gantt's
     step list and connection over the Parquet files: gantt_columnar.run_info)."""
     from backend.services import gantt, gantt_columnar  # the dashboard's drawing modules
-    if gantt_columnar.is_large(run_dir):
+    if gantt_columnar.covers(run_dir):
         gantt_columnar.run_info(run_dir)
         return
     rt = get(run_dir)

@@ -28,7 +28,7 @@ class ColumnarRun:
     def __init__(self, run_dir: Path):
         from . import vec_tables as V
         self.dir = Path(run_dir)
-        self.meta: Traces = V.meta_traces(self.dir)
+        self.meta: Traces = V.meta_only(self.dir)
         self.t0 = perfetto.origin_ns(self.dir, self.meta)
         self.ranks = sorted(self.meta.ranks)
 

@@ -1,5 +1,5 @@
-"""vec_steps.build without SQL: the step sweep's windows and events formed in numpy
-from each rank's rows of one step range (np_read.py: the read the collectives share).
+"""The step_rank table's sweep: windows and events formed in numpy from each rank's rows of
+one step range (np_read.py: the read the collectives share).
 
 steps.step_row's interval algebra as one sweep per (rank, step): every interval becomes a +1
 at its start and a -1 at its end on one of three counters, A compute spans, B blocking comm
@@ -40,6 +40,9 @@ SUMS = ("compute_ns", "comm_ns", "overlap_ns", "exposed_ns", "busy_ns")
 COLS = ("type", "step", "ts_ns", "dur_ns", "cat", "async", "bucket", "end", "loss",
         "loss_weight")
 DICT = ("type", "cat", "end")
+# the fields the sweep reads of span and comm records: a run that keeps one of them in `args`
+# instead of its column is not covered by the columnar engine (scale.applies)
+FIELDS = COLS[1:]
 
 
 def codes(col, values) -> np.ndarray:

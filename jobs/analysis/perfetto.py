@@ -59,7 +59,7 @@ def iter_perfetto_columnar(run_dir: Path, spec: dict | None = None, *,
     (before the first byte) when a rank holds more than RANK_MAX_RECORDS records."""
     from . import vec_tables as V
     run_dir = Path(run_dir)
-    meta = V.meta_traces(run_dir)
+    meta = V.meta_only(run_dir)
     con = V.connect(run_dir)
     try:
         counts = dict(con.execute("SELECT rank, count(*) FROM t GROUP BY rank").fetchall())

@@ -1,5 +1,6 @@
-"""A finished (or partial) run's analysis: tables, headline, files. Standard library, plus
-DuckDB for the vectorised tables of a run whose traces were converted to Parquet.
+"""A finished (or partial) run's analysis: tables, headline, files. write_analysis hands a
+converted run to the columnar engine (scale.py); `analyze` is the Python path over loaded
+traces (standard library): a running run's partial figures, JSON lines only.
 
 `analyze_run_dir` never raises on a partial trace: each table is computed on its own, and a
 table that cannot be computed is left empty with the reason in `warnings`.
@@ -21,7 +22,6 @@ from . import pipeline as PL
 from . import predicted as P
 from . import steps as S
 from . import stragglers as SG
-from . import vec_steps as VS
 from . import vec_tables as V
 from .assemble import ANALYSIS_FILE, PERFETTO_FILE, SCHEMA, TABLES  # noqa: F401 - re-exported
 from .load import Traces, load_run_dir
@@ -31,44 +31,13 @@ def _safe(tr: Traces, name: str, fn, default):
     return A.safe(tr.warnings, name, fn, default)
 
 
-def vector_source(out_dir: Path, warnings: list[str] | None = None):
-    """A DuckDB connection over the run's Parquet files (vec_tables.connect) when the worker
-    converted its traces (columnar.py), else None: the tables then come from the Python
-    loops only (also when DuckDB cannot open them: the reason goes to `warnings`)."""
-    if not columnar.has_columnar(out_dir):
-        return None
-    try:
-        return V.connect(out_dir)
-    except Exception as exc:  # noqa: BLE001 - the Python path still answers
-        if warnings is not None:
-            warnings.append(f"vectorised analysis unavailable ({type(exc).__name__}: {exc})")
-        return None
-
-
-def _vec_or(vec, fn, warnings: list[str]):
-    """The vectorised table where it applies (fn returns None where it does not); None too
-    when it fails, so the caller's Python function answers instead."""
-    if vec is None:
-        return None
-    try:
-        return fn()
-    except Exception as exc:  # noqa: BLE001
-        warnings.append(f"vectorised table failed, Python path used ({type(exc).__name__}: "
-                        f"{exc})")
-        return None
-
-
-def analyze(tr: Traces, spec=None, vec=None, out_dir: Path | None = None) -> dict:
-    """Tables + headline of loaded traces (see analyze_run_dir). `vec`: vector_source of the
-    run folder `out_dir`; the tables vec_tables computes come from DuckDB then, step_rank
-    from np_steps over its Parquet files (the same rows)."""
+def analyze(tr: Traces, spec=None) -> dict:
+    """Tables + headline of loaded traces (see analyze_run_dir): the Python path."""
     sp = P.spec_of(spec if spec is not None else tr.spec_dict(), tr.warnings)
     spec_dict = sp.to_dict() if sp is not None else tr.spec_dict()
     pred = _safe(tr, "theory", lambda: P.theory(sp, tr.warnings), None)
     t: dict = {}
-    t["step_rank"] = _safe(tr, "step_rank", lambda: _vec_or(
-        vec, lambda: VS.step_rank_table(vec, tr, out_dir), tr.warnings)
-        or S.step_rank_table(tr), [])
+    t["step_rank"] = _safe(tr, "step_rank", lambda: S.step_rank_table(tr), [])
     t["collectives"] = _safe(tr, "collectives", lambda: C.collectives_table(tr), [])
     t["ranks"] = _safe(tr, "ranks", lambda: S.ranks_table(t["step_rank"]), [])
     t["stragglers"] = _safe(tr, "stragglers",
@@ -76,9 +45,7 @@ def analyze(tr: Traces, spec=None, vec=None, out_dir: Path | None = None) -> dic
     t["straggler_ranks"] = _safe(tr, "straggler_ranks", lambda: SG.straggler_ranks_table(
         t["collectives"], t["step_rank"]), [])
     t["bandwidth"] = _safe(tr, "bandwidth", lambda: C.bandwidth_table(t["collectives"]), [])
-    t["axis_bytes"] = _safe(tr, "axis_bytes", lambda: _vec_or(
-        vec, lambda: V.axis_bytes_table(vec, tr, out_dir), tr.warnings)
-        or C.axis_bytes_table(tr), [])
+    t["axis_bytes"] = _safe(tr, "axis_bytes", lambda: C.axis_bytes_table(tr), [])
     _safe(tr, "axis_bytes predictions",
           lambda: A.axis_predictions(t["axis_bytes"], pred, tr.summary), None)
     t["links"] = _safe(tr, "links", lambda: LK.links_table(tr, sp, t["collectives"], pred), [])
@@ -102,10 +69,10 @@ def analyze(tr: Traces, spec=None, vec=None, out_dir: Path | None = None) -> dic
 
 def analyze_run_dir(out_dir: Path, spec=None) -> dict:
     """{"schema", "run", "spec", "headline", "tables": {name: [rows]}, "warnings"} of a run
-    folder (`trace-rank*.jsonl`, `summary.json` if present). `spec`: a JobSpec or spec dict; default
-    the one in the traces' meta record."""
-    tr = load_run_dir(Path(out_dir))
-    return analyze(tr, spec, vector_source(Path(out_dir), tr.warnings), Path(out_dir))
+    folder (`trace-rank*.jsonl`, `summary.json` if present) by the Python path, whatever else
+    the folder holds. `spec`: a JobSpec or spec dict; default the one in the traces' meta
+    record."""
+    return analyze(load_run_dir(Path(out_dir)), spec)
 
 
 def _write_json(path: Path, obj) -> None:
@@ -119,27 +86,27 @@ def _write_json(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
-def write_analysis(out_dir: Path, spec=None, scale_records: int | None = None,
-                   live=None) -> dict:
+def write_analysis(out_dir: Path, spec=None, live=None) -> dict:
     """Analyze `out_dir`, write `analysis.json` there, return the headline (no Perfetto
     file: the export builds it on request from the traces, perfetto.py). Never raises
     (failures land in the analysis' warnings or the returned headline's `analysis_error`).
-    A converted run of at least `scale_records` records (default scale.SCALE_RECORDS) takes
-    the columnar scale path (scale.py): its large tables go to `table-<name>.parquet`.
-    `live`: the worker's analyze_live.LiveAnalysis of the run, which the scale path goes on
-    from (else it is discarded)."""
+    A converted run, whatever its size, takes the columnar engine (scale.py): its large
+    tables go to `table-<name>.parquet`; a folder of JSON lines only, or a run that engine
+    does not cover (scale.applies), the Python path. `live`: the worker's analyze_live.
+    LiveAnalysis of the run, which the columnar engine goes on from (else it is discarded)."""
     out_dir = Path(out_dir)
     columnar.use_system_pool()
+    why: list[str] = []  # why a converted run took the Python path
     try:
         try:
-            result = _scale_result(out_dir, spec, scale_records, live)
-        finally:  # what the scale path did not go on from (a Python-path run) is removed
+            result = _scale_result(out_dir, spec, live, why)
+        finally:  # what the columnar engine did not go on from (a Python-path run) is removed
             if live is not None:
-                live.discard("the scale path did not go on from it")
+                live.discard("the columnar engine did not go on from it")
         if result is None:
             _python_fits(out_dir)
-            tr = load_run_dir(out_dir)
-            result = analyze(tr, spec, vector_source(out_dir, tr.warnings), out_dir)
+            result = analyze(load_run_dir(out_dir), spec)
+            result["warnings"] = why + result["warnings"]
         _write_json(out_dir / ANALYSIS_FILE, result)
         return result["headline"]
     except Exception as exc:  # noqa: BLE001 - the worker must finish the run regardless
@@ -153,7 +120,10 @@ def _python_fits(out_dir: Path) -> None:
     from . import scale
     if not columnar.has_columnar(out_dir):
         return
-    n = scale.record_count(out_dir)
+    try:
+        n = scale.record_count(out_dir)
+    except Exception:  # noqa: BLE001 - a damaged file: its JSON lines say how large it is
+        return
     if n > scale.PYTHON_MAX_RECORDS:
         raise ValueError(
             f"{n:,} trace records: more than the Python analysis loads "
@@ -162,18 +132,31 @@ def _python_fits(out_dir: Path) -> None:
             "fewer steps (spec trace: a schedule or steps) to analyse it")
 
 
-def _scale_result(out_dir: Path, spec, scale_records: int | None, live=None) -> dict | None:
-    """The scale path's analysis where it applies (scale.use and scale.applies), else None.
-    A stale whole-run Perfetto file of an earlier analysis is removed (it would disagree)."""
+def _scale_result(out_dir: Path, spec, live, why: list[str]) -> dict | None:
+    """The columnar engine's analysis of a converted run (scale.use) it covers (scale.
+    applies), else None, with the reason in `why` for a converted run: the Python path then
+    answers from the JSON lines, and its warnings say why. A failure of the engine itself
+    is one (the run's figures still come, the warning names the error). A stale whole-run
+    Perfetto file of an earlier analysis is removed (it would disagree)."""
     from . import scale
-    if not scale.use(out_dir, scale_records):
+    if not scale.use(out_dir):
         return None
     try:
         con = V.connect(out_dir, scale.MEMORY_LIMIT)
-    except Exception:  # noqa: BLE001 - unreadable files: the Python path reports them
+        covered = scale.applies(con)
+    except Exception as exc:  # noqa: BLE001 - unreadable files: the JSON lines still are
+        why.append(f"the run's Parquet files could not be read ({type(exc).__name__}: "
+                   f"{exc}): the Python path analysed its JSON lines")
         return None
-    if not scale.applies(con):
+    if not covered:
+        why.append("the columnar engine does not cover this run (a field its tables read is "
+                   "kept in args): the Python path analysed its JSON lines")
         return None
-    result = scale.analyze_columnar(out_dir, spec, con, live)
+    try:
+        result = scale.analyze_columnar(out_dir, spec, con, live)
+    except Exception as exc:  # noqa: BLE001 - the figures still come, the warning says why
+        why.append(f"the columnar engine failed ({type(exc).__name__}: {exc}): the Python "
+                   "path analysed the run's JSON lines")
+        return None
     (out_dir / PERFETTO_FILE).unlink(missing_ok=True)
     return result

@@ -1,5 +1,5 @@
-"""The columnar scale path: the whole post-run analysis of a converted run without
-loading its records into Python.
+"""The columnar engine: the whole post-run analysis of every converted run, whatever its
+size, without loading its records into Python.
 
 What run.analyze computes from `Traces`, computed here over the run's Parquet files: the
 per-record-scale tables (step_rank, collectives) by numpy over one step range at a time
@@ -7,8 +7,11 @@ per-record-scale tables (step_rank, collectives) by numpy over one step range at
 scale_comm.py), the small ones (axis_bytes, memory peaks) by vec_tables.py, the loader's
 warnings from the files' metadata. Records only MoE tables read (`moe`, all-to-all) are
 loaded into a sparse Traces for their Python functions. The result is assembled by
-assemble.py, the same code as the Python path's, so each figure has one definition; the
-Python path stays the oracle (tests/analysis/test_scale.py: equal analyses).
+assemble.py, the same code as the Python path's, so each figure has one definition. The
+Python path (run.analyze over load.py's Traces) answers only for what is not converted: a
+running run's partial figures, a run whose worker was lost before converting, and a run with
+a field hidden in `args` that a table reads (`applies`); it is also the oracle of
+tests/analysis/test_scale.py (equal analyses).
 
 Tables of more than JSON_ROWS rows stay whole in `table-<name>.parquet` beside the traces;
 analysis.json keeps an even sample of them (every k-th row) and says so in `table_files`
@@ -16,9 +19,7 @@ analysis.json keeps an even sample of them (every k-th row) and says so in `tabl
 
 A pipeline run's bubble figures come from its action spans by DuckDB and numpy (scale_pipe.py)
 into the step_rank rows, and its stage_bubbles from pipeline.py's own function over them; its
-point-to-point ops are matched as collectives.match matches them (np_coll). Applies to runs
-without fields hidden in `args` that a table reads (`applies`); those keep the Python path
-whatever their size.
+point-to-point ops are matched as collectives.match matches them (np_coll).
 """
 
 from __future__ import annotations
@@ -32,14 +33,13 @@ from . import links as LK
 from . import memory as M
 from . import moe as MOE
 from . import np_axis as NA
+from . import np_steps as NS
 from . import pipeline as PL
 from . import predicted as P
-from . import vec_steps as VS
 from . import vec_tables as V
 from .jsonl import sort_key
 from .load import Traces, finish, rank_warnings
 
-SCALE_RECORDS = 1_000_000  # a converted run with at least this many records takes this path
 JSON_ROWS = 5_000  # rows of one table analysis.json holds; a larger table keeps a sample
 # the most records the Python path loads: about 2.3 KB of memory each (1.16 GiB at 0.5 M,
 # docs/benchmarks.md), so ~9 GiB here; a larger run the columnar path does not cover gets an
@@ -67,7 +67,7 @@ def record_count(out_dir: Path) -> int:
                for p in Path(out_dir).glob("trace-rank*" + columnar.SUFFIX))
 
 
-# what a pipeline's tables read of its action spans besides vec_steps.FIELDS (a span's
+# what a pipeline's tables read of its action spans besides np_steps.FIELDS (a span's
 # `chunk` is read from args where it has no `stage`)
 PIPE_FIELDS = ("action", "stage")
 
@@ -76,14 +76,15 @@ def applies(con) -> bool:
     """Whether every table of this path applies (else the Python path answers): no field a
     table reads hidden in args."""
     from . import np_coll
-    return not (V.in_args(con, "span", VS.FIELDS + PIPE_FIELDS)
-                or V.in_args(con, "comm", VS.FIELDS)) and np_coll.applies(con)
+    return not (V.in_args(con, "span", NS.FIELDS + PIPE_FIELDS)
+                or V.in_args(con, "comm", NS.FIELDS)) and np_coll.applies(con)
 
 
-def use(out_dir: Path, threshold: int | None = None) -> bool:
-    """A converted run of at least SCALE_RECORDS records (`threshold`)."""
-    limit = SCALE_RECORDS if threshold is None else threshold
-    return columnar.has_columnar(out_dir) and record_count(out_dir) >= limit
+def use(out_dir: Path) -> bool:
+    """Whether this engine answers for the run: every converted run, whatever its size (a run
+    not converted yet, a running one or a worker lost before converting, is read from its
+    JSON lines: load.py and the Python tables)."""
+    return columnar.has_columnar(out_dir)
 
 
 def meta_traces(out_dir: Path, con) -> Traces:
@@ -255,7 +256,7 @@ def table_rows(out_dir: Path, name: str, offset: int = 0,
         if at >= end:
             break
     part = pa.concat_tables(parts) if parts else pf.schema_arrow.empty_table()
-    return total, ROWS[name](part, meta_only(Path(out_dir)))
+    return total, ROWS[name](part, V.meta_only(Path(out_dir)))
 
 
 def iter_table_rows(out_dir: Path, name: str):
@@ -263,7 +264,7 @@ def iter_table_rows(out_dir: Path, name: str):
     (table_rows' dicts, in file order): what the whole-table CSV / JSON downloads stream."""
     import pyarrow.parquet as pq
     pf = pq.ParquetFile(Path(out_dir) / FILE.format(name))
-    meta = meta_only(Path(out_dir))
+    meta = V.meta_only(Path(out_dir))
     for i in range(pf.metadata.num_row_groups):
         yield ROWS[name](pf.read_row_group(i), meta)
 
@@ -279,7 +280,7 @@ def table_header(out_dir: Path, name: str) -> list[str]:
     pf = pq.ParquetFile(Path(out_dir) / FILE.format(name))
     if not pf.metadata.num_rows:
         return []
-    first = ROWS[name](pf.read_row_group(0).slice(0, 1), meta_only(Path(out_dir)))[0]
+    first = ROWS[name](pf.read_row_group(0).slice(0, 1), V.meta_only(Path(out_dir)))[0]
     cols = list(first)
     if name != "collectives":
         return cols
@@ -295,11 +296,6 @@ def table_header(out_dir: Path, name: str) -> list[str]:
                 seen[k] = at + int(valid.argmax())
         at += g.num_rows
     return cols + sorted(seen, key=lambda k: (seen[k], NC.OPTIONAL.index(k)))
-
-
-def meta_only(out_dir: Path) -> Traces:
-    """The ranks' meta records (coordinates) from the files' footers, no query."""
-    return V.meta_traces(out_dir)
 
 
 def _arrow(path: Path):

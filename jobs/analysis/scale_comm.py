@@ -252,7 +252,7 @@ def links_table(con, tr: Traces, spec, coll, pred: dict | None,
                 sums: dict) -> list[dict] | None:
     """links.links_table: per-record bytes from np_axis.axis_sums' `raw` sums (the axis_bytes
     table's), instance medians from the instances (`coll`: an Instances or the file's
-    path); tr: vec_tables.meta_traces. None where a span's step / cat sits in args (the
+    path); tr: vec_tables.meta_only. None where a span's step / cat sits in args (the
     caller takes the Python path). A NULL axis and an axis named "?" on one rank would merge
     in the oracle's (rank, "?") and not here."""
     from .vec_tables import in_args

@@ -11,7 +11,7 @@ Parquet files, without its records in Python.
     trace_coverage(con, sr)          steps.trace_coverage
 
 `sr`: the step_rank table as Arrow, in (rank, step) order. Figures are formed from the sweep's
-integer ns exactly as steps.step_row / vec_steps._row form them; sums over steps run left to
+integer ns exactly as steps.step_row forms them; sums over steps run left to
 right (np.cumsum, as Python's sum), so the tables equal the oracle's (tests/analysis/
 test_scale.py).
 """
@@ -27,9 +27,8 @@ import pyarrow.parquet as pq
 from jobs.trace_schedule import compact_ranges
 
 from . import finished as F
-from . import rules
+from . import np_steps, rules
 from . import steps as S
-from . import vec_steps as VS
 from .load import Traces
 
 NS = 1e9
@@ -42,7 +41,7 @@ PIPE = {"bubble_s": "bubble_ns", "pipeline_window_s": "window_ns",
 
 
 def _chunk_table(c: dict) -> pa.Table:
-    """One step range's step_rank columns from the sweep's integers (vec_steps._row's
+    """One step range's step_rank columns from the sweep's integers (steps.step_row's
     arithmetic, vectorised: the same IEEE operations)."""
     span = c["t1"].astype(np.int64) - c["t0"].astype(np.int64)
     comm = c["comm_ns"].astype(np.int64)
@@ -82,9 +81,9 @@ def _concat(chunks: list[dict]) -> dict:
 def write_step_rank(tr: Traces, path: Path, chunks=None, pipe=None) -> pa.Table | None:
     """steps.step_rank_table to `path` in (rank, step) order, its warning on tr.warnings;
     the table written (None: no row, no file). `chunks`: np_steps.rows_of's dicts, read
-    already (default: vec_steps.build over path's folder). `pipe`: the sweep's integers ->
+    already (default: np_steps.build over path's folder). `pipe`: the sweep's integers ->
     scale_pipe.figures' (None: not a pipeline run)."""
-    chunks = list(chunks if chunks is not None else VS.build(Path(path).parent))
+    chunks = list(chunks if chunks is not None else np_steps.build(Path(path).parent))
     if pipe is not None and chunks:
         c = _concat(chunks)
         fig = pipe(c)

@@ -3,7 +3,6 @@
 Each function gives the rows of its Python counterpart (the oracle, tests/analysis/
 test_columnar.py compares them) without loading records into Python:
 
-    step_rank_table    steps.step_rank_table (vec_steps.py), for runs without pipeline actions
     axis_bytes_table   collectives.axis_bytes_table
     mem_peaks          memory.measured (trace samples; the summary fallback stays in Python)
 
@@ -26,8 +25,10 @@ from .load import _RANK_RE, Traces
 NS = 1e9
 
 
-def meta_traces(out_dir: Path) -> Traces:
-    """A Traces holding the ranks' meta records only (what group keys and coordinates need)."""
+def meta_only(out_dir: Path) -> Traces:
+    """A Traces holding the ranks' meta records only (what group keys and coordinates need),
+    from the files' footers, no query (scale.meta_traces adds the loader's warnings and the
+    summary)."""
     import pyarrow.parquet as pq
     tr = Traces()
     for path in sorted(Path(out_dir).glob("trace-rank*" + columnar.SUFFIX)):

@@ -256,8 +256,11 @@ def test_a_pipeline_run_is_left_to_the_post_run_analysis(pp_run, tmp_path, small
     assert "point-to-point ops" in live.analysis.failed and live.analysis.reader is None
 
 
-def test_a_python_path_run_leaves_nothing_of_the_live_analysis(tmp_path, small):
-    """Below SCALE_RECORDS the Python path analyses the run: the live instance file goes."""
+def test_a_python_path_run_leaves_nothing_of_the_live_analysis(tmp_path, small,
+                                                              monkeypatch):
+    """A run the columnar engine does not cover (scale.applies: a field a table reads kept
+    in args) is analysed by the Python path: the live instance file goes."""
+    monkeypatch.setattr(scale, "applies", lambda con: False)
     live = fed(tmp_path / "run", dp_tp(tmp_path, steps=9))
     run = tmp_path / "run"
     assert (run / "table-collectives.parquet").exists()  # written while the run went
@@ -278,9 +281,9 @@ def test_write_analysis_goes_on_from_the_live_analysis(tmp_path, small):
     convert.convert_run_dir(run, live=live)
     ref = tmp_path / "ref"
     shutil.copytree(run, ref, ignore=shutil.ignore_patterns("table-*"))
-    assert "analysis_error" not in write_analysis(run, scale_records=0, live=live.analysis)
+    assert "analysis_error" not in write_analysis(run, live=live.analysis)
     assert live.analysis.resumed >= 4
-    assert "analysis_error" not in write_analysis(ref, scale_records=0)
+    assert "analysis_error" not in write_analysis(ref)
     got, want = (json.loads((d / "analysis.json").read_text()) for d in (run, ref))
     same(got, want)
     by_hand(got, per_rank)
@@ -309,7 +312,6 @@ def test_the_workers_post_run_step_goes_on_from_the_live_analysis(tmp_path, smal
     from jobs.spec import parse_spec
     from tests.analysis.test_columnar import SPEC
     from worker.tasks import JobSupervisor
-    monkeypatch.setattr(scale, "SCALE_RECORDS", 0)  # this small run takes the scale path
     per_rank = dp_tp(tmp_path, steps=9)
     live = fed(tmp_path / "run", per_rank)
     want = reference(tmp_path / "run", tmp_path / "ref")

@@ -12,8 +12,6 @@ from jobs.analysis import analyze_run_dir, columnar, convert, load_run_dir
 from jobs.analysis import collectives as C
 from jobs.analysis import memory as M
 from jobs.analysis import np_steps as NS
-from jobs.analysis import steps as S
-from jobs.analysis import vec_steps as VS
 from jobs.analysis import vec_tables as V
 from tests.analysis import synth as s
 
@@ -93,28 +91,23 @@ def test_same_records_and_analysis_through_both_storages(tmp_path):
 
 def test_vectorised_tables_equal_the_python_ones(tmp_path, monkeypatch):
     monkeypatch.setattr(NS, "CHUNK_RECORDS", 40)  # several step ranges, as a long run has
-    monkeypatch.setattr(NS, "CHUNK_RECORDS", 40)
     run = dp_tp_run(tmp_path / "run", steps=6, drop=(2, 4), unfinished=(1, 5))
     tr = load_run_dir(run)
     convert.convert_run_dir(run)
-    con, mt = V.connect(run), V.meta_traces(run)
-    sr = VS.step_rank_table(con, mt, run)
-    assert sr == S.step_rank_table(tr)
-    assert any(not r["has_step_span"] for r in sr) and any(r["overlap_s"] for r in sr)
+    con, mt = V.connect(run), V.meta_only(run)
     from jobs.analysis import np_coll as N
     coll = N.rows_of(list(N.instance_batches(mt, run)), mt)
     assert coll == C.collectives_table(tr)
     assert any(r["busbw_GBps"] for r in coll)
-    assert mt.warnings == [w for w in tr.warnings if "instance" in w or "`step` span" in w]
+    assert mt.warnings == [w for w in tr.warnings if "instance" in w]
     assert V.axis_bytes_table(con, mt, run) == C.axis_bytes_table(tr)
     peaks = V.mem_peaks(con)
     assert {r: (peaks[r], "trace") for r in peaks} == {r: M.measured(tr, r) for r in tr.ranks}
 
 
-def test_point_to_point_runs_keep_the_python_step_rank(tmp_path):
-    """send / recv runs: the columnar engine applies (it matches transfers too), the
-    vectorised step_rank of non-pipeline runs does not (None), and the analysis still equals
-    the JSON path's."""
+def test_point_to_point_runs_are_covered_by_the_columnar_engine(tmp_path):
+    """send / recv runs: the columnar engine applies (it matches transfers too), and the
+    Python path over the folder is unchanged by its conversion."""
     per = {}
     for rank in range(2):
         recs = [s.meta(rank, 2, {"pp": rank, "dp": 0, "tp": 0})]
@@ -133,7 +126,6 @@ def test_point_to_point_runs_keep_the_python_step_rank(tmp_path):
     convert.convert_run_dir(run)
     from jobs.analysis import np_coll as N
     assert N.applies(V.connect(run))  # matched by the columnar engine too (test_scale_pipeline)
-    assert VS.step_rank_table(V.connect(run), V.meta_traces(run), run) is None  # pipeline
     assert analyze_run_dir(run) == want
 
 
@@ -145,10 +137,10 @@ def test_a_run_too_large_for_the_python_path_gets_an_error_not_a_killed_worker(
     run = dp_tp_run(tmp_path / "run", steps=3)
     convert.convert_run_dir(run)
     monkeypatch.setattr(scale, "applies", lambda con: False)  # as for a pipeline run
-    assert "analysis_error" not in write_analysis(run, scale_records=0)  # fits: Python path
+    assert "analysis_error" not in write_analysis(run)  # fits: the Python path
     n = scale.record_count(run)
     monkeypatch.setattr(scale, "PYTHON_MAX_RECORDS", n - 1)
-    err = write_analysis(run, scale_records=0)["analysis_error"]
+    err = write_analysis(run)["analysis_error"]
     assert err.startswith(f"ValueError: {n:,} trace records: more than the Python analysis "
                           f"loads ({n - 1:,})") and "trace fewer steps" in err
 
@@ -184,6 +176,10 @@ def test_parquet_metadata_carries_the_schema_version(tmp_path):
 
 
 def test_a_damaged_parquet_file_degrades_to_the_python_path(tmp_path):
+    """The run's figures still come, from its JSON lines, and the analysis says why."""
+    import json
+
+    from jobs.analysis import write_analysis
     run = dp_tp_run(tmp_path / "run")
     want = analyze_run_dir(run)
     convert.convert_run_dir(run)
@@ -191,9 +187,28 @@ def test_a_damaged_parquet_file_degrades_to_the_python_path(tmp_path):
     st = bad.stat()
     bad.write_bytes(b"PAR1 not a parquet file")
     os.utime(bad, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
-    got = analyze_run_dir(run)
-    assert got["tables"] == want["tables"]
-    assert any("vectorised" in w for w in got["warnings"])
+    assert "analysis_error" not in write_analysis(run)
+    got = json.loads((run / "analysis.json").read_text())
+    assert got["engine"] == "python" and got["tables"] == want["tables"]
+    assert "Parquet files could not be read" in got["warnings"][0]
+
+
+def test_a_failing_columnar_engine_falls_back_with_a_warning(tmp_path, monkeypatch):
+    import json
+
+    from jobs.analysis import scale, write_analysis
+    run = dp_tp_run(tmp_path / "run")
+    want = analyze_run_dir(run)
+    convert.convert_run_dir(run)
+
+    def broken(*a, **k):
+        raise ZeroDivisionError("planted")
+    monkeypatch.setattr(scale, "analyze_columnar", broken)
+    assert "analysis_error" not in write_analysis(run)
+    got = json.loads((run / "analysis.json").read_text())
+    assert got["engine"] == "python" and got["tables"] == want["tables"]
+    assert got["warnings"][0].startswith("the columnar engine failed (ZeroDivisionError: "
+                                         "planted)")
 
 
 @pytest.mark.parametrize("chunk", [10**9, 25])
@@ -220,7 +235,7 @@ def test_axis_sums_merge_a_missing_axis_with_one_named_question_mark(tmp_path, m
     p.write_text("\n".join(out) + "\n")
     tr = load_run_dir(run)
     convert.convert_run_dir(run)
-    con, mt = V.connect(run), V.meta_traces(run)
+    con, mt = V.connect(run), V.meta_only(run)
     want = C.axis_bytes_table(tr)
     assert any(r["axis"] == "?" and r["rank"] == 0 for r in want)
     assert V.axis_bytes_table(con, mt, run) == want

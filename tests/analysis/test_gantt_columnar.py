@@ -5,7 +5,7 @@ records from the Parquet files give the same segments as the whole loaded trace'
 from __future__ import annotations
 
 from backend.services import gantt, gantt_columnar
-from jobs.analysis import convert, load_run_dir, scale
+from jobs.analysis import convert, load_run_dir
 from tests.analysis.test_columnar import dp_tp_run
 
 
@@ -20,8 +20,7 @@ def segments(out: dict) -> list[tuple]:
 def test_a_step_window_equals_the_whole_traces_gantt(tmp_path, monkeypatch):
     run = dp_tp_run(tmp_path / "run", steps=5, drop=(1, 2))
     convert.convert_run_dir(run)
-    monkeypatch.setattr(scale, "SCALE_RECORDS", 0)
-    assert gantt_columnar.is_large(run)
+    assert gantt_columnar.covers(run)
     full = gantt.columns(load_run_dir(run))
     for step in (0, 2, 4):
         want = gantt.gantt(full, step=step)
@@ -38,7 +37,6 @@ def test_a_step_window_equals_the_whole_traces_gantt(tmp_path, monkeypatch):
 def test_a_time_window_is_capped_in_records(tmp_path, monkeypatch):
     run = dp_tp_run(tmp_path / "run", steps=6)
     convert.convert_run_dir(run)
-    monkeypatch.setattr(scale, "SCALE_RECORDS", 0)
     full = gantt.columns(load_run_dir(run))
     lo, hi = full.steps[1]["t0_ms"], full.steps[3]["t1_ms"]
     got = gantt_columnar.answer(run, step=None, t0_ms=lo, t1_ms=hi, max_spans=20000, px=2000)
@@ -60,7 +58,6 @@ def test_a_perfetto_window_from_parquet_equals_the_loaded_traces(tmp_path, monke
     from jobs.analysis.export import iter_perfetto_json
     run = dp_tp_run(tmp_path / "run", steps=5)
     convert.convert_run_dir(run)
-    monkeypatch.setattr(scale, "SCALE_RECORDS", 0)
     full = load_run_dir(run)
     steps = gantt.columns(full).steps
     win = (steps[1]["t0_ms"] + 0.05, steps[2]["t1_ms"])
@@ -82,16 +79,16 @@ def test_a_long_run_lists_a_bounded_step_selection(monkeypatch):
     assert gantt_columnar.listed_steps(steps[:50]) == steps[:50]
 
 
-def test_a_large_runs_json_lines_are_never_loaded_and_its_page_warms_the_step_list(
-        tmp_path, monkeypatch):
-    """Its JSON lines stay next to the Parquet files, but run_traces never parses them (a
-    50 M-record run would not fit in the server's memory); opening the page builds the Gantt's
-    step list (gantt_columnar.run_info) in the background instead."""
+def test_a_converted_runs_json_lines_are_never_loaded_and_its_page_warms_the_step_list(
+        tmp_path):
+    """Its JSON lines stay next to the Parquet files, but run_traces never parses them, at any
+    size (a 50 M-record run would not fit in the server's memory, and a small one would stay
+    in it); opening the page builds the Gantt's step list (gantt_columnar.run_info) in the
+    background instead. Before the conversion (a running run) the lines are loaded."""
     from backend.services import run_traces
     run = dp_tp_run(tmp_path / "run", steps=3)
+    assert run_traces.get(run) is not None  # not converted yet: the loaded traces
     convert.convert_run_dir(run)
-    assert run_traces.get(run) is not None  # below SCALE_RECORDS: the loaded traces
-    monkeypatch.setattr(scale, "SCALE_RECORDS", 0)
     assert list(run.glob("trace-rank*.jsonl")) and run_traces.get(run) is None
     gantt_columnar._CACHE.clear()
     run_traces.warm(run)

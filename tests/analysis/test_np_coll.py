@@ -87,7 +87,7 @@ def test_instances_equal_the_oracle(tmp_path, monkeypatch, kind, chunk):
     monkeypatch.setattr(NS, "CHUNK_RECORDS", chunk)  # one pass, several, one per step
     run, tr = _run(tmp_path, kind)
     want = C.collectives_table(tr)
-    con, mt = V.connect(run), V.meta_traces(run)
+    con, mt = V.connect(run), V.meta_only(run)
     assert N.applies(con)
     batches = list(N.instance_batches(mt, run))
     assert len(batches) > (2 if chunk == 7 else 0)
@@ -124,7 +124,7 @@ def test_an_instance_across_a_pass_boundary_stays_whole(tmp_path, monkeypatch):
         p.write_text("".join(out))
     tr = load_run_dir(run)
     convert.convert_run_dir(run)
-    mt = V.meta_traces(run)
+    mt = V.meta_only(run)
     assert N.rows_of(list(N.instance_batches(mt, run)), mt) == C.collectives_table(tr)
     assert not mt.warnings
 
@@ -145,7 +145,7 @@ def test_tables_over_the_instances_file_equal_the_oracle(tmp_path, monkeypatch, 
     monkeypatch.setattr(NS, "CHUNK_RECORDS", 40)
     run, tr = _run(tmp_path, kind)
     coll, step_rows = C.collectives_table(tr), S.step_rank_table(tr)
-    con, mt = V.connect(run), V.meta_traces(run)
+    con, mt = V.connect(run), V.meta_only(run)
     path = tmp_path / "table-collectives.parquet"
     assert SC.write_instances(mt, run, path) == len(coll)
     assert mt.warnings == [w for w in tr.warnings if "instance" in w]
@@ -174,7 +174,7 @@ def test_a_flagged_straggler_and_an_even_median(tmp_path):
     run, tr = _run(tmp_path, "plain")
     coll = C.collectives_table(tr)
     path = tmp_path / "c.parquet"
-    SC.write_instances(V.meta_traces(run), run, path)
+    SC.write_instances(V.meta_only(run), run, path)
     tiny = pa.table({"step": [0, 1, 2, 3], "step_s": [1e-4] * 4})
     got = SL.straggler_rows(SL.stragglers_table(SL.Lateness.of_file(path), tiny))
     rows = [{"step": st, "rank": 0, "step_s": 1e-4} for st in range(4)]

@@ -159,7 +159,7 @@ def test_a_large_table_is_paged_from_its_parquet_file(client, settings, run_id,
     want = analyze_run_dir(run)["tables"]["collectives"]
     monkeypatch.setattr(scale, "JSON_ROWS", 4)
     monkeypatch.setattr(NS, "CHUNK_RECORDS", 60)  # several step ranges: several row groups
-    assert "analysis_error" not in write_analysis(run, scale_records=0)
+    assert "analysis_error" not in write_analysis(run)
     body = client.get(f"/api/runs/{run_id}/metrics").json()
     info = body["table_files"]["collectives"]
     assert info["rows"] == len(want) > 4 and len(body["tables"]["collectives"]) <= 4

@@ -89,7 +89,7 @@ def test_large_tables_stay_in_parquet_and_analysis_json_keeps_a_sample(tmp_path,
     convert.convert_run_dir(run)
     want = analyze_run_dir(run)["tables"]
     monkeypatch.setattr(scale, "JSON_ROWS", 5)
-    head = write_analysis(run, scale_records=0)
+    head = write_analysis(run)
     assert "analysis_error" not in head, head
     got = json.loads((run / "analysis.json").read_text())
     assert got["engine"] == "columnar"
@@ -107,14 +107,23 @@ def test_large_tables_stay_in_parquet_and_analysis_json_keeps_a_sample(tmp_path,
         same(scale.table_rows(run, name)[1], rows, name)
 
 
-def test_a_small_run_keeps_the_python_path_by_default(tmp_path):
+def test_every_converted_run_takes_the_columnar_engine_json_lines_the_python_path(tmp_path):
+    """One engine for every finished run, whatever its size (a 3-step run here); only a folder
+    of JSON lines (not converted: a running run, a lost worker's) takes the Python path."""
+    lines = dp_tp_run(tmp_path / "lines")
+    assert not scale.use(lines)
+    write_analysis(lines)
+    assert json.loads((lines / "analysis.json").read_text())["engine"] == "python"
     run = dp_tp_run(tmp_path / "run")
     convert.convert_run_dir(run)
-    assert not scale.use(run)  # below SCALE_RECORDS
+    assert scale.use(run)
     write_analysis(run)
     got = json.loads((run / "analysis.json").read_text())
-    assert got["engine"] == "python"
+    assert got["engine"] == "columnar"
     assert not (run / "trace.perfetto.json").exists()  # built on request (GET /export)
+    want = json.loads((lines / "analysis.json").read_text())
+    for name in ("step_rank", "collectives", "throughput"):
+        same(got["tables"][name], want["tables"][name], name)
 
 
 def test_meta_traces_carry_the_loaders_warnings(tmp_path):
@@ -255,5 +264,5 @@ def test_a_field_kept_in_args_is_told_by_record_type(tmp_path):
     assert not V.in_args(con, "span", ("bucket",))
     assert ("comm", "bucket") in V.args_keys(con) and not scale.applies(con)
     assert not V.in_args(V.connect(run.parent / "run"), "mem", ("params",))
-    write_analysis(run, scale_records=0)
+    write_analysis(run)
     assert json.loads((run / "analysis.json").read_text())["engine"] == "python"

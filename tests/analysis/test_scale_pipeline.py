@@ -84,7 +84,7 @@ def columnar(run, monkeypatch) -> dict:
     """analysis.json of the run through write_analysis, which must take the scale path:
     the Python path refuses a run this large (PYTHON_MAX_RECORDS lowered)."""
     monkeypatch.setattr(scale, "PYTHON_MAX_RECORDS", 1)
-    head = write_analysis(run, scale_records=0)
+    head = write_analysis(run)
     assert "analysis_error" not in head, head
     got = json.loads((run / "analysis.json").read_text())
     assert got["engine"] == "columnar", got["warnings"]
@@ -221,7 +221,7 @@ def test_point_to_point_instances_equal_the_oracle(tmp_path, monkeypatch, chunk)
     if chunk is not None:
         monkeypatch.setattr(NS, "CHUNK_RECORDS", chunk)
     run = pipeline_run(tmp_path / "run")
-    mt = V.meta_traces(run)
+    mt = V.meta_only(run)
     assert N.applies(V.connect(run))
     assert N.rows_of(list(N.instance_batches(mt, run)), mt) == \
         C.collectives_table(load_run_dir(run))

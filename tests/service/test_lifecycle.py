@@ -159,8 +159,9 @@ def test_a_long_run_is_converted_while_it_runs(redis_service):
     """The worker's live thread (jobs/analysis/convert_live.py) writes row groups to
     `trace-rank{R}.parquet.live` while the job runs; after the cancel the rest is appended,
     and the run has its Parquet traces and analysis, no live file uploaded. The live
-    analysis (analyze_live.py) fed its passes too, but a run this small takes the Python
-    path: the instance file it wrote is removed, not uploaded."""
+    analysis (analyze_live.py) fed its passes too, and the columnar engine goes on from them:
+    the only table files uploaded are the ones the analysis names (tables too large for
+    analysis.json, kept whole)."""
     import io
 
     import pyarrow.parquet as pq
@@ -185,7 +186,10 @@ def test_a_long_run_is_converted_while_it_runs(redis_service):
                      <= (fs := {f["path"] for f in svc.http.get(
                          f"/api/runs/{run['id']}/files").json()}) and fs, 120, "the upload")
     assert not [f for f in files if f.endswith((".live", ".blocks", ".part"))], files
-    assert not [f for f in files if f.startswith("table-")], files  # the Python path's run
+    analysis = svc.http.get(f"/api/runs/{run['id']}/files/analysis.json").json()
+    assert analysis["engine"] == "columnar"
+    assert {f for f in files if f.startswith("table-")} == {
+        t["file"] for t in (analysis.get("table_files") or {}).values()}, files
     pf = pq.ParquetFile(io.BytesIO(svc.http.get(
         f"/api/runs/{run['id']}/files/trace-rank0.parquet").content))
     assert pf.metadata.num_row_groups >= 2 and pf.metadata.row_group(0).num_rows == 1 << 16
