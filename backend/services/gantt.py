@@ -48,6 +48,10 @@ class Trace:
     lanes: list[dict] = field(default_factory=list)  # {id, rank, channel, label, y}
     source: Traces | None = None
     extra: dict = field(default_factory=dict)
+    # a window of a larger run (gantt_columnar): the run's pipeline steps and its action spans'
+    # sums per step list, so the simulated schedule is the analysis' over the run's steady
+    # steps, not over the window's
+    pipe: tuple | None = None
 
 
 def columns(tr: Traces, origin: int | None = None) -> Trace:
@@ -302,8 +306,8 @@ def _idle(trace: Trace, lo: float, hi: float, min_gap: float, step, limit=20000)
 
 
 def _theory(trace: Trace, step: int) -> dict | None:
-    """The analysis' simulated schedule (steady-step mean stage times), drawn from the first
-    pipeline action of `step`."""
+    """The analysis' simulated schedule (steady-step mean stage times, the run's: `trace.pipe`
+    for a window of it), drawn from the first pipeline action of `step`."""
     tr = trace.source
     if tr is None:
         return None
@@ -312,12 +316,14 @@ def _theory(trace: Trace, step: int) -> dict | None:
         return None
     sched, p, m, v = lay
     windows = pipeline_windows(tr)
-    steps = rules.steady(s for s, _ in windows)
+    run_steps, spans = trace.pipe if trace.pipe is not None else (
+        [s for s, _ in windows], None)
+    steps = rules.steady(run_steps)
     starts = [w[0] for (s, _), w in windows.items() if s == step]
     if not starts:
         return None
     try:
-        sim = PL.simulation(tr, lay, steps)
+        sim = PL.simulation(tr, lay, steps, spans)
     except ValueError:
         return None
     if sim is None:

@@ -1,15 +1,17 @@
 """The Gantt of a converted run (every finished run): one window's records read from the
-Parquet files, never the whole run's.
+Parquet files, never the whole run's unless it fits one answer.
 
 A whole run's trace in memory for backend/services/gantt.py's columns would cost the API about
 2.3 KB a record, kept per finished run (a 50 M-record run would not fit at all). Here a
-request reads only the records
-overlapping its window (DuckDB over the files, row groups pruned by their `ts_ns` / `step`
-statistics), loads them as a sparse Traces and hands them to the same `gantt.columns` /
-`gantt.gantt` (one lane rule, one drawing), with the run's time origin and its full step list
-(SQL over the `step` spans, cached per file version). The window:
+request reads only the records overlapping its window (DuckDB over the files, row groups
+pruned by their `ts_ns` / `step` statistics), loads them as a sparse Traces and hands them to
+the same `gantt.columns` / `gantt.gantt` (one lane rule, one drawing), with the run's time
+origin and its full step list (SQL over the `step` spans, cached per file version). The
+window:
 
-- `step`: that step's records (the default: the middle traced step, as pipeline runs open);
+- none asked: the whole run when it has at most MAX_RECORDS records (as the loaded traces'
+  Gantt opens), else the middle traced step;
+- `step`: that step's records;
 - `t0_ms` / `t1_ms`: that range, narrowed to about MAX_RECORDS records when it holds more
   (the answer's `lod.window_capped` says so; zoom in for the rest).
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from backend.services import gantt
 from jobs.analysis import columnar, perfetto, scale
+from jobs.analysis import scale_pipe as SP
 from jobs.analysis import vec_tables as V
 
 MAX_RECORDS = 400_000  # records one Gantt answer reads at most
@@ -44,7 +47,7 @@ def covers(run_dir: Path) -> bool:
 
 
 def run_info(run_dir: Path) -> dict:
-    """{con, meta, origin_ns, max_dur_ns, steps}: cached per file version."""
+    """{con, meta, origin_ns, max_dur_ns, steps, records}: cached per file version."""
     key = _version(run_dir)
     with _LOCK:
         if key in _CACHE:
@@ -66,6 +69,10 @@ def _build(run_dir: Path, key: tuple) -> dict:
     steps = [{"step": s, "t0_ms": (a - origin) / 1e6, "t1_ms": (b - origin) / 1e6}
              for s, a, b in rows]
     info = {"con": con, "meta": meta, "origin_ns": origin, "steps": steps,
+            "records": scale.record_count(run_dir),
+            "pipe_steps": [s for (s,) in con.execute(
+                "SELECT DISTINCT step FROM t WHERE type = 'span' AND step >= 0 AND action IN "
+                f"({SP.ACTIONS_SQL}) ORDER BY step").fetchall()],
             "max_dur_ns": perfetto.column_stat(run_dir, "dur_ns", largest=True) or 0}
     with _LOCK:
         _CACHE.clear()  # one large run at a time: its connection and step list
@@ -83,9 +90,13 @@ def window_trace(run_dir: Path, step: int | None, t0_ms: float | None,
     info = run_info(run_dir)
     con, origin = info["con"].cursor(), info["origin_ns"]  # a cursor per request: threads
     capped = {"window_capped": False, "records": None}
-    if step is None and t0_ms is None and t1_ms is None and info["steps"]:
-        step = info["steps"][len(info["steps"]) // 2]["step"]  # open on one step
-    if step is not None and t0_ms is None and t1_ms is None:
+    opening = step is None and t0_ms is None and t1_ms is None
+    whole = opening and info["records"] <= MAX_RECORDS
+    if opening and not whole and info["steps"]:
+        step = info["steps"][len(info["steps"]) // 2]["step"]  # too large: open on one step
+    if whole:  # the whole run, as the loaded traces' Gantt opens (it fits one answer)
+        where = "TRUE"
+    elif step is not None and t0_ms is None and t1_ms is None:
         where = f"step = {int(step)}"
     else:
         win = next((s for s in info["steps"] if s["step"] == step), None)
@@ -108,6 +119,8 @@ def window_trace(run_dir: Path, step: int | None, t0_ms: float | None,
     tr = scale.sparse(con, info["meta"], f"type IN ('span', 'comm') AND ({where})")
     trace = gantt.columns(tr, origin=origin)
     trace.steps = info["steps"]
+    cur = info["con"]
+    trace.pipe = (info["pipe_steps"], lambda steps: SP.stage_sums(cur.cursor(), steps))
     return trace, step, capped
 
 

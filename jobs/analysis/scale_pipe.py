@@ -25,7 +25,7 @@ from . import columnar
 from . import steps as S
 from .load import _RANK_RE, Traces
 
-_ACTIONS = ", ".join(f"'{a}'" for a in S.ACTIONS)
+ACTIONS_SQL = ", ".join(f"'{a}'" for a in S.ACTIONS)
 _COMPUTE = ", ".join(f"'{c}'" for c in S.COMPUTE_CATS)
 
 
@@ -34,7 +34,7 @@ def windows(con, tr: Traces) -> dict[tuple, tuple[int, int]]:
     out: dict[tuple, tuple[int, int]] = {}
     for rank, step, a, b in con.execute(
             "SELECT rank, step, min(ts_ns), max(ts_ns + coalesce(dur_ns, 0)) FROM t "
-            f"WHERE type = 'span' AND action IN ({_ACTIONS}) AND step >= 0 "
+            f"WHERE type = 'span' AND action IN ({ACTIONS_SQL}) AND step >= 0 "
             "GROUP BY rank, step").fetchall():
         key = (int(step), S.pipeline_key(tr.coords(int(rank))))
         w = out.get(key)
@@ -155,4 +155,4 @@ def stage_sums(con, steps: list[int]) -> list[tuple]:
             con.execute(
                 "SELECT rank, action, stage, TRY_CAST(json_extract(args, '$.chunk') AS "
                 "BIGINT), sum(dur_ns), count(*) FROM t WHERE type = 'span' AND action IN "
-                f"({_ACTIONS}) AND step IN ({keep}) GROUP BY ALL ORDER BY ALL").fetchall()]
+                f"({ACTIONS_SQL}) AND step IN ({keep}) GROUP BY ALL ORDER BY ALL").fetchall()]

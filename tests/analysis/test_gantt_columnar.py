@@ -1,8 +1,10 @@
-"""The Gantt of a large converted run (backend/services/gantt_columnar.py, issue 19): a window's
+"""The Gantt of a converted run (backend/services/gantt_columnar.py): a window's
 records from the Parquet files give the same segments as the whole loaded trace's Gantt
 (backend/services/gantt.py, the oracle), on the run's time origin and its full step list."""
 
 from __future__ import annotations
+
+import pytest
 
 from backend.services import gantt, gantt_columnar
 from jobs.analysis import convert, load_run_dir
@@ -28,6 +30,14 @@ def test_a_step_window_equals_the_whole_traces_gantt(tmp_path, monkeypatch):
                                     px=2000)
         assert got["steps"] == want["steps"] and got["window"] == want["window"]
         assert segments(got) == segments(want) and got["total_spans"] == want["total_spans"]
+    # opened with no window: the whole run, as the loaded traces' Gantt opens
+    opened = gantt_columnar.answer(run, step=None, t0_ms=None, t1_ms=None, max_spans=20000,
+                                   px=2000)
+    whole = gantt.gantt(full)
+    assert opened["lod"]["shown_step"] is None and opened["window"] == whole["window"]
+    assert segments(opened) == segments(whole) and opened["total_spans"] == whole["total_spans"]
+    # a run of more records than one answer reads opens on its middle step instead
+    monkeypatch.setattr(gantt_columnar, "MAX_RECORDS", 10)
     opened = gantt_columnar.answer(run, step=None, t0_ms=None, t1_ms=None, max_spans=20000,
                                    px=2000)
     assert opened["lod"]["shown_step"] == 2  # the middle step, not the whole run
@@ -94,3 +104,23 @@ def test_a_converted_runs_json_lines_are_never_loaded_and_its_page_warms_the_ste
     run_traces.warm(run)
     assert [i["steps"] for i in gantt_columnar._CACHE.values()] == [
         gantt.columns(load_run_dir(run)).steps]
+
+
+def test_a_pipeline_steps_schedule_is_simulated_over_the_runs_steady_steps(pp_run, tmp_path):
+    """The schedule drawn under a pipeline step is the analysis' simulation (the headline's
+    bubble_simulated_fraction): over the run's steady steps' stage times, not only over the
+    window's records. The oracle: the whole loaded traces' Gantt."""
+    import shutil
+    run = tmp_path / "pp"
+    shutil.copytree(pp_run, run, ignore=shutil.ignore_patterns("*.parquet", "table-*",
+                                                               "analysis.json"))
+    convert.convert_run_dir(run)
+    full = gantt.columns(load_run_dir(run))
+    steps = [s["step"] for s in full.steps]
+    assert len(steps) >= 3
+    for step in steps[1:]:
+        want = gantt.gantt(full, step=step)["theory"]
+        got = gantt_columnar.answer(run, step=step, t0_ms=None, t1_ms=None, max_spans=20000,
+                                    px=2000)["theory"]
+        assert got["bubble_fraction"] == pytest.approx(want["bubble_fraction"], rel=1e-9)
+        assert got["makespan_ms"] == pytest.approx(want["makespan_ms"], rel=1e-9)
