@@ -1,0 +1,86 @@
+"""The post-run analysis of small real runs by each engine, side by side: the Python path
+(run.analyze over the loaded JSON lines, what a converted run below 1 M records took until the
+columnar engine answered for every converted run) against the columnar engine (scale.py over
+the run's Parquet files, what the worker runs now). Real runs of the reference engine (gloo,
+CPU), traced with each preset's default schedule; each is converted once (the worker does that
+for every run either way), and each engine's whole `write_analysis` (tables, headline,
+analysis.json) is timed alternately in this process, imports excluded (the worker has them).
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/engine_small.py [--steps 5 2000] [--repeat 7]
+        [--presets ddp pp-1f1b]
+
+Prints one markdown table: records, CPU s of each engine (median), their ratio, and whether
+the two analyses have the same tables (names and row counts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from devtools.launch import run_job  # noqa: E402
+from jobs.analysis import convert, scale, write_analysis  # noqa: E402
+from jobs.spec import parse_spec, resolve_preset  # noqa: E402
+
+
+def cpu_of(folder: Path) -> tuple[float, dict]:
+    """CPU seconds of one write_analysis of `folder`, and the analysis it wrote."""
+    c0 = time.process_time()
+    head = write_analysis(folder)
+    cpu = time.process_time() - c0
+    assert "analysis_error" not in head, head
+    return cpu, json.loads((folder / "analysis.json").read_text())
+
+
+def shape(a: dict) -> dict:
+    return {k: len(v) for k, v in a["tables"].items() if isinstance(v, list)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, nargs="+", default=[5, 2000])
+    ap.add_argument("--presets", nargs="+", default=["ddp", "pp-1f1b"])
+    ap.add_argument("--repeat", type=int, default=7)
+    a = ap.parse_args()
+    load0 = os.getloadavg()
+    print("| preset | steps | records | Python path CPU s | columnar engine CPU s | "
+          "columnar / Python | same tables |")
+    print("|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="engine-small-") as d:
+        for preset in a.presets:
+            for steps in a.steps:
+                spec = parse_spec(resolve_preset({"preset": preset, "train": {"steps": steps}}))
+                col = Path(d) / f"{preset}-{steps}"
+                run_job(col, spec.to_dict(), spec.runtime.nproc_per_node)
+                lines = Path(d) / f"{preset}-{steps}-lines"  # the same run, not converted
+                shutil.copytree(col, lines)
+                convert.convert_run_dir(col)
+                n = scale.record_count(col)
+                got: dict[str, list[float]] = {"python": [], "columnar": []}
+                last: dict[str, dict] = {}
+                write_analysis(lines), write_analysis(col)  # warm: imports, first reads
+                for _ in range(a.repeat):  # alternated: a load drift hits both alike
+                    for engine, folder in (("python", lines), ("columnar", col)):
+                        cpu, last[engine] = cpu_of(folder)
+                        assert last[engine]["engine"] == engine, last[engine]["engine"]
+                        got[engine].append(cpu)
+                py, cl = (statistics.median(got[k]) for k in ("python", "columnar"))
+                same = shape(last["python"]) == shape(last["columnar"])
+                print(f"| {preset} | {steps:,} | {n:,} | {py:.3f} | {cl:.3f} | {cl / py:.2f}x | "
+                      f"{'yes' if same else 'no: ' + str(shape(last['columnar']))} |",
+                      flush=True)
+    load1 = os.getloadavg()
+    print(f"load average (1 min): start {load0[0]:.2f}, end {load1[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
