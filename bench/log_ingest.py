@@ -3,7 +3,8 @@
 executemany) against the same statement on the ORM entity (what it was: the ORM's bulk insert
 fetched and matched every row's primary key). Batches as the worker ships them (a few lines
 to a few hundred); arms alternated; CPU seconds of this process (the database is SQLite in a
-file, in process, as the embedded default has it; --db-url for PostgreSQL).
+file, in process, as the embedded default has it; --db-url for PostgreSQL: a scratch database,
+whose tables it creates if missing).
 
     .venv/bin/python bench/log_ingest.py [--lines 4000] [--batch 20 200] [--repeat 5]
 """
