@@ -67,7 +67,8 @@ def main() -> None:
                 n = scale.record_count(col)
                 got: dict[str, list[float]] = {"python": [], "columnar": []}
                 last: dict[str, dict] = {}
-                write_analysis(lines), write_analysis(col)  # warm: imports, first reads
+                write_analysis(lines)  # warm: imports, first reads
+                write_analysis(col)
                 for _ in range(a.repeat):  # alternated: a load drift hits both alike
                     for engine, folder in (("python", lines), ("columnar", col)):
                         cpu, last[engine] = cpu_of(folder)

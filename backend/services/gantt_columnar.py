@@ -119,8 +119,7 @@ def window_trace(run_dir: Path, step: int | None, t0_ms: float | None,
     tr = scale.sparse(con, info["meta"], f"type IN ('span', 'comm') AND ({where})")
     trace = gantt.columns(tr, origin=origin)
     trace.steps = info["steps"]
-    cur = info["con"]
-    trace.pipe = (info["pipe_steps"], lambda steps: SP.stage_sums(cur.cursor(), steps))
+    trace.pipe = (info["pipe_steps"], lambda steps: SP.stage_sums(con, steps))
     return trace, step, capped
 
 
@@ -143,7 +142,7 @@ EXPORT_MAX_RECORDS = 5_000_000  # records one streamed Perfetto window reads at 
 
 def export_window(run_dir: Path, t0_ms: float, t1_ms: float):
     """(the records overlapping [t0_ms, t1_ms] as a sparse Traces, the run's origin): the
-    Perfetto export's window of a large run. ValueError when it holds more than
+    Perfetto export's window of a converted run. ValueError when it holds more than
     EXPORT_MAX_RECORDS records (the caller answers 422 on t1_ms)."""
     info = run_info(run_dir)
     con, origin = info["con"].cursor(), info["origin_ns"]

@@ -155,8 +155,9 @@ def get_gantt(ra: AnalysisDep,
               ) -> dict:
     """Per-rank Gantt segments of a window. When the window holds more than `max_spans` spans,
     spans closer than a bucket width are merged (`n` > 1), so the answer stays bounded. A
-    large converted run reads only the window's records (backend/services/gantt_columnar.py;
-    without a step or window it opens on its middle step)."""
+    converted (finished) run reads only the window's records (backend/services/
+    gantt_columnar.py; without a step or window it opens on the whole run when that fits one
+    answer, else on its middle step)."""
     return ra.gantt(step=step, t0_ms=t0_ms, t1_ms=t1_ms, max_spans=max_spans, px=px)
 
 
