@@ -66,7 +66,8 @@ TRIM_EVERY_S = 5.0
 
 
 async def _trim_heap() -> None:
-    """Every few seconds: the trace cache's let-go parses back to the system (run_traces)."""
+    """Every few seconds: the scratch folders the trace cache let go deleted, and the
+    memory it freed handed back to the system (run_traces)."""
     from backend.services import run_traces
     while True:
         await asyncio.sleep(TRIM_EVERY_S)
@@ -238,7 +239,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="paralab", version="0.1.0", lifespan=lifespan,
                   description="Launch, trace and compare parallel-training experiments.")
     app.state.settings = settings
-    run_traces.configure(settings.analysis_cache_mb)
+    run_traces.configure(settings.analysis_cache_mb, settings.data_dir.resolve() / "scratch")
     app.state.worker_token = settings.resolved_worker_token()
     app.state.login_throttle = {
         "user": LoginThrottle(settings.login_max_failures, settings.login_window_s),

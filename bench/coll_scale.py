@@ -31,11 +31,11 @@ def main(mode: str, out: Path) -> None:
         import pyarrow as pa
 
         from jobs.analysis import np_axis as NA
-        from jobs.analysis import np_coll as N
         from jobs.analysis import predicted as P
+        from jobs.analysis import scale
         from jobs.analysis import scale_comm as SC
         from jobs.analysis import scale_late as SL
-        assert N.applies(con)
+        assert not scale.hidden_fields(con)
         n = SC.write_instances(tr, out, path)
         c1 = time.process_time()
         st, ss = zip(*con.execute(STEP_S).fetchall(), strict=True)

@@ -60,9 +60,10 @@ class Settings(BaseSettings):
     # The embedded broker: a publish wakes the waiting workers at once (off: they find it at
     # their next poll, every 0.5 s; bench/lifecycle.py compares the two)
     broker_wake: bool = True
-    # The API's memory for loaded traces (a running or small run's figures and Gantt), in MiB:
-    # least recently used runs are dropped beyond it; a run larger than it is served and not
-    # kept (backend/services/run_traces.py accounts RECORD_BYTES per record)
+    # The API's cache of running runs' scratch conversions (their figures, Gantt and exports
+    # read a Parquet copy of the shipped lines), in MiB: each charged its files plus its
+    # analysis document; least recently used runs are dropped beyond it, a run larger than it
+    # is served and not kept (backend/services/run_traces.py)
     analysis_cache_mb: float = Field(256.0, ge=0)
     # The API hands the pages of what that cache lets go back to the system and caps glibc's
     # malloc arenas at 2 (backend/core/memory.py); off only to measure what it saves

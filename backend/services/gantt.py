@@ -2,8 +2,8 @@
 
 Dashboard-only (drawing, not metrics): every figure the run page prints comes from
 `jobs.analysis` (backend/services/run_traces.py serves it). The segments are columns derived
-from the one trace loader (`jobs.analysis.load_run_dir`, cached by
-backend/services/run_traces.py):
+from a window of the run's records (backend/services/gantt_columnar.py reads it from the
+Parquet files, a finished run's or a running run's scratch copy):
 
 - `gantt(...)`: when the window holds more than `max_spans` spans, spans of one (rank, lane)
   whose gap is below a bucket width are merged into one segment (the longest span names it,

@@ -1,5 +1,6 @@
-"""The Gantt of a converted run (every finished run): one window's records read from the
-Parquet files, never the whole run's unless it fits one answer.
+"""The Gantt of a run: one window's records read from its Parquet files (a finished run's
+own, a running run's scratch conversion: run_traces.source), never the whole run's unless it
+fits one answer.
 
 A whole run's trace in memory for backend/services/gantt.py's columns would cost the API about
 2.3 KB a record, kept per finished run (a 50 M-record run would not fit at all). Here a
@@ -35,15 +36,6 @@ _BUILD = threading.Lock()  # one build at a time: a page's warm-up and its first
 def _version(run_dir: Path) -> tuple:
     files = sorted(run_dir.glob("trace-rank*" + columnar.SUFFIX))
     return (str(run_dir), tuple((p.name, p.stat().st_mtime_ns) for p in files))
-
-
-def covers(run_dir: Path) -> bool:
-    """A converted run: the columnar engine analyses it (scale.use), its Gantt and windows
-    are read here."""
-    try:
-        return scale.use(run_dir)
-    except OSError:
-        return False
 
 
 def run_info(run_dir: Path) -> dict:

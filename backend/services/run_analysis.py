@@ -1,9 +1,9 @@
-"""One run's analysis as the API serves it, whichever engine computed it: the analysis
-document, a page of a table, a table's rows streamed, the Perfetto document or a window of it,
-and the Gantt. The routes (api/routes/runs/analysis.py) call these and never ask which engine
-ran: a converted (finished) run's large tables live in Parquet files (jobs.analysis.scale), its
-Gantt and Perfetto windows are read from the columnar trace (gantt_columnar), a running run's
-from its loaded JSON lines (run_traces); that choice is made here, once per answer.
+"""One run's analysis as the API serves it: the analysis document, a page of a table, a
+table's rows streamed, the Perfetto document or a window of it, the Kineto traces and the
+Gantt. The routes (api/routes/runs/analysis.py) call these. Every answer reads one columnar
+trace by one engine: a finished run's own Parquet files, or a running run's scratch
+conversion (run_traces.source); a large table lives in a Parquet file beside them
+(jobs.analysis.scale), the Gantt and Perfetto windows are read from them (gantt_columnar).
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ import json
 from pathlib import Path
 
 from backend.errors import Invalid, NotFound
-from backend.services import gantt, gantt_columnar, run_traces
+from backend.services import gantt_columnar, run_traces
 from backend.storage import resolve_run_path
 from jobs.analysis import PERFETTO_FILE, scale, tables_to_csv
-from jobs.analysis.columnar import has_columnar
 from jobs.analysis.export import iter_csv, iter_json_rows, iter_perfetto_json
 from jobs.analysis.labels import csv_header
 from jobs.analysis.perfetto import iter_perfetto_columnar
@@ -45,18 +44,22 @@ class RunAnalysis:
     # --- the analysis and its tables ------------------------------------------------------
     def document(self) -> dict:
         """The stored analysis, or the partial traces' while the run goes (NotFound: none)."""
-        a = run_traces.analysis(self.dir, self.run.spec)
+        return self._document()[0]
+
+    def _document(self) -> tuple[dict, Path]:
+        """(the analysis, the folder of its table files)."""
+        a, where = run_traces.analysis(self.dir, self.run.spec)
         if a is None:
             raise NotFound(f"run {self.run.id} has no analysis yet (status {self.run.status}): "
                            "no trace has been written")
-        return a
+        return a, where
 
     def table_page(self, table: str, offset: int, limit: int | None) -> dict:
         """Rows [offset, offset + limit) of a table and its total: a large table's from its
         Parquet file, else from the document."""
-        a = self.document()
+        a, where = self._document()
         if table in (a.get("table_files") or {}):
-            total, rows = scale.table_rows(self.dir, table, offset, limit)
+            total, rows = scale.table_rows(where, table, offset, limit)
         else:
             every = (a.get("tables") or {}).get(table, [])
             total = len(every)
@@ -67,16 +70,16 @@ class RunAnalysis:
     def table_download(self, fmt: str, table: str | None) -> Download:
         """The analysis (table None, json) or one whole table as json / csv, its CSV header
         labelled with units; a large table streamed a row group at a time."""
-        a = self.document()
+        a, where = self._document()
         rid = self.run.id
         if table is None:
             return Download(f"paralab-{rid}-analysis.json", "application/json", json.dumps(a))
         unit = (a.get("headline") or {}).get("throughput_unit")
         name = f"paralab-{rid}-{table}.{fmt}"
         if table in (a.get("table_files") or {}):  # whole, not the document's sample
-            batches = scale.iter_table_rows(self.dir, table)
+            batches = scale.iter_table_rows(where, table)
             if fmt == "csv":
-                cols = scale.table_header(self.dir, table)
+                cols = scale.table_header(where, table)
                 return Download(name, "text/csv",
                                 iter_csv(batches, cols, csv_header(table, cols, unit)))
             return Download(name, "application/json", iter_json_rows(batches))
@@ -88,49 +91,39 @@ class RunAnalysis:
     # --- Perfetto ---------------------------------------------------------------------------
     def perfetto(self, window_ms: tuple[float, float] | None = None) -> Download:
         """The whole run's Perfetto document, or the records overlapping a window: built on
-        request (never stored any more), from the Parquet traces of a converted run (rank by
-        rank; a large run's window from the row groups it overlaps), from the JSON lines of a
-        run not converted yet; a run analysed before that serves its stored file."""
+        request (never stored any more) from the columnar traces, rank by rank (a window
+        from the row groups it overlaps); a run analysed before that serves its stored file."""
         rid, spec = self.run.id, self.run.spec
         if window_ms is not None:
             t0, t1 = window_ms
             name = f"paralab-{rid}-{t0:g}-{t1:g}ms.perfetto.json"
-            if gantt_columnar.covers(self.dir):
-                try:
-                    tr, origin = gantt_columnar.export_window(self.dir, t0, t1)
-                except ValueError as exc:
-                    raise _bad_query("t1_ms", str(exc)) from None
-                return Download(name, "application/json", iter_perfetto_json(
-                    tr, spec, window_ms=window_ms, origin=origin))
+            try:
+                tr, origin = gantt_columnar.export_window(self._source(), t0, t1)
+            except ValueError as exc:
+                raise _bad_query("t1_ms", str(exc)) from None
             return Download(name, "application/json", iter_perfetto_json(
-                self._traces().traces, spec, window_ms=window_ms))
+                tr, spec, window_ms=window_ms, origin=origin))
         name = f"paralab-{rid}.perfetto.json"
         stored = resolve_run_path(self.runs_dir, rid, PERFETTO_FILE)
         if stored.is_file():
             return Download(name, "application/json", path=stored)
-        if has_columnar(self.dir):
-            chunks = iter_perfetto_columnar(self.dir, spec)
-            try:  # a rank too large to build is refused before the first byte
-                first = next(chunks)
-            except ValueError as exc:
-                raise _bad_query("t0_ms", str(exc)) from None
-            return Download(name, "application/json", itertools.chain([first], chunks))
-        return Download(name, "application/json",
-                        iter_perfetto_json(self._traces().traces, spec))
+        chunks = iter_perfetto_columnar(self._source(), spec)
+        try:  # a rank too large to build is refused before the first byte
+            first = next(chunks)
+        except ValueError as exc:
+            raise _bad_query("t0_ms", str(exc)) from None
+        return Download(name, "application/json", itertools.chain([first], chunks))
 
     # --- Kineto (HTA / TensorBoard) ----------------------------------------------------------
     def kineto(self, rank: int | None = None) -> Download:
         """The run's PyTorch-profiler-shaped traces (jobs.analysis.kineto_export): a streamed
-        .zip of `rank{R}.pt.trace.json`, or one rank's document; a converted run read from
-        its Parquet traces rank by rank, else from its loaded JSON lines."""
+        .zip of `rank{R}.pt.trace.json`, or one rank's document, read from the columnar
+        traces rank by rank."""
         from jobs.analysis import kineto_download as KD
         rid = self.run.id
         if self.run.kind == "import":  # its own profiler traces, byte for byte
             return self._imported_kineto(KD, rank)
-        if has_columnar(self.dir):
-            run = KD.open_run(self.dir)
-        else:
-            run = KD.open_run(traces=self._traces().traces)
+        run = KD.open_run(self._source())
         if rank is not None and rank not in run.ranks:
             raise _bad_query("rank", f"run {rid} has no rank {rank} (ranks: "
                              f"{', '.join(map(str, run.ranks)) or 'none'})")
@@ -157,31 +150,20 @@ class RunAnalysis:
 
     # --- the Gantt --------------------------------------------------------------------------
     def gantt(self, *, step, t0_ms, t1_ms, max_spans: int, px: int) -> dict:
-        """Per-rank segments of a window (a large run: only the window's records read)."""
-        if gantt_columnar.covers(self.dir):
-            return gantt_columnar.answer(self.dir, step=step, t0_ms=t0_ms, t1_ms=t1_ms,
-                                         max_spans=max_spans, px=px)
-        return gantt.gantt(self._gantt_trace(), step=step, t0_ms=t0_ms, t1_ms=t1_ms,
-                           max_spans=max_spans, px=px)
+        """Per-rank segments of a window (only the window's records read)."""
+        return gantt_columnar.answer(self._source(), step=step, t0_ms=t0_ms, t1_ms=t1_ms,
+                                     max_spans=max_spans, px=px)
 
     def gantt_steps(self) -> dict:
         """The trace's optimizer steps and their windows, without any span."""
-        if gantt_columnar.covers(self.dir):
-            info = gantt_columnar.run_info(self.dir)
-            return {"steps": gantt_columnar.listed_steps(info["steps"]),
-                    "steps_total": len(info["steps"]), "ranks": len(info["meta"].ranks),
-                    "spans": None}  # not counted: the run is read one window at a time
-        trace = self._gantt_trace()
-        return {"steps": trace.steps, "ranks": len(gantt.rows_of(trace)),
-                "spans": int(len(trace.cols["t0"]))}
+        info = gantt_columnar.run_info(self._source())
+        return {"steps": gantt_columnar.listed_steps(info["steps"]),
+                "steps_total": len(info["steps"]), "ranks": len(info["meta"].ranks),
+                "spans": None}  # not counted: the run is read one window at a time
 
-    def _traces(self) -> run_traces.RunTraces:
-        rt = run_traces.get(self.dir)
-        if rt is None:
+    def _source(self) -> Path:
+        src = run_traces.source(self.dir)
+        if src is None:
             raise NotFound(f"run {self.run.id} has no trace files (yet; status "
                            f"{self.run.status})")
-        return rt
-
-    def _gantt_trace(self) -> gantt.Trace:
-        return run_traces.derived(self._traces(), "gantt", gantt.columns)
-
+        return src

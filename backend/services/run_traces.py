@@ -1,109 +1,148 @@
-"""A run's traces and analysis as the backend serves them, cached by file version.
+"""A run's analysis and columnar traces as the backend serves them, whatever its state: one
+engine (jobs.analysis.analyze_folder) for every answer.
 
-The worker stores `analysis.json` (jobs.analysis.write_analysis) when a run ends; until then
-(a running run, or one whose worker died before analysing) `jobs.analysis.analyze` runs here
-over the partial trace files. Either way the run page reads one analysis: the backend
-computes no metric of its own. A running run's Gantt columns (backend/services/gantt.py) are
-derived from the same loaded traces (`jobs.analysis.load_run_dir`, the one trace loader); a
-converted run's (every finished run) are read a window at a time from its Parquet files
-(gantt_columnar.py), and its JSON lines are never parsed here.
+A finished run is served from what the worker stored: `analysis.json` and the run's Parquet
+files (its Gantt, tables and exports read them: gantt_columnar.py, scale.table_rows). Until
+then (a running run, or one whose worker was lost before converting) the backend converts
+the shipped JSON lines into a scratch folder of its own, once per file version (jobs.
+analysis.convert, from the lines only: nothing in the run's folder is written or removed),
+and the same engine analyses that folder: a running run's partial figures, Gantt, tables and
+exports are the finished run's code over a copy. No record is parsed into Python here.
+
+The scratch folders are a cache bounded in bytes (Settings.analysis_cache_mb): each entry is
+charged its Parquet files on disk plus its analysis document (what this process holds of it),
+least recently used first out; a conversion larger than the bound is served and not kept. A
+folder let go is deleted a grace period later (a request still reading it finishes first).
 """
 
 from __future__ import annotations
 
+import atexit
+import hashlib
 import json
+import os
+import shutil
+import tempfile
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jobs.analysis import ANALYSIS_FILE, SCHEMA, Traces, analyze, load_run_dir
+from jobs.analysis import ANALYSIS_FILE, SCHEMA, analyze_folder, columnar
+from jobs.analysis.convert import convert_rank
+from jobs.analysis.jsonl import _RANK_RE
 
-_CACHE: OrderedDict[tuple, RunTraces] = OrderedDict()
+_CACHE: OrderedDict[tuple, Scratch] = OrderedDict()
 _LOCK = threading.Lock()
-_LOAD_LOCK = threading.Lock()
-# Memory of one loaded record with what is derived from it (the Gantt's columns, the
-# analysis), measured by RSS growth: 1.55 KB on the ddp preset (load 1.30, Gantt 0.20,
-# analysis 0.06), 2.3 KB on the gpt runs of docs/benchmarks.md; the larger is charged.
-RECORD_BYTES = 2_300
+_LOAD_LOCK = threading.Lock()  # one conversion at a time (a page's requests share it)
 LIMIT_BYTES = 256 << 20  # Settings.analysis_cache_mb, set by configure() at app start
-_DROPPED = False  # a parse was let go (evicted, replaced, or too large to keep) since the trim
+# Parquet bytes per JSON-lines byte a conversion is expected to take before it is made (the
+# room made for it): measured 0.08-0.12 on the presets' traces, the larger charged twice
+PARQUET_PER_LINE_BYTE = 0.25
+GRACE_S = 60.0  # a folder let go is deleted after this (requests reading it end first)
+_ROOT: Path | None = None
+_DOOMED: list[tuple[float, Path]] = []  # (when let go, folder)
+_DROPPED = False  # something was let go since the last trim
 
 
-def configure(limit_mb: float) -> None:
-    """The cache's byte bound (Settings.analysis_cache_mb); drops what no longer fits."""
-    global LIMIT_BYTES
+def configure(limit_mb: float, root: Path | None = None) -> None:
+    """The cache's byte bound (Settings.analysis_cache_mb) and where its folders go (a
+    folder of this process under `root`; default the system's temporary directory). Drops
+    what no longer fits."""
+    global LIMIT_BYTES, _ROOT
     LIMIT_BYTES = int(limit_mb * (1 << 20))
+    if root is not None:
+        _ROOT = _own_folder(Path(root))
     with _LOCK:
         _evict()
 
 
+def _own_folder(root: Path) -> Path:
+    """`root/<pid>`, after removing the folders of processes no longer alive (a killed API
+    leaves its scratch behind); removed at exit."""
+    root.mkdir(parents=True, exist_ok=True)
+    for d in root.iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid() and not _alive(int(d.name)):
+            shutil.rmtree(d, ignore_errors=True)
+    mine = root / str(os.getpid())
+    mine.mkdir(exist_ok=True)
+    atexit.register(shutil.rmtree, mine, True)
+    return mine
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _root() -> Path:
+    global _ROOT
+    if _ROOT is None:
+        _ROOT = Path(tempfile.mkdtemp(prefix="paralab-scratch-"))
+        atexit.register(shutil.rmtree, _ROOT, True)
+    return _ROOT
+
+
 @dataclass
-class RunTraces:
-    traces: Traces
-    derived: dict = field(default_factory=dict)  # per-version cache: gantt columns, analysis
+class Scratch:
+    """One file version of a run's traces, converted: `dir` holds `trace-rank{R}.parquet`
+    (and the run's summary.json), what jobs.analysis reads of a converted run."""
+    dir: Path
+    nbytes: int  # charged against LIMIT_BYTES: the files, then the analysis too
+    analysis: dict | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
-    nbytes: int = 0  # charged against LIMIT_BYTES
 
 
 def cached_bytes() -> int:
     """What the cache holds now, as charged (health reports it)."""
     with _LOCK:
-        return sum(rt.nbytes for rt in _CACHE.values())
+        return sum(s.nbytes for s in _CACHE.values())
+
+
+def _let_go(s: Scratch) -> None:
+    """(caller holds _LOCK)"""
+    global _DROPPED
+    _DOOMED.append((time.monotonic(), s.dir))
+    _DROPPED = True
 
 
 def _evict(expected: int = 0) -> None:
     """Least recently used first, until the rest (and `expected` more bytes) fits (caller
     holds _LOCK)."""
-    global _DROPPED
-    total = sum(rt.nbytes for rt in _CACHE.values())
+    total = sum(s.nbytes for s in _CACHE.values())
     while _CACHE and total + expected > LIMIT_BYTES:
         _, old = _CACHE.popitem(last=False)
         total -= old.nbytes
-        _DROPPED = True
-
-
-def _lines(files: list[Path]) -> int:
-    """The trace files' lines (a record each, but the rank's header): what a parse will be
-    charged, counted before it is made (a newline count: ~10 ms for 20 MiB)."""
-    n = 0
-    for p in files:
-        try:
-            with open(p, "rb") as f:
-                while chunk := f.read(1 << 20):
-                    n += chunk.count(b"\n")
-        except OSError:
-            pass  # (replaced meanwhile: the parse will say)
-    return n
+        _let_go(old)
 
 
 def _drop_older(key: tuple) -> None:
     """Drop the cached older versions of `key`'s run: never asked again (caller holds _LOCK)."""
-    global _DROPPED
     for old in [k for k in _CACHE if k[0] == key[0] and k != key]:
-        del _CACHE[old]
-        _DROPPED = True
+        _let_go(_CACHE.pop(old))
 
 
-def _make_room(key: tuple, expected: int) -> None:
-    """Before a parse that will be kept: drop this run's older versions and the least
-    recently used runs until it fits beside the rest, so the process never holds the bound
-    plus one parse (caller holds _LOCK). A parse too large to keep evicts nothing."""
-    _drop_older(key)
-    if expected <= LIMIT_BYTES:
-        _evict(expected)
-
-
-def trim_if_dropped() -> bool:
-    """Hand the pages of the parses the cache let go back to the system (backend.core.memory:
-    glibc keeps freed pages otherwise, and the API's RSS kept every high-water mark). Called
-    every few seconds by the app (backend.main), so a parse that was served but too large to
-    keep, freed when its request ended, is released too. True when it trimmed."""
+def trim_if_dropped(now: float | None = None) -> bool:
+    """Delete the scratch folders let go more than GRACE_S ago, and hand the pages of what
+    the cache let go back to the system (backend.core.memory: glibc keeps freed pages
+    otherwise, and the API's RSS kept every high-water mark). Called every few seconds by
+    the app (backend.main). True when it trimmed."""
     global _DROPPED
+    now = time.monotonic() if now is None else now
     with _LOCK:
-        if not _DROPPED:
-            return False
-        _DROPPED = False
+        due = [d for t, d in _DOOMED if now - t >= GRACE_S]
+        _DOOMED[:] = [(t, d) for t, d in _DOOMED if now - t < GRACE_S]
+        dropped, _DROPPED = _DROPPED, False
+    for d in due:
+        shutil.rmtree(d, ignore_errors=True)
+    if not dropped:
+        return False
     from backend.core.memory import release_freed
     release_freed()
     return True
@@ -119,14 +158,15 @@ def _version(run_dir: Path, files: list[Path]) -> tuple:
                                 for p in files + extra))
 
 
-def get(run_dir: Path) -> RunTraces | None:
-    """The run's loaded traces (None without trace files), parsed once per file version.
-    None too for a converted run (scale.use: every finished run): its records are never loaded
-    whole here; its readers go through backend/services/gantt_columnar.py and the stored
-    analysis. What is parsed and kept here is a running run's (or a lost worker's) JSON lines."""
-    global _DROPPED
+def _size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+
+
+def get(run_dir: Path) -> Scratch | None:
+    """The scratch conversion of a run not converted yet, made once per file version; None
+    without trace files, and for a converted run (every finished run: read in place)."""
     files = trace_files(run_dir)
-    if not files or _converted(run_dir):
+    if not files or converted(run_dir):
         return None
     try:
         key = _version(run_dir, files)
@@ -136,37 +176,70 @@ def get(run_dir: Path) -> RunTraces | None:
         if key in _CACHE:
             _CACHE.move_to_end(key)
             return _CACHE[key]
-    with _LOAD_LOCK:  # concurrent requests of one page wait for a single parse
+    with _LOAD_LOCK:  # concurrent requests of one page wait for a single conversion
         with _LOCK:
             if key in _CACHE:
                 return _CACHE[key]
-        expected = RECORD_BYTES * _lines(files)  # (read outside _LOCK: hits go on meanwhile)
-        with _LOCK:
-            _make_room(key, expected)
-        tr = load_run_dir(run_dir)
-        rt = RunTraces(tr, nbytes=RECORD_BYTES * sum(len(r) for r in tr.ranks.values()))
+        expected = int(PARQUET_PER_LINE_BYTE * sum(size for _, _, size in key[1]))
+        with _LOCK:  # room before the conversion, so the bound plus one is never held
+            _drop_older(key)
+            if expected <= LIMIT_BYTES:
+                _evict(expected)
+        s = Scratch(_convert(run_dir, files, key), 0)
+        s.nbytes = _size(s.dir)
         with _LOCK:
             _drop_older(key)
-            if rt.nbytes <= LIMIT_BYTES:  # a larger run is served, not kept
-                _CACHE[key] = rt
+            if s.nbytes <= LIMIT_BYTES:  # a larger run is served, not kept
+                _CACHE[key] = s
                 _evict()
             else:
-                _DROPPED = True  # (freed when its request is done)
-    return rt
+                _let_go(s)
+    return s
 
 
-def derived(rt: RunTraces, name: str, fn):
-    """`fn(rt.traces)` computed once per trace version."""
-    with rt.lock:
-        if name not in rt.derived:
-            rt.derived[name] = fn(rt.traces)
-        return rt.derived[name]
+def _convert(run_dir: Path, files: list[Path], key: tuple) -> Path:
+    """The run's lines as they are now into a new scratch folder (written under a temporary
+    name, then renamed: a reader never sees half of it)."""
+    name = hashlib.sha1(repr(key).encode()).hexdigest()[:20]
+    dest = _root() / name
+    part = Path(tempfile.mkdtemp(prefix=name + ".", dir=_root()))
+    columnar.use_system_pool()
+    for path in files:
+        m = _RANK_RE.search(path.name)
+        if m:  # (a rank file that cannot be read is left out: the analysis' warnings say)
+            convert_rank(path, int(m.group(1)), part / columnar.parquet_path(path).name,
+                         blocks=False)
+    summary = run_dir / "summary.json"
+    if summary.is_file():
+        shutil.copyfile(summary, part / summary.name)
+    if dest.exists():  # (an earlier process' or a let-go copy of this very version)
+        shutil.rmtree(dest, ignore_errors=True)
+    os.replace(part, dest)
+    return dest
 
 
-def analysis(run_dir: Path, spec: dict | None) -> dict | None:
-    """The stored analysis when the worker wrote one (in the current schema), else the
-    analysis of the traces: `"partial": true` while no stored one exists (a running run, or a
-    worker lost before analysing); None without traces."""
+def converted(run_dir: Path) -> bool:
+    """The worker stored the run's Parquet files (every finished run)."""
+    try:
+        return columnar.has_columnar(run_dir)
+    except OSError:
+        return False
+
+
+def source(run_dir: Path) -> Path | None:
+    """The folder the run's columnar traces are read from: its own when converted, else its
+    scratch conversion; None without traces."""
+    if converted(run_dir):
+        return run_dir
+    s = get(run_dir)
+    return s.dir if s is not None else None
+
+
+def analysis(run_dir: Path, spec: dict | None) -> tuple[dict | None, Path | None]:
+    """(the analysis, the folder its table files are in). The stored analysis when the
+    worker wrote one (in the current schema), else the one engine's analysis of the scratch
+    conversion: `"partial": true` while no stored one exists (a running run, or a worker
+    lost before analysing); (None, None) without traces."""
     stored = None
     path = run_dir / ANALYSIS_FILE
     if path.is_file():
@@ -175,32 +248,26 @@ def analysis(run_dir: Path, spec: dict | None) -> dict | None:
         except (OSError, json.JSONDecodeError):
             stored = None  # a torn file: fall back to the traces
     if stored is not None and stored.get("schema") == SCHEMA:
-        return stored
-    rt = get(run_dir)
-    if rt is None:
-        return stored  # an older schema without its traces: the best there is
-    partial = stored is None
-    return derived(rt, "analysis", lambda tr: {**analyze(_copy(tr), spec), "partial": partial})
-
-
-def _copy(tr: Traces) -> Traces:
-    """analyze() appends warnings to its Traces: give it its own list (the Gantt shares tr)."""
-    return Traces(ranks=tr.ranks, meta=tr.meta, warnings=list(tr.warnings), summary=tr.summary)
-
-
-def _converted(run_dir: Path) -> bool:
-    from backend.services import gantt_columnar
-    return gantt_columnar.covers(run_dir)
+        return stored, run_dir
+    s = get(run_dir)
+    if s is None:
+        return stored, run_dir  # an older schema without its traces: the best there is
+    with s.lock:
+        if s.analysis is None:
+            s.analysis = {**analyze_folder(s.dir, spec), "partial": stored is None}
+            grew = len(json.dumps(s.analysis, default=str)) + _size(s.dir) - s.nbytes
+            with _LOCK:
+                s.nbytes += grew
+                if any(v is s for v in _CACHE.values()):
+                    _evict()
+        return s.analysis, s.dir
 
 
 def warm(run_dir: Path) -> None:
-    """Parse a run's traces and build its Gantt columns before the page asks (a background
-    task when a run finishes or its page is opened; for a converted run, the Gantt's
-    step list and connection over the Parquet files: gantt_columnar.run_info)."""
-    from backend.services import gantt, gantt_columnar  # the dashboard's drawing modules
-    if gantt_columnar.covers(run_dir):
-        gantt_columnar.run_info(run_dir)
-        return
-    rt = get(run_dir)
-    if rt is not None:
-        derived(rt, "gantt", gantt.columns)
+    """Convert a running run's traces and build its Gantt's step list before the page asks
+    (a background task when a run finishes or its page is opened; for a converted run, the
+    step list and connection over its own Parquet files)."""
+    from backend.services import gantt_columnar  # the dashboard's drawing module
+    src = source(run_dir)
+    if src is not None:
+        gantt_columnar.run_info(src)

@@ -2,8 +2,8 @@
 Perfetto / CSV export. Definitions of every metric: docs/analysis.md; input contract:
 docs/trace-schema.md.
 
-    analyze_run_dir(out_dir, spec=None) -> {"schema", "run", "headline", "tables", "warnings"}
-    write_analysis(out_dir, spec=None)  -> headline  (writes analysis.json, trace.perfetto.json)
+    analyze_folder(out_dir, spec=None)  -> {"schema", "run", "headline", "tables", "warnings"}
+    write_analysis(out_dir, spec=None)  -> headline  (writes analysis.json)
     to_perfetto(traces, spec=None)      -> Trace Event Format dict
     tables_to_csv(tables, name)         -> CSV text of one table (rows_to_csv: the one writer)
     load_run_dir(out_dir) / from_records({rank: [records]}) -> Traces
@@ -17,10 +17,11 @@ from .run import (
     SCHEMA,
     TABLES,
     analyze,
+    analyze_folder,
     analyze_run_dir,
     write_analysis,
 )
 
 __all__ = ["ANALYSIS_FILE", "PERFETTO_FILE", "SCHEMA", "TABLES", "Traces", "analyze",
-           "analyze_run_dir", "assign_lanes", "from_records", "load_run_dir", "rows_to_csv",
-           "tables_to_csv", "to_perfetto", "write_analysis"]
+           "analyze_folder", "analyze_run_dir", "assign_lanes", "from_records", "load_run_dir",
+           "rows_to_csv", "tables_to_csv", "to_perfetto", "write_analysis"]

@@ -17,10 +17,9 @@ conversion was given up (its Parquet file then comes from the post-run conversio
 whose meta record differs after the run, or rows held beyond MAX_HELD_ROWS (a rank that
 writes no rows, or far behind the others) give the live analysis up: its instance file is
 removed and the post-run analysis reads every pass, as it did before. The same happens to a
-run with point-to-point ops (a pipeline's sends and receives), which the scale path leaves
-to the Python path (the post-run's scale.applies decides for the other cases), and to one
-whose ranks are not all on this host (a multi-host run's node: the worker does not start
-it there).
+run with point-to-point ops (a pipeline's sends and receives: the post-run read matches them
+whole), and to one whose ranks are not all on this host (a multi-host run's node: the worker
+does not start it there).
 
 What is fed is what the post-run read would have fed, pass for pass in step order, so the
 analysis is the post-run one (tests/analysis/test_analyze_live.py compares them whole).

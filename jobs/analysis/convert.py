@@ -75,17 +75,20 @@ def convert_run_dir(out_dir: Path, live=None) -> list[Path]:
     return out
 
 
-def convert_rank(path: Path, rank: int, dest: Path) -> bool:
+def convert_rank(path: Path, rank: int, dest: Path, blocks: bool | None = None) -> bool:
     """One rank file into `dest` (atomically); False when it cannot be read (the loader
     reports it from the JSON lines). From the flusher's blocks when they are the lines' twin
     (blocks.py), else from the lines; the blocks file is removed once `dest` is written (the
-    Parquet file holds what it did)."""
+    Parquet file holds what it did). `blocks` False: the lines only, and nothing beside them
+    touched (a copy of a run that is still written: the backend's scratch conversion);
+    None: USE_BLOCKS."""
+    use_blocks = USE_BLOCKS if blocks is None else blocks
     rows = dest.with_name(dest.name + ".rows")
     try:
         try:
-            src = B.usable(path) if USE_BLOCKS else None
+            src = B.usable(path) if use_blocks else None
             tail = None
-            if src is None and USE_BLOCKS and (pre := B.prefix(path)) is not None \
+            if src is None and use_blocks and (pre := B.prefix(path)) is not None \
                     and path.stat().st_size - pre[1] <= TAIL_BYTES:
                 src, tail = pre[0], (path, pre[1])  # a killed rank's: its lines after them
             if src is not None:
@@ -110,7 +113,7 @@ def convert_rank(path: Path, rank: int, dest: Path) -> bool:
     finally:  # a failed conversion leaves no half-written file behind
         rows.unlink(missing_ok=True)
         dest.with_name(dest.name + ".part").unlink(missing_ok=True)
-        if USE_BLOCKS and dest.exists():  # read or found stale: the Parquet file stands
+        if use_blocks and dest.exists():  # read or found stale: the Parquet file stands
             TB.blocks_path(path).unlink(missing_ok=True)
 
 

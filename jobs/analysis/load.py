@@ -66,7 +66,7 @@ def rank_warnings(rank: int, meta: dict, bad: int, empty: bool, end_reasons: lis
     """The loader's warnings of one rank from what they depend on: the file's parse state,
     its meta record and the `reason` of its `end` records in file order (what the columnar
     scale path reads from the Parquet metadata and one query, without the records)."""
-    _check_meta(rank, meta, warnings)
+    check_meta(rank, meta, warnings)
     if empty:
         warnings.append(f"rank {rank}: empty trace file (killed before its first flush)")
         return
@@ -89,7 +89,7 @@ _META_SHAPES = {"spec": (dict,), "coords": (dict,), "world_size": (int,), "t0_ns
                 "hostname": (str,), "clock": (str,)}
 
 
-def _check_meta(rank: int, meta: dict, warnings: list[str]) -> None:
+def check_meta(rank: int, meta: dict, warnings: list[str]) -> None:
     """Drop the meta fields of the wrong shape (in place), each named in a warning."""
     bad = [k for k, types in _META_SHAPES.items() if k in meta and meta[k] is not None and (
         isinstance(meta[k], bool) or not isinstance(meta[k], types))]

@@ -32,7 +32,6 @@ from jobs import commbytes
 
 from . import collectives as C
 from . import np_steps
-from . import vec_tables as V
 from .load import Traces
 from .np_groups import Groups
 
@@ -45,10 +44,6 @@ ROW_KEYS = ("step", "op", "axis", "group", "seq", "group_size", "ranks", "comple
             "late_s", "others_wait_s", "duration_s", "span_s", "clock_error_s", "algbw_GBps",
             "busbw_GBps")
 EXTRA = ("first_key", "wait_ns", "late_ns", "others_wait_ns", "n_ranks", "bw_key", "link_key")
-
-def applies(con) -> bool:
-    """False where a field the scan needs is hidden in args (the Python path answers)."""
-    return not V.in_args(con, "comm", V.COMM_FIELDS + ("peer",))
 
 
 class _Ctx:
@@ -367,8 +362,8 @@ def instance_batches(tr: Traces, out_dir, passes=None,
     decoding the lists). `passes`: (carry step, comm_table) per pass, the setup records'
     first (carry step -2), then each step range's (its last step); default read here from
     out_dir's rank files (np_read; the scale path shares its read with the step sweep and
-    the axis sums). `stream`: the state of the passes fed before these. Call only where
-    applies(con)."""
+    the axis sums). `stream`: the state of the passes fed before these. A field kept in
+    a record's args (scale.hidden_fields) is read as missing."""
     if passes is None:
         from . import np_read
         files = np_read.open_files(out_dir, COLS, DICT)

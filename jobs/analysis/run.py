@@ -87,76 +87,54 @@ def _write_json(path: Path, obj) -> None:
 
 
 def write_analysis(out_dir: Path, spec=None, live=None) -> dict:
-    """Analyze `out_dir`, write `analysis.json` there, return the headline (no Perfetto
-    file: the export builds it on request from the traces, perfetto.py). Never raises
-    (failures land in the analysis' warnings or the returned headline's `analysis_error`).
-    A converted run, whatever its size, takes the columnar engine (scale.py): its large
-    tables go to `table-<name>.parquet`; a folder of JSON lines only, or a run that engine
-    does not cover (scale.applies), the Python path. `live`: the worker's analyze_live.
-    LiveAnalysis of the run, which the columnar engine goes on from (else it is discarded)."""
+    """Analyze `out_dir` by the columnar engine (analyze_folder), write `analysis.json`
+    there, return the headline (no Perfetto file: the export builds it on request from the
+    Parquet traces, perfetto.py). Never raises (a failure lands in the analysis' warnings or
+    the returned headline's `analysis_error`). `live`: the worker's analyze_live.LiveAnalysis
+    of the run, which the engine goes on from (else it is discarded)."""
     out_dir = Path(out_dir)
-    columnar.use_system_pool()
-    why: list[str] = []  # why a converted run took the Python path
     try:
         try:
-            result = _scale_result(out_dir, spec, live, why)
-        finally:  # what the columnar engine did not go on from (a Python-path run) is removed
+            result = analyze_folder(out_dir, spec, live)
+        finally:  # what the engine did not go on from is removed
             if live is not None:
                 live.discard("the columnar engine did not go on from it")
-        if result is None:
-            _python_fits(out_dir)
-            result = analyze(load_run_dir(out_dir), spec)
-            result["warnings"] = why + result["warnings"]
         _write_json(out_dir / ANALYSIS_FILE, result)
         return result["headline"]
     except Exception as exc:  # noqa: BLE001 - the worker must finish the run regardless
         return {"analysis_error": f"{type(exc).__name__}: {exc}"}
 
 
-def _python_fits(out_dir: Path) -> None:
-    """ValueError when a converted run is too large for the Python path (scale.
-    PYTHON_MAX_RECORDS): the columnar path did not take it, so loading it whole would only
-    end with the worker killed for memory."""
-    from . import scale
+def analyze_folder(out_dir: Path, spec=None, live=None) -> dict:
+    """The analysis of a run folder, whatever its size or layout, by the one engine (scale.
+    analyze_columnar over the run's Parquet files): a folder of JSON lines only is converted
+    first (convert.py, beside its lines); Parquet files that cannot be read are converted
+    again from the lines, and the analysis' first warning says so. A stale Perfetto file of
+    an earlier analysis is removed (it would disagree)."""
+    from . import convert, scale
+    out_dir = Path(out_dir)
+    columnar.use_system_pool()
+    notes: list[str] = []
     if not columnar.has_columnar(out_dir):
-        return
-    try:
-        n = scale.record_count(out_dir)
-    except Exception:  # noqa: BLE001 - a damaged file: its JSON lines say how large it is
-        return
-    if n > scale.PYTHON_MAX_RECORDS:
-        raise ValueError(
-            f"{n:,} trace records: more than the Python analysis loads "
-            f"({scale.PYTHON_MAX_RECORDS:,}), and the columnar engine does not cover this run "
-            "(a field its tables read kept in args, of another type than its column); trace "
-            "fewer steps (spec trace: a schedule or steps) to analyse it")
-
-
-def _scale_result(out_dir: Path, spec, live, why: list[str]) -> dict | None:
-    """The columnar engine's analysis of a converted run (scale.use) it covers (scale.
-    applies), else None, with the reason in `why` for a converted run: the Python path then
-    answers from the JSON lines, and its warnings say why. A failure of the engine itself
-    is one (the run's figures still come, the warning names the error). A stale whole-run
-    Perfetto file of an earlier analysis is removed (it would disagree)."""
-    from . import scale
-    if not scale.use(out_dir):
-        return None
+        convert.convert_run_dir(out_dir)
     try:
         con = V.connect(out_dir, scale.MEMORY_LIMIT)
-        covered = scale.applies(con)
-    except Exception as exc:  # noqa: BLE001 - unreadable files: the JSON lines still are
-        why.append(f"the run's Parquet files could not be read ({type(exc).__name__}: "
-                   f"{exc}): the Python path analysed its JSON lines")
-        return None
-    if not covered:
-        why.append("the columnar engine does not cover this run (a field its tables read is "
-                   "kept in args): the Python path analysed its JSON lines")
-        return None
-    try:
-        result = scale.analyze_columnar(out_dir, spec, con, live)
-    except Exception as exc:  # noqa: BLE001 - the figures still come, the warning says why
-        why.append(f"the columnar engine failed ({type(exc).__name__}: {exc}): the Python "
-                   "path analysed the run's JSON lines")
-        return None
+        hidden = scale.hidden_fields(con)
+    except Exception as exc:  # noqa: BLE001 - damaged files: the JSON lines still are
+        if not any(out_dir.glob("trace-rank*.jsonl")):
+            raise
+        notes.append(f"the run's Parquet files could not be read ({type(exc).__name__}: "
+                     f"{exc}): converted again from its JSON lines")
+        for p in out_dir.glob("trace-rank*" + columnar.SUFFIX):
+            p.unlink()
+        convert.convert_run_dir(out_dir)
+        con = V.connect(out_dir, scale.MEMORY_LIMIT)
+        hidden = scale.hidden_fields(con)
+    if hidden:
+        notes.append("records keep " + ", ".join(f"{t} {f}" for t, f in hidden) + " in args "
+                     "(a value of another type than the trace schema's): the tables read "
+                     "those records without it")
+    result = scale.analyze_columnar(out_dir, spec, con, live)
+    result["warnings"] = notes + result["warnings"]
     (out_dir / PERFETTO_FILE).unlink(missing_ok=True)
     return result

@@ -1,17 +1,16 @@
-"""The columnar engine: the whole post-run analysis of every converted run, whatever its
-size, without loading its records into Python.
+"""The columnar engine: the whole analysis of a run, whatever its size or layout, without
+loading its records into Python (run.analyze_folder converts a folder of JSON lines first).
 
-What run.analyze computes from `Traces`, computed here over the run's Parquet files: the
+Every table, computed over the run's Parquet files: the
 per-record-scale tables (step_rank, collectives) by numpy over one step range at a time
 (np_steps.py, np_coll.py), the per-step and per-rank tables from them by SQL (scale_steps.py,
 scale_comm.py), the small ones (axis_bytes, memory peaks) by vec_tables.py, the loader's
 warnings from the files' metadata. Records only MoE tables read (`moe`, all-to-all) are
 loaded into a sparse Traces for their Python functions. The result is assembled by
-assemble.py, the same code as the Python path's, so each figure has one definition. The
-Python path (run.analyze over load.py's Traces) answers only for what is not converted: a
-running run's partial figures, a run whose worker was lost before converting, and a run with
-a field hidden in `args` that a table reads (`applies`); it is also the oracle of
-tests/analysis/test_scale.py (equal analyses).
+assemble.py. A finished run, a running run's partial figures (the backend's scratch
+conversion of its shipped lines, backend/services/run_traces.py) and a lost worker's run
+are all analysed here; the Python tables over load.py's Traces (run.analyze) are the
+tests' oracle (tests/analysis/test_scale.py: equal analyses).
 
 Tables of more than JSON_ROWS rows stay whole in `table-<name>.parquet` beside the traces;
 analysis.json keeps an even sample of them (every k-th row) and says so in `table_files`
@@ -41,10 +40,6 @@ from .jsonl import sort_key
 from .load import Traces, finish, rank_warnings
 
 JSON_ROWS = 5_000  # rows of one table analysis.json holds; a larger table keeps a sample
-# the most records the Python path loads: about 2.3 KB of memory each (1.16 GiB at 0.5 M,
-# docs/benchmarks.md), so ~9 GiB here; a larger run the columnar path does not cover gets an
-# analysis error that says so instead of a worker killed for memory (run.write_analysis)
-PYTHON_MAX_RECORDS = 4_000_000
 MEMORY_LIMIT = "1GB"  # DuckDB spills beyond it (peak RSS stays bounded)
 FILE = "table-{}.parquet"
 
@@ -72,19 +67,14 @@ def record_count(out_dir: Path) -> int:
 PIPE_FIELDS = ("action", "stage")
 
 
-def applies(con) -> bool:
-    """Whether every table of this path applies (else the Python path answers): no field a
-    table reads hidden in args."""
-    from . import np_coll
-    return not (V.in_args(con, "span", NS.FIELDS + PIPE_FIELDS)
-                or V.in_args(con, "comm", NS.FIELDS)) and np_coll.applies(con)
-
-
-def use(out_dir: Path) -> bool:
-    """Whether this engine answers for the run: every converted run, whatever its size (a run
-    not converted yet, a running one or a worker lost before converting, is read from its
-    JSON lines: load.py and the Python tables)."""
-    return columnar.has_columnar(out_dir)
+def hidden_fields(con) -> list[tuple[str, str]]:
+    """(record type, field) of the fields a table reads that some record keeps in its args
+    (a value of another type than its column, columnar.to_columns): SQL reads those records
+    without them, and the analysis says so (run.analyze_folder)."""
+    keys = V.args_keys(con)
+    read = [("span", f) for f in NS.FIELDS + PIPE_FIELDS] + \
+        [("comm", f) for f in NS.FIELDS + V.COMM_FIELDS + ("peer",)]
+    return sorted({k for k in read if k in keys})
 
 
 def meta_traces(out_dir: Path, con) -> Traces:
@@ -96,7 +86,10 @@ def meta_traces(out_dir: Path, con) -> Traces:
         "SELECT rank, list(reason ORDER BY row) FROM t WHERE type = 'end' GROUP BY rank"
     ).fetchall()}
     has_rows = {r for (r,) in con.execute("SELECT DISTINCT rank FROM t").fetchall()}
-    for path in sorted(Path(out_dir).glob("trace-rank*" + columnar.SUFFIX)):
+    paths = sorted(Path(out_dir).glob("trace-rank*" + columnar.SUFFIX))
+    if not paths:  # (the loader's words: a folder of neither kind of file)
+        tr.warnings.append(f"no trace-rank*.jsonl files in {Path(out_dir).name or out_dir}")
+    for path in paths:
         m = V._RANK_RE.search(path.name)
         if not m:
             continue

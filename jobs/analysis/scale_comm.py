@@ -249,15 +249,11 @@ def _sent_by_link(rank: int, axis, v: dict, p2p: dict, groups, hosts: dict) -> d
 
 
 def links_table(con, tr: Traces, spec, coll, pred: dict | None,
-                sums: dict) -> list[dict] | None:
+                sums: dict) -> list[dict]:
     """links.links_table: per-record bytes from np_axis.axis_sums' `raw` sums (the axis_bytes
     table's), instance medians from the instances (`coll`: an Instances or the file's
-    path); tr: vec_tables.meta_only. None where a span's step / cat sits in args (the
-    caller takes the Python path). A NULL axis and an axis named "?" on one rank would merge
+    path); tr: vec_tables.meta_only. A NULL axis and an axis named "?" on one rank would merge
     in the oracle's (rank, "?") and not here."""
-    from .vec_tables import in_args
-    if in_args(con, "span", ("step", "cat")):
-        return None
     coll = coll if isinstance(coll, Instances) else Instances(coll)
     hosts, source = LK.rank_hosts(tr, spec)
     groups = LK._Groups(tr, spec)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from . import columnar
 from . import memory as M
-from .load import _RANK_RE, Traces
+from .load import _RANK_RE, Traces, check_meta
 
 NS = 1e9
 
@@ -35,8 +35,9 @@ def meta_only(out_dir: Path) -> Traces:
         m = _RANK_RE.search(path.name)
         if m:
             md = pq.read_schema(path).metadata or {}
-            tr.meta[int(m.group(1))] = json.loads(md.get(columnar.META_KEY, b"{}"))
-            tr.ranks[int(m.group(1))] = []
+            meta = json.loads(md.get(columnar.META_KEY, b"{}"))
+            check_meta(int(m.group(1)), meta, [])  # as the loader: wrong shapes dropped
+            tr.meta[int(m.group(1))], tr.ranks[int(m.group(1))] = meta, []
     return tr
 
 
@@ -52,6 +53,10 @@ def connect(out_dir: Path, memory_limit: str | None = None):
         con.execute(f"SET memory_limit = '{memory_limit}'")
         con.execute("SET preserve_insertion_order = false")
         con.execute(f"SET temp_directory = '{tempfile.gettempdir()}/paralab-duckdb'")
+    if not any(Path(out_dir).glob("trace-rank*" + columnar.SUFFIX)):  # no record at all
+        con.register("t_none", columnar.arrow_schema().empty_table())
+        con.execute("CREATE VIEW t AS SELECT *, 0::BIGINT AS row FROM t_none")
+        return con
     glob = str(Path(out_dir) / ("trace-rank*" + columnar.SUFFIX)).replace("'", "''")
     con.execute(f"CREATE VIEW t AS SELECT *, file_row_number AS row FROM read_parquet('{glob}', "
                 "file_row_number = true, union_by_name = true)")
@@ -80,8 +85,7 @@ def args_keys(con) -> set[tuple[str, str]]:
 
 def in_args(con, typ: str, fields) -> bool:
     """Whether a `typ` record holds one of `fields` in its args (a value of another type
-    than its column's, columnar.to_columns): SQL cannot see it there, so the caller takes the
-    Python path."""
+    than its column's, columnar.to_columns): SQL cannot see it there."""
     keys = args_keys(con)
     return any((typ, f) in keys for f in fields)
 
@@ -92,13 +96,11 @@ COMM_FIELDS = ("ts_ns", "dur_ns", "step", "op", "axis", "group", "seq", "group_s
 
 
 def axis_bytes_table(con, tr: Traces, out_dir: Path, sums: dict | None = None
-                     ) -> list[dict] | None:
+                     ) -> list[dict]:
     """collectives.axis_bytes_table from np_axis.axis_sums (`sums`: computed already, e.g.
-    shared with the links table). None: a field it reads is in args."""
+    shared with the links table). A field kept in a record's args is read as missing
+    (scale.hidden_fields)."""
     from . import np_axis
-    if in_args(con, "comm", ("step", "axis", "bytes_sent", "bytes_recv")) \
-            or in_args(con, "span", ("step", "cat")):
-        return None
     sums = sums if sums is not None else np_axis.axis_sums(out_dir)
     rows = []
     for (rank, axis), v in sorted(sums["merged"].items()):

@@ -256,22 +256,6 @@ def test_a_pipeline_run_is_left_to_the_post_run_analysis(pp_run, tmp_path, small
     assert "point-to-point ops" in live.analysis.failed and live.analysis.reader is None
 
 
-def test_a_python_path_run_leaves_nothing_of_the_live_analysis(tmp_path, small,
-                                                              monkeypatch):
-    """A run the columnar engine does not cover (scale.applies: a field a table reads kept
-    in args) is analysed by the Python path: the live instance file goes."""
-    monkeypatch.setattr(scale, "applies", lambda con: False)
-    live = fed(tmp_path / "run", dp_tp(tmp_path, steps=9))
-    run = tmp_path / "run"
-    assert (run / "table-collectives.parquet").exists()  # written while the run went
-    convert.convert_run_dir(run, live=live)
-    head = write_analysis(run, live=live.analysis)
-    assert "analysis_error" not in head
-    assert json.loads((run / "analysis.json").read_text())["engine"] == "python"
-    assert not list(run.glob("table-*.parquet"))
-    assert live.analysis.failed and live.analysis.reader is None
-
-
 def test_write_analysis_goes_on_from_the_live_analysis(tmp_path, small):
     """The worker's call: write_analysis(live=...) takes the scale path from the live
     reader (resumed), and writes the analysis the post-run step alone writes."""

@@ -124,25 +124,9 @@ def test_point_to_point_runs_are_covered_by_the_columnar_engine(tmp_path):
     run = s.write(tmp_path / "pp", per)
     want = analyze_run_dir(run)
     convert.convert_run_dir(run)
-    from jobs.analysis import np_coll as N
-    assert N.applies(V.connect(run))  # matched by the columnar engine too (test_scale_pipeline)
+    from jobs.analysis import scale
+    assert not scale.hidden_fields(V.connect(run))  # the engine reads every field it needs
     assert analyze_run_dir(run) == want
-
-
-def test_a_run_too_large_for_the_python_path_gets_an_error_not_a_killed_worker(
-        tmp_path, monkeypatch):
-    """A large run the columnar engine does not cover (point-to-point ops here) is not loaded
-    whole: the analysis error names the record count, the limit and what to do."""
-    from jobs.analysis import scale, write_analysis
-    run = dp_tp_run(tmp_path / "run", steps=3)
-    convert.convert_run_dir(run)
-    monkeypatch.setattr(scale, "applies", lambda con: False)  # as for a pipeline run
-    assert "analysis_error" not in write_analysis(run)  # fits: the Python path
-    n = scale.record_count(run)
-    monkeypatch.setattr(scale, "PYTHON_MAX_RECORDS", n - 1)
-    err = write_analysis(run)["analysis_error"]
-    assert err.startswith(f"ValueError: {n:,} trace records: more than the Python analysis "
-                          f"loads ({n - 1:,})") and "trace fewer steps" in err
 
 
 def test_old_json_only_run_and_a_stale_conversion_read_the_json_lines(tmp_path):
@@ -175,11 +159,13 @@ def test_parquet_metadata_carries_the_schema_version(tmp_path):
     assert got.ranks == want.ranks and got.warnings == want.warnings
 
 
-def test_a_damaged_parquet_file_degrades_to_the_python_path(tmp_path):
-    """The run's figures still come, from its JSON lines, and the analysis says why."""
+def test_a_damaged_parquet_file_is_converted_again_from_its_lines(tmp_path):
+    """The run's figures still come, from its lines converted again, and the analysis says
+    why; equal to the oracle's (the Python tables over the loaded lines)."""
     import json
 
     from jobs.analysis import write_analysis
+    from tests.analysis.test_scale import same
     run = dp_tp_run(tmp_path / "run")
     want = analyze_run_dir(run)
     convert.convert_run_dir(run)
@@ -189,26 +175,28 @@ def test_a_damaged_parquet_file_degrades_to_the_python_path(tmp_path):
     os.utime(bad, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     assert "analysis_error" not in write_analysis(run)
     got = json.loads((run / "analysis.json").read_text())
-    assert got["engine"] == "python" and got["tables"] == want["tables"]
+    assert got["engine"] == "columnar"
     assert "Parquet files could not be read" in got["warnings"][0]
+    assert "converted again from its JSON lines" in got["warnings"][0]
+    assert got["warnings"][1:] == want["warnings"]
+    for name in ("step_rank", "collectives", "throughput", "ranks", "axis_bytes"):
+        same(got["tables"][name], want["tables"][name], name)
+    import pyarrow.parquet as pq
+    assert pq.read_metadata(bad).num_rows > 0  # the damaged file replaced
 
 
-def test_a_failing_columnar_engine_falls_back_with_a_warning(tmp_path, monkeypatch):
-    import json
-
+def test_a_failing_engine_is_an_analysis_error_not_a_crash(tmp_path, monkeypatch):
+    """No second engine answers: the worker gets the error in the headline (the run still
+    finishes), and no analysis.json is left half-written."""
     from jobs.analysis import scale, write_analysis
     run = dp_tp_run(tmp_path / "run")
-    want = analyze_run_dir(run)
     convert.convert_run_dir(run)
 
     def broken(*a, **k):
         raise ZeroDivisionError("planted")
     monkeypatch.setattr(scale, "analyze_columnar", broken)
-    assert "analysis_error" not in write_analysis(run)
-    got = json.loads((run / "analysis.json").read_text())
-    assert got["engine"] == "python" and got["tables"] == want["tables"]
-    assert got["warnings"][0].startswith("the columnar engine failed (ZeroDivisionError: "
-                                         "planted)")
+    assert write_analysis(run) == {"analysis_error": "ZeroDivisionError: planted"}
+    assert not (run / "analysis.json").exists()
 
 
 @pytest.mark.parametrize("chunk", [10**9, 25])

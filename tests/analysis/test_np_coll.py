@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from jobs.analysis import collectives as C
-from jobs.analysis import convert, load_run_dir
+from jobs.analysis import convert, load_run_dir, scale
 from jobs.analysis import links as LK
 from jobs.analysis import np_axis as NA
 from jobs.analysis import np_coll as N
@@ -88,7 +88,7 @@ def test_instances_equal_the_oracle(tmp_path, monkeypatch, kind, chunk):
     run, tr = _run(tmp_path, kind)
     want = C.collectives_table(tr)
     con, mt = V.connect(run), V.meta_only(run)
-    assert N.applies(con)
+    assert not scale.hidden_fields(con)
     batches = list(N.instance_batches(mt, run))
     assert len(batches) > (2 if chunk == 7 else 0)
     got = N.rows_of(batches, mt)
@@ -136,8 +136,8 @@ def test_point_to_point_is_for_numpy_too(tmp_path):
     run = s.write(tmp_path / "pp", per)
     convert.convert_run_dir(run)
     # sends and receives are matched by the columnar engine as well (scale_pipeline's tests
-    # check the matching by hand); only fields kept in `args` keep a run off it
-    assert N.applies(V.connect(run))
+    # check the matching by hand), every field it reads in its column
+    assert not scale.hidden_fields(V.connect(run))
 
 
 @pytest.mark.parametrize("kind", [*VARIANTS, "ep"])

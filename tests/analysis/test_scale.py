@@ -107,23 +107,22 @@ def test_large_tables_stay_in_parquet_and_analysis_json_keeps_a_sample(tmp_path,
         same(scale.table_rows(run, name)[1], rows, name)
 
 
-def test_every_converted_run_takes_the_columnar_engine_json_lines_the_python_path(tmp_path):
-    """One engine for every finished run, whatever its size (a 3-step run here); only a folder
-    of JSON lines (not converted: a running run, a lost worker's) takes the Python path."""
+def test_every_run_takes_the_columnar_engine_a_folder_of_lines_converted_first(tmp_path):
+    """One engine for every run, whatever its size (a 3-step run here): a folder of JSON
+    lines only (a lost worker's) is converted beside its lines first, then analysed by the
+    same engine; its tables equal the oracle's (the Python tables over the loaded lines)."""
+    from jobs.analysis import columnar
     lines = dp_tp_run(tmp_path / "lines")
-    assert not scale.use(lines)
+    want = analyze_run_dir(lines)
+    assert not columnar.has_columnar(lines)
     write_analysis(lines)
-    assert json.loads((lines / "analysis.json").read_text())["engine"] == "python"
-    run = dp_tp_run(tmp_path / "run")
-    convert.convert_run_dir(run)
-    assert scale.use(run)
-    write_analysis(run)
-    got = json.loads((run / "analysis.json").read_text())
-    assert got["engine"] == "columnar"
-    assert not (run / "trace.perfetto.json").exists()  # built on request (GET /export)
-    want = json.loads((lines / "analysis.json").read_text())
+    assert columnar.has_columnar(lines)  # converted beside the lines
+    got = json.loads((lines / "analysis.json").read_text())
+    assert got["engine"] == "columnar" and want["engine"] == "python"
+    assert not (lines / "trace.perfetto.json").exists()  # built on request (GET /export)
     for name in ("step_rank", "collectives", "throughput"):
         same(got["tables"][name], want["tables"][name], name)
+    assert got["headline"] == want["headline"]
 
 
 def test_meta_traces_carry_the_loaders_warnings(tmp_path):
@@ -248,8 +247,8 @@ def test_failed_instances_leave_no_partial_file_and_the_rest_reads_again(tmp_pat
 def test_a_field_kept_in_args_is_told_by_record_type(tmp_path):
     """A value of another type than its column's goes to `args` (columnar.to_columns), where
     SQL cannot see it: in_args says so for that record type and field only (one scan of
-    the args keys per connection), and the scale path leaves such a run to the Python
-    path."""
+    the args keys per connection); the one engine reads that record without it, and the
+    analysis' first warning names the field."""
     run = dp_tp_run(tmp_path / "run")
     path = run / "trace-rank0.jsonl"
     recs = [json.loads(x) for x in path.read_text().splitlines()]
@@ -257,12 +256,17 @@ def test_a_field_kept_in_args_is_told_by_record_type(tmp_path):
     # a string in an int column (not one of the loader's typed fields, jsonl.FIELD_TYPES,
     # which make the line a skipped one instead)
     recs[i]["bucket"] = "late"
+    j = next(j for j, r in enumerate(recs) if r["type"] == "span" and r["cat"] == "step")
+    recs[j]["stage"] = "first"  # a pipeline field, read from step spans too
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     convert.convert_run_dir(run)
     con = V.connect(run)
     assert V.in_args(con, "comm", ("step", "bucket")) and not V.in_args(con, "comm", ("step",))
     assert not V.in_args(con, "span", ("bucket",))
-    assert ("comm", "bucket") in V.args_keys(con) and not scale.applies(con)
+    assert ("comm", "bucket") in V.args_keys(con)
+    assert scale.hidden_fields(con) == [("comm", "bucket"), ("span", "stage")]
     assert not V.in_args(V.connect(run.parent / "run"), "mem", ("params",))
     write_analysis(run)
-    assert json.loads((run / "analysis.json").read_text())["engine"] == "python"
+    got = json.loads((run / "analysis.json").read_text())
+    assert got["engine"] == "columnar" and got["tables"]["step_rank"]
+    assert got["warnings"][0].startswith("records keep comm bucket, span stage in args")

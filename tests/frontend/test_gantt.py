@@ -12,7 +12,8 @@ from fastapi.testclient import TestClient
 from backend.core.config import Settings
 from backend.main import create_app
 from backend.migrate import upgrade
-from backend.services import gantt, run_traces
+from backend.services import gantt, gantt_columnar, run_traces
+from jobs.analysis import load_run_dir
 from jobs.spec import parse_spec
 
 
@@ -61,10 +62,7 @@ def write_trace(folder, ranks=4, steps=50, mb=8, pp=False, actions=False):
 
 def test_level_of_detail_bounds_the_answer_and_counts_every_span(tmp_path):
     total = write_trace(tmp_path, ranks=8, steps=100, mb=12)
-    rt = run_traces.get(tmp_path)
-    assert run_traces.get(tmp_path) is rt  # cached by file version
-    trace = run_traces.derived(rt, "gantt", gantt.columns)
-    assert run_traces.derived(rt, "gantt", gantt.columns) is trace
+    trace = gantt.columns(load_run_dir(tmp_path))
     full = gantt.gantt(trace, max_spans=total)
     assert full["total_spans"] == full["returned"] == total and not full["lod"]["merged"]
     small = gantt.gantt(trace, max_spans=500)
@@ -78,18 +76,22 @@ def test_level_of_detail_bounds_the_answer_and_counts_every_span(tmp_path):
     assert min(zoom["segments"]["t1"]) >= w["t0_ms"]
 
 
-def columns_of(folder):
-    return gantt.columns(run_traces.get(folder).traces)
+def answer(folder, step=None):
+    """GET /gantt's answer for a running run's folder: its scratch conversion's window."""
+    src = run_traces.source(folder)
+    assert src != folder and run_traces.source(folder) == src  # a copy, kept per version
+    return gantt_columnar.answer(src, step=step, t0_ms=None, t1_ms=None, max_spans=20000,
+                                 px=2000)
 
 
 def test_pipeline_step_draws_the_analysis_simulation(tmp_path):
     write_trace(tmp_path, ranks=4, steps=3, mb=4, pp=True, actions=True)
-    g = gantt.gantt(columns_of(tmp_path), step=1)
+    g = answer(tmp_path, step=1)
     assert g["theory"]["p"] == 4 and len(g["theory"]["rows"]) == 4
     assert len(g["theory"]["rows"][0]["spans"]) == 8  # 4 F + 4 BW per pipeline rank (1f1b)
     assert {r["label"] for r in g["rows"]} == {f"rank {r} (pp{r})" for r in range(4)}
-    a = run_traces.analysis(tmp_path, None)
-    assert a["partial"] is True
+    a, where = run_traces.analysis(tmp_path, None)
+    assert a["partial"] is True and where == run_traces.source(tmp_path)
     # the timeline header's simulated bubble is the analysis' figure, to the last digit
     assert g["theory"]["bubble_fraction"] == a["headline"]["bubble_simulated_fraction"]
     assert g["theory"]["stage_times_steps"] == a["headline"]["steady_steps"] == [1, 2]
@@ -103,7 +105,7 @@ def test_zbv_pipeline_theory_follows_the_v(tmp_path):
     for f in tmp_path.glob("trace-rank*.jsonl"):
         f.write_text(f.read_text().replace('"pp_schedule": "1f1b"', '"pp_schedule": "zbv"')
                      .replace('"virtual_stages": 1', '"virtual_stages": 2'))
-    th = gantt.gantt(columns_of(tmp_path), step=1)["theory"]
+    th = answer(tmp_path, step=1)["theory"]
     assert (th["schedule"], th["p"], th["v"]) == ("zbv", 2, 2) and len(th["rows"]) == 2
     for row in th["rows"]:
         assert len(row["spans"]) == 2 * 4 * 3  # F, B, W of 4 micro-batches on both chunks
@@ -156,7 +158,7 @@ def test_lanes_per_rank_and_channel_and_nesting(tmp_path):
                 extra.append(json.dumps({**r, "name": "forward.layer", "ts_ns": r["ts_ns"] + 10,
                                          "dur_ns": r["dur_ns"] // 2}))
         f.write_text("\n".join(lines[:-1] + extra) + "\n")
-    g = gantt.gantt(columns_of(tmp_path))
+    g = answer(tmp_path)
     lanes = [(ln["rank"], ln["channel"]) for ln in g["lanes"]]
     assert lanes == [(0, "compute"), (0, "comm dp"), (1, "compute"), (1, "comm dp")]
     assert [ln["label"] for ln in g["lanes"]][:2] == ["rank 0 (dp0)", "  comm dp"]

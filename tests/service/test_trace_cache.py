@@ -1,26 +1,29 @@
-"""The API's memory for loaded traces is bounded in bytes, not entries (Settings.
-analysis_cache_mb): after many runs the cache holds at most its bound, least recently used
-runs go first, a run larger than the bound is served and not kept, a run's older file version
-is dropped when a newer one loads, and /api/health reports the process memory and the cache."""
+"""A running run is served from a scratch conversion of its lines (backend/services/
+run_traces.py), a cache bounded in bytes, not entries (Settings.analysis_cache_mb): after many
+runs it holds at most its bound, least recently used runs go first, a run larger than the bound
+is served and not kept, a run's older file version is dropped when a newer one converts, a
+folder let go is deleted a grace period later, the run's own folder is never touched, and
+/api/health reports the process memory and the cache."""
 
 from __future__ import annotations
 
 import pytest
 
 from backend.services import run_traces
+from jobs.analysis import analyze_run_dir
 from tests.analysis.synth import end, meta, span, write
 
 
-def a_run(folder, steps: int):
-    """Two ranks, `steps` step spans and an end record each: 2 * (steps + 1) records (the
-    meta line is the rank's header, not a record)."""
-    return write(folder, {r: [meta(r, 2)] + [span(r, s, "step", 10 * s, 10 * s + 5,
-                                                  cat="step") for s in range(steps)]
-                          + [end(r, 10 * steps + 1)] for r in range(2)})
+def a_run(folder, steps: int, ranks: int = 2):
+    """`ranks` ranks, `steps` step spans and an end record each (runs of one shape are equal
+    byte for byte, so are their conversions)."""
+    return write(folder, {r: [meta(r, ranks)] + [span(r, s, "step", 10 * s, 10 * s + 5,
+                                                      cat="step") for s in range(steps)]
+                          + [end(r, 10 * steps + 1)] for r in range(ranks)})
 
 
 @pytest.fixture
-def bound():
+def bound(tmp_path):
     keep = run_traces.LIMIT_BYTES
     run_traces._CACHE.clear()
     yield
@@ -28,22 +31,35 @@ def bound():
     run_traces.LIMIT_BYTES = keep
 
 
+def per_run(tmp_path) -> int:
+    """What one 19-step run's conversion is charged (its files' bytes, measured once)."""
+    run_traces.configure(64)
+    n = run_traces.get(a_run(tmp_path / "probe", 19)).nbytes
+    run_traces._CACHE.clear()
+    assert n > 0
+    return n
+
+
+def keys(base) -> list[str]:
+    return [k[0] for k in run_traces._CACHE]
+
+
 def test_many_runs_stay_under_the_byte_bound(tmp_path, bound):
-    per = run_traces.RECORD_BYTES
-    run_traces.configure(100 * per / (1 << 20))  # room for 100 records
-    runs = [a_run(tmp_path / f"r{i}", 19) for i in range(12)]  # 40 records each, by hand
+    per = per_run(tmp_path)
+    run_traces.configure(2.5 * per / (1 << 20))  # room for two runs, not three
+    runs = [a_run(tmp_path / f"r{i}", 19) for i in range(12)]
     for i, d in enumerate(runs):
-        rt = run_traces.get(d)
-        assert rt.nbytes == 40 * per
-        assert run_traces.cached_bytes() <= 100 * per
-        # the two most recent fit (80 records), a third would not (120)
-        assert [k[0] for k in run_traces._CACHE] == [str(x) for x in runs[max(0, i - 1):i + 1]]
+        s = run_traces.get(d)
+        assert s.nbytes == per and s.dir.parent != d.parent
+        assert run_traces.cached_bytes() <= 2.5 * per
+        assert keys(tmp_path) == [str(x) for x in runs[max(0, i - 1):i + 1]]
     run_traces.get(runs[10])  # used again: now the most recent, runs[11] goes first
     run_traces.get(a_run(tmp_path / "r12", 19))
-    assert [k[0] for k in run_traces._CACHE] == [str(runs[10]), str(tmp_path / "r12")]
-    big = a_run(tmp_path / "big", 60)  # 122 records: more than the bound
-    assert run_traces.get(big) is not None and run_traces.cached_bytes() <= 100 * per
-    assert str(big) not in {k[0] for k in run_traces._CACHE}
+    assert keys(tmp_path) == [str(runs[10]), str(tmp_path / "r12")]
+    big = a_run(tmp_path / "big", 19, ranks=8)  # its conversion is more than the bound
+    got = run_traces.get(big)
+    assert got.nbytes > 2.5 * per and (got.dir / "trace-rank7.parquet").is_file()
+    assert run_traces.cached_bytes() <= 2.5 * per and str(big) not in keys(tmp_path)
 
 
 def test_a_newer_file_version_replaces_the_older(tmp_path, bound):
@@ -52,8 +68,25 @@ def test_a_newer_file_version_replaces_the_older(tmp_path, bound):
     first = run_traces.get(d)
     a_run(tmp_path / "live", 5)  # the run wrote more: a new version of its files
     second = run_traces.get(d)
-    assert second is not first and len(run_traces._CACHE) == 1
-    assert second.nbytes == 2 * 6 * run_traces.RECORD_BYTES
+    assert second is not first and second.dir != first.dir and len(run_traces._CACHE) == 1
+    assert first.dir in [p for _, p in run_traces._DOOMED]
+
+
+def test_the_partial_analysis_is_the_oracles_and_the_run_folder_is_untouched(tmp_path, bound):
+    """The scratch copy's analysis (the one engine) equals the Python tables over the loaded
+    lines; the run's folder keeps its files, their bytes and times (a flusher's blocks file
+    beside the lines included: the copy reads the lines only)."""
+    run_traces.configure(64)
+    d = a_run(tmp_path / "run", 7)
+    (d / "trace-rank0.blocks").write_bytes(b"not read")
+    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in d.iterdir()}
+    got, where = run_traces.analysis(d, None)
+    assert got["partial"] is True and got["engine"] == "columnar" and where != d
+    want = analyze_run_dir(d)
+    assert got["tables"] == want["tables"] and got["headline"] == want["headline"]
+    assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in d.iterdir()} == before
+    assert run_traces.analysis(d, None)[0] is got  # kept per version
+    assert run_traces.cached_bytes() > run_traces._size(where)  # the document is charged
 
 
 def test_health_reports_process_memory_and_the_cache(client, settings):
@@ -63,29 +96,35 @@ def test_health_reports_process_memory_and_the_cache(client, settings):
     assert 0 <= m["trace_cache_bytes"] <= m["trace_cache_limit_bytes"]
 
 
-def test_what_the_cache_lets_go_is_handed_back_once(tmp_path, bound, monkeypatch):
-    """Each way a parse leaves the cache (evicted, replaced by a newer version, too large to
+def test_let_go_folders_are_deleted_after_the_grace_and_memory_handed_back_once(
+        tmp_path, bound, monkeypatch):
+    """Each way a copy leaves the cache (evicted, replaced by a newer version, too large to
     keep) asks the C library for its pages back once (backend/core/memory.release_freed,
-    counted here), and nothing else does."""
+    counted here), and nothing else does; its folder is deleted GRACE_S later (the clock
+    injected), not before: a request still reading it finishes first."""
     from backend.core import memory
     calls = []
     monkeypatch.setattr(memory, "release_freed", lambda: calls.append(1) or True)
-    per = run_traces.RECORD_BYTES
-    run_traces.configure(100 * per / (1 << 20))
+    per = per_run(tmp_path)
+    run_traces.configure(2.5 * per / (1 << 20))
     run_traces.trim_if_dropped()
     calls.clear()
-    a, b, c = (a_run(tmp_path / n, 19) for n in "abc")  # 40 records each
+    a, b, c = (a_run(tmp_path / n, 19) for n in "abc")
     run_traces.get(a)
-    run_traces.get(b)
+    sb = run_traces.get(b)
     run_traces.get(a)  # a hit
     assert run_traces.trim_if_dropped() is False and calls == []
-    run_traces.get(c)  # 120 records: b, the least recent, is evicted
+    run_traces.get(c)  # b, the least recent, is evicted
     assert run_traces.trim_if_dropped() is True and calls == [1]
     assert run_traces.trim_if_dropped() is False and calls == [1]
+    assert sb.dir.is_dir()  # within the grace
+    t = run_traces.time.monotonic()
+    run_traces.trim_if_dropped(now=t + run_traces.GRACE_S + 1)
+    assert not sb.dir.exists() and calls == [1]
     a_run(tmp_path / "a", 21)  # a newer version of a's files replaces the older
     run_traces.get(a)
     assert run_traces.trim_if_dropped() is True and calls == [1, 1]
-    run_traces.get(a_run(tmp_path / "big", 60))  # served, not kept
+    run_traces.get(a_run(tmp_path / "big", 19, ranks=8))  # served, not kept
     assert run_traces.trim_if_dropped() is True and calls == [1, 1, 1]
 
 
@@ -98,24 +137,27 @@ def test_the_c_library_calls_answer_on_this_machine():
     memory.release_freed()
 
 
-def test_room_is_made_before_a_parse_not_after(tmp_path, bound, monkeypatch):
-    """The least recently used run leaves before the next one is parsed, so the process never
-    holds the bound plus one more parse: what the cache holds while a parse runs, plus that
-    parse's charge (40 records, counted by hand from a_run), is within the bound."""
-    per = run_traces.RECORD_BYTES
-    run_traces.configure(100 * per / (1 << 20))  # room for two 40-record runs, not three
-    real, seen = run_traces.load_run_dir, []
+def test_room_is_made_before_a_conversion_not_after(tmp_path, bound, monkeypatch):
+    """The least recently used run leaves before the next one is converted, so the process
+    never holds the bound plus one more conversion: what the cache holds while a conversion
+    runs, plus that conversion's expected charge, is within the bound (the estimate set here
+    to the measured charge)."""
+    per = per_run(tmp_path)
+    lines = sum(p.stat().st_size for p in (tmp_path / "probe").glob("trace-rank*.jsonl"))
+    monkeypatch.setattr(run_traces, "PARQUET_PER_LINE_BYTE", per / lines)
+    run_traces.configure(2.5 * per / (1 << 20))  # room for two runs, not three
+    real, seen = run_traces._convert, []
 
-    def load(d):
+    def convert(*a):
         seen.append(run_traces.cached_bytes())
-        return real(d)
-    monkeypatch.setattr(run_traces, "load_run_dir", load)
+        return real(*a)
+    monkeypatch.setattr(run_traces, "_convert", convert)
     runs = [a_run(tmp_path / f"r{i}", 19) for i in range(4)]
     for d in runs:
         run_traces.get(d)
-    assert seen == [0, 40 * per, 40 * per, 40 * per]  # (0, 1, then 1 of the 2 kept runs)
-    assert all(held + 40 * per <= 100 * per for held in seen)
-    assert [k[0] for k in run_traces._CACHE] == [str(runs[2]), str(runs[3])]
+    assert seen == [0, per, per, per]  # (0, 1, then 1 of the 2 kept runs)
+    assert all(held + per <= 2.5 * per for held in seen)
+    assert keys(tmp_path) == [str(runs[2]), str(runs[3])]
     seen.clear()
-    run_traces.get(a_run(tmp_path / "big", 60))  # too large to keep: evicts nothing for it
-    assert seen == [80 * per] and len(run_traces._CACHE) == 2
+    run_traces.get(a_run(tmp_path / "big", 19, ranks=8))  # too large to keep: evicts nothing for it
+    assert seen == [2 * per] and len(run_traces._CACHE) == 2
