@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from devtools.launch import run_job  # noqa: E402
-from jobs.analysis.run import analyze_run_dir  # noqa: E402
+from jobs.analysis import analyze_folder  # noqa: E402
 from jobs.theory.advisor import advise  # noqa: E402
 from jobs.theory.advisor_rules import terms  # noqa: E402
 from jobs.theory.calibration import restate  # noqa: E402
@@ -67,7 +67,7 @@ def main() -> None:
             spec = dict(c["spec"])
             spec["train"] = {**spec["train"], "steps": args.steps}
             out = run_job(Path(d) / f"m{i}", spec, args.ranks, timeout=900)
-            head = analyze_run_dir(out)["headline"]
+            head = analyze_folder(out)["headline"]
             members.append({"label": c["label"], "index": c["rank"],
                             "predicted": terms(c["predicted"]), "measured": head})
     res = restate(members)

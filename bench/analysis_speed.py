@@ -29,7 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jobs.analysis import analyze_run_dir, load_run_dir, to_perfetto, write_analysis  # noqa: E402
+from devtools.oracle import analyze_run_dir
+from jobs.analysis import load_run_dir, to_perfetto, write_analysis  # noqa: E402
 from jobs.analysis.export import iter_perfetto_json  # noqa: E402
 from jobs.spec import parse_spec  # noqa: E402
 

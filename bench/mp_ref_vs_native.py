@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from devtools.launch import torchrun  # noqa: E402
-from jobs.analysis import analyze_run_dir  # noqa: E402
+from jobs.analysis import analyze_folder  # noqa: E402
 from jobs.spec import parse_spec  # noqa: E402
 
 GPT = {"arch": "gpt", "layers": 4, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 256}
@@ -83,7 +83,7 @@ def main() -> None:
                 t[engine].append(steady_s(s))
                 if trial == 0 and s.get("pipeline", {}).get("p", 1) > 1:
                     # the analysis' stage table: the bubble's one home
-                    stages = analyze_run_dir(out)["tables"]["stage_bubbles"]
+                    stages = analyze_folder(out)["tables"]["stage_bubbles"]
                     bub = {r["stage"]: (round(r["measured_idle_fraction"], 3),
                                         r["simulated"] and round(r["simulated"], 3))
                            for r in stages}

@@ -16,12 +16,10 @@ from .run import (
     PERFETTO_FILE,
     SCHEMA,
     TABLES,
-    analyze,
     analyze_folder,
-    analyze_run_dir,
     write_analysis,
 )
 
-__all__ = ["ANALYSIS_FILE", "PERFETTO_FILE", "SCHEMA", "TABLES", "Traces", "analyze",
-           "analyze_folder", "analyze_run_dir", "assign_lanes", "from_records", "load_run_dir",
+__all__ = ["ANALYSIS_FILE", "PERFETTO_FILE", "SCHEMA", "TABLES", "Traces",
+           "analyze_folder", "assign_lanes", "from_records", "load_run_dir",
            "rows_to_csv", "tables_to_csv", "to_perfetto", "write_analysis"]

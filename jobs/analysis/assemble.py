@@ -58,32 +58,6 @@ def axis_predictions(rows: list[dict], pred: dict | None, summary: dict | None) 
         r["padding_elems"] = check.get("padding_elems") if f is not None else None
 
 
-def mean_of(rows: list[dict], key: str) -> float | None:
-    """Mean per (step, rank) row of a step_rank column (None when no row has it)."""
-    vals = [r[key] for r in rows if r.get(key) is not None]
-    return sum(vals) / len(vals) if vals else None
-
-
-def step_aggregates(step_rank: list[dict], throughput: list[dict],
-                    stragglers: list[dict]) -> dict:
-    """The headline's figures over the per-step tables (rows in Python). scale.py computes
-    the same keys over the tables' Parquet files (tests/analysis/test_scale.py: equal)."""
-    steady = set(rules.steady(r["step"] for r in step_rank))
-    use = [r for r in step_rank if r["step"] in steady]
-    comm = sum(r["comm_s"] for r in use)
-    return {
-        "steady_steps": rules.steady_range(r["step"] for r in throughput
-                                           if r["step_s"] is not None),
-        "step_time_s": rules.median_steady({r["step"]: r["step_s"] for r in throughput}),
-        "tokens": next((r["tokens"] for r in throughput if r.get("tokens")), None),
-        "overlap_pct": 100.0 * sum(r["overlap_s"] for r in use) / comm if comm else None,
-        **{f"{k}_s": mean_of(use, f"{k}_s") for k in STEP_MEANS},
-        "final_loss": next((r["loss"] for r in reversed(throughput)
-                            if r.get("loss") is not None), None),
-        "steps": len(throughput), "ranks": len({r["rank"] for r in step_rank}),
-        "straggler": SG.straggler_of_run(stragglers)}
-
-
 def headline(tables: dict, agg: dict, pred: dict | None, pp: int,
              spec_dict: dict | None = None) -> dict:
     """The run's figures: `agg` (step_aggregates) for the per-step tables, the small tables

@@ -33,7 +33,7 @@ import re
 from . import intervals as iv
 from .export import assign_lanes, event_chunks
 from .load import Traces
-from .steps import is_blocking
+from .steps import _end, is_blocking
 
 SCHEMA_VERSION = 1
 DEVICE = 0
@@ -122,10 +122,6 @@ def process_groups(meta: Traces, rank: int, recs: list[dict]) -> list[dict]:
                    "backend_config": "cpu:gloo", "pg_size": size or len(members),
                    "ranks": members}
     return out + list(seen.values())
-
-
-def _end(r: dict) -> int:
-    return r["ts_ns"] + r.get("dur_ns", 0)
 
 
 def _outermost(spans: list[dict]) -> list[dict]:

@@ -6,18 +6,19 @@ host, else `intra`: the measured side of jobs/theory/links.py (docs/analysis.md)
 
 A rank's host: the trace meta's `node_rank`, else its `hostname`, when every traced rank has
 one (nothing writes them yet; a multi-host launch may); else rank // runtime.nproc_per_node of
-the spec, the torchrun placement; without a spec, one host. Standard library only.
+the spec, the torchrun placement; without a spec, one host. The engine builds the table over
+the columnar trace (scale_comm.links_table), the oracle from records (devtools/oracle/
+links.py); here: the hosts, the groups and the link rule both use, and the placement table.
+Standard library only.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict
 
 from jobs.dims import AXES, ParallelDims
 
 from . import collectives as C
-from . import rules
 from .load import Traces
 
 HOST_KEYS = ("node_rank", "hostname")
@@ -81,53 +82,6 @@ def link_of(ranks, hosts: dict) -> str:
     return "inter" if len(seen) > 1 else "intra"
 
 
-def links_table(tr: Traces, spec, coll_rows: list[dict], pred: dict | None) -> list[dict]:
-    """Per (axis, link): bytes sent per step by the busiest rank (over the training steps, per
-    step as in axis_bytes), the ranks and instances seen there, and the median transfer time and
-    busbw of the steady steps' complete instances (collectives table); next to the theory's
-    link, bytes, busbw and time of that axis (predict()["comm"]["links"])."""
-    hosts, source = rank_hosts(tr, spec)
-    groups = _Groups(tr, spec)
-    steps = C.step_spans(tr)
-    sent: dict[tuple, float] = defaultdict(float)  # (rank, axis, link) -> bytes, steps >= 0
-    axis_steps: dict[tuple, set] = defaultdict(set)  # (rank, axis) -> steps of its records
-    for rank, recs in sorted(tr.ranks.items()):
-        for r in recs:
-            if r.get("type") != "comm" or r.get("step", -1) < 0:
-                continue
-            axis = r.get("axis", "?")
-            link = link_of(groups.members(rank, r), hosts)
-            sent[(rank, axis, link)] += float(r.get("bytes_sent", 0.0))
-            axis_steps[(rank, axis)].add(r["step"])
-    per: dict[tuple, dict] = {}
-    for (rank, axis, link), b in sent.items():
-        n = len(steps[rank] | axis_steps[(rank, axis)])
-        row = per.setdefault((axis, link), {"ranks": set(), "per_step": []})
-        row["ranks"].add(rank)
-        row["per_step"].append(b / n if n else 0.0)
-    use = set(rules.steady(r["step"] for r in coll_rows if r["step"] >= 0))
-    inst: dict[tuple, list[dict]] = defaultdict(list)
-    for r in coll_rows:
-        if r["step"] in use and r["complete"] and r["busbw_GBps"] is not None:
-            inst[(str(r["axis"]), link_of(r["ranks"], hosts))].append(r)
-    theory = {x["axis"]: x for x in (((pred or {}).get("comm") or {}).get("links") or {})
-              .get("per_axis", [])}
-    rows = []
-    for axis, link in sorted(set(per) | set(inst)):
-        p, rs, t = per.get((axis, link), {"ranks": set(), "per_step": []}), \
-            inst.get((axis, link), []), theory.get(axis, {})
-        rows.append({
-            "axis": axis, "link": link, "ranks": len(p["ranks"]), "instances": len(rs),
-            "bytes_sent_per_step": max(p["per_step"], default=None),
-            "duration_median_s": statistics.median(x["duration_s"] for x in rs) if rs else None,
-            "busbw_GBps": statistics.median(x["busbw_GBps"] for x in rs) if rs else None,
-            "hosts": len(set(hosts.values()) - {None}), "hosts_source": source,
-            "predicted_link": t.get("link"), "predicted_bytes": t.get("bytes_per_rank"),
-            "predicted_busbw_GBps": t.get("busbw_GBps"), "predicted_time_s": t.get("time_s"),
-            "predicted_bandwidth_source": t.get("bandwidth_source")})
-    return rows
-
-
 def placement_table(tr: Traces, spec) -> list[dict]:
     """Which rank ran on which host: per rank its host (the trace meta's `hostname`, else the
     host rank_hosts derives), torch's node rank and local rank, the placement node of the
@@ -143,4 +97,3 @@ def placement_table(tr: Traces, spec) -> list[dict]:
                     **{a: tr.coords(r).get(a) for a in AXES},
                     "clock_error_ns": meta.get("clock_error_ns")})
     return out
-

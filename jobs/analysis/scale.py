@@ -158,13 +158,6 @@ class Sampler:
         return pa.concat_tables(self.parts), self.k
 
 
-def _seq_sum(x) -> float:
-    """Python's sum() of the values in order (np.cumsum adds left to right, as sum does;
-    np.sum's pairwise order would differ in the last bits)."""
-    import numpy as np
-    return float(np.cumsum(x)[-1]) if len(x) else 0.0
-
-
 def _steady_mask(steps):
     """Which entries are steady steps (rules.steady over the distinct steps)."""
     import numpy as np
@@ -174,22 +167,15 @@ def _steady_mask(steps):
     return np.isin(steps, keep)
 
 
-def _col(table, name: str, dtype=None):
-    """A column as numpy (None -> nan for floats); empty without the table."""
-    import numpy as np
-    if table is None:
-        return np.zeros(0, dtype or float)
-    return table.column(name).to_numpy(zero_copy_only=False).astype(dtype or float)
-
-
 def step_aggregates(sr, thr, strag) -> dict:
-    """assemble.step_aggregates over the per-step tables as Arrow tables or None (step_rank
-    in (rank, step) order, throughput and stragglers by step): the same figures, sums in
-    the same order."""
+    """The headline's figures over the per-step tables as Arrow tables or None (step_rank
+    in (rank, step) order, throughput and stragglers by step): means over the steady steps,
+    sums in row order (the oracle's devtools.oracle.step_aggregates: equal to the last bit)."""
     import numpy as np
 
     from . import rules
     from . import stragglers as SG
+    from .scale_steps import _col, _seq_sum
     step = _col(sr, "step", np.int64)
     use = _steady_mask(step)
     comm = _seq_sum(_col(sr, "comm_s")[use])
@@ -397,6 +383,8 @@ def _write(table, path: Path) -> int:
 
 def _ranks_of(sr) -> list[int]:
     import numpy as np
+
+    from .scale_steps import _col
     return np.unique(_col(sr, "rank", np.int64)).tolist()
 
 

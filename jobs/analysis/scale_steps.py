@@ -117,12 +117,15 @@ def step_rank_rows(table: pa.Table, tr: Traces) -> list[dict]:
 
 
 def _col(table, name, dtype=float) -> np.ndarray:
+    """A column as numpy (None -> nan for floats); empty without the table."""
     if table is None:
         return np.zeros(0, dtype)
     return table.column(name).to_numpy(zero_copy_only=False).astype(dtype)
 
 
 def _seq_sum(x) -> float:
+    """Python's sum() of the values in order (np.cumsum adds left to right, as sum does;
+    np.sum's pairwise order would differ in the last bits)."""
     return float(np.cumsum(x)[-1]) if len(x) else 0.0
 
 

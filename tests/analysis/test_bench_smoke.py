@@ -43,3 +43,16 @@ def test_the_flusher_encode_table_prints_both_encoders():
     for row in ("JSON lines (the live format)", "blocks (jobs/trace_blocks.py)",
                 "ratio, blocks / JSON lines"):
         assert row in out, (row, out)
+
+
+def test_the_partial_figures_table_prints_both_paths_and_the_refresh(tmp_path):
+    """bench/partial_figures.py at a tiny size: the scratch path's rows (conversion, analysis,
+    refresh), the oracle's and their ratio."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "partial_figures.py"), "--records", "2k",
+         "--repeat", "1", "--tmp", str(tmp_path)], capture_output=True, text=True, check=True,
+        timeout=300).stdout
+    for row in ("scratch: run_traces.analysis", "of which the conversion",
+                "of which the analysis after it", "refresh: +1 step per rank",
+                "python: analyze_run_dir", "ratio, python / scratch CPU s"):
+        assert row in out, (row, out)

@@ -15,10 +15,11 @@ import json
 
 from pytest import approx
 
+from devtools.oracle.stragglers import stragglers_table
 from jobs.analysis import rules
 from jobs.analysis.diagnose import diagnose
 from jobs.analysis.sequences import next_group
-from jobs.analysis.stragglers import straggler_of_flags, stragglers_table
+from jobs.analysis.stragglers import straggler_of_flags
 
 MS = 1_000_000
 

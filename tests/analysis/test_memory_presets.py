@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from jobs.analysis import analyze_run_dir
+from devtools.oracle import analyze_run_dir
 from jobs.spec import PRESETS, parse_spec
 from tests.support.launch import multirun
 from tests.support.summary import check_train_summary

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs.analysis import analyze_run_dir, from_records
+from devtools.oracle import analyze, analyze_run_dir
+from jobs.analysis import from_records
 from jobs.analysis.moe import all_to_all_table, expert_load_table, headline
-from jobs.analysis.run import TABLES, analyze
+from jobs.analysis.run import TABLES
 from tests.analysis.synth import meta, span
 from tests.support.launch import multirun, read_trace
 

@@ -10,17 +10,17 @@ import math
 import pyarrow as pa
 import pytest
 
-from jobs.analysis import collectives as C
+from devtools.oracle import collectives as OC
+from devtools.oracle import links as OL
+from devtools.oracle import steps as OS
+from devtools.oracle import stragglers as OSG
 from jobs.analysis import convert, load_run_dir, scale
-from jobs.analysis import links as LK
 from jobs.analysis import np_axis as NA
 from jobs.analysis import np_coll as N
 from jobs.analysis import np_steps as NS
 from jobs.analysis import predicted as P
 from jobs.analysis import scale_comm as SC
 from jobs.analysis import scale_late as SL
-from jobs.analysis import steps as S
-from jobs.analysis import stragglers as SG
 from jobs.analysis import vec_tables as V
 from tests.analysis import synth as s
 from tests.analysis.test_columnar import dp_tp_run
@@ -86,7 +86,7 @@ def close(a, b) -> bool:
 def test_instances_equal_the_oracle(tmp_path, monkeypatch, kind, chunk):
     monkeypatch.setattr(NS, "CHUNK_RECORDS", chunk)  # one pass, several, one per step
     run, tr = _run(tmp_path, kind)
-    want = C.collectives_table(tr)
+    want = OC.collectives_table(tr)
     con, mt = V.connect(run), V.meta_only(run)
     assert not scale.hidden_fields(con)
     batches = list(N.instance_batches(mt, run))
@@ -125,7 +125,7 @@ def test_an_instance_across_a_pass_boundary_stays_whole(tmp_path, monkeypatch):
     tr = load_run_dir(run)
     convert.convert_run_dir(run)
     mt = V.meta_only(run)
-    assert N.rows_of(list(N.instance_batches(mt, run)), mt) == C.collectives_table(tr)
+    assert N.rows_of(list(N.instance_batches(mt, run)), mt) == OC.collectives_table(tr)
     assert not mt.warnings
 
 
@@ -144,7 +144,7 @@ def test_point_to_point_is_for_numpy_too(tmp_path):
 def test_tables_over_the_instances_file_equal_the_oracle(tmp_path, monkeypatch, kind):
     monkeypatch.setattr(NS, "CHUNK_RECORDS", 40)
     run, tr = _run(tmp_path, kind)
-    coll, step_rows = C.collectives_table(tr), S.step_rank_table(tr)
+    coll, step_rows = OC.collectives_table(tr), OS.step_rank_table(tr)
     con, mt = V.connect(run), V.meta_only(run)
     path = tmp_path / "table-collectives.parquet"
     assert SC.write_instances(mt, run, path) == len(coll)
@@ -154,16 +154,16 @@ def test_tables_over_the_instances_file_equal_the_oracle(tmp_path, monkeypatch, 
                                                      if r["step"] == st) for st in steps]})
     late = SL.Lateness.of_file(path)  # the sums InstanceWriter keeps, from the file
     strag = SL.straggler_rows(SL.stragglers_table(late, step_s))
-    want = SG.stragglers_table(coll, step_rows)
+    want = OSG.stragglers_table(coll, step_rows)
     assert close(strag, want) and want
     assert close(SL.straggler_ranks_table(late, {r["rank"] for r in step_rows}),
-                 SG.straggler_ranks_table(coll, step_rows))
+                 OSG.straggler_ranks_table(coll, step_rows))
     bw = SC.bandwidth_table(path)
-    assert bw == C.bandwidth_table(coll) and bw  # medians to the last bit (np.median)
+    assert bw == OC.bandwidth_table(coll) and bw  # medians to the last bit (np.median)
     sp = P.spec_of(tr.spec_dict(), [])
     pred = P.theory(sp, [])
     lk = SC.links_table(con, mt, sp, path, pred, NA.axis_sums(run))
-    assert close(lk, LK.links_table(tr, sp, coll, pred)) and lk
+    assert close(lk, OL.links_table(tr, sp, coll, pred)) and lk
     if kind == "ep":
         assert {r["link"] for r in lk} == {"intra", "inter"}
 
@@ -172,13 +172,13 @@ def test_a_flagged_straggler_and_an_even_median(tmp_path):
     """Rank 1 arrives 50 µs late at every tp op: flagged in the oracle and here; the
     bandwidth medians of an even number of instances are the mean of the middle two."""
     run, tr = _run(tmp_path, "plain")
-    coll = C.collectives_table(tr)
+    coll = OC.collectives_table(tr)
     path = tmp_path / "c.parquet"
     SC.write_instances(V.meta_only(run), run, path)
     tiny = pa.table({"step": [0, 1, 2, 3], "step_s": [1e-4] * 4})
     got = SL.straggler_rows(SL.stragglers_table(SL.Lateness.of_file(path), tiny))
     rows = [{"step": st, "rank": 0, "step_s": 1e-4} for st in range(4)]
-    assert close(got, SG.stragglers_table(coll, rows)) and any(r["flagged"] for r in got)
+    assert close(got, OSG.stragglers_table(coll, rows)) and any(r["flagged"] for r in got)
     assert any(r["instances"] % 2 == 0 for r in SC.bandwidth_table(path))
 
 

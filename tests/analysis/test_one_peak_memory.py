@@ -14,7 +14,8 @@ import csv
 import io
 import json
 
-from jobs.analysis import analyze_run_dir, convert, scale, tables_to_csv
+from devtools.oracle import analyze_run_dir
+from jobs.analysis import convert, scale, tables_to_csv
 from jobs.theory import predict
 from tests.analysis.synth import end, mem, meta, span, write
 

@@ -2,7 +2,8 @@
 
 import json
 
-from jobs.analysis import analyze_run_dir, load_run_dir, to_perfetto, write_analysis
+from devtools.oracle import analyze_run_dir
+from jobs.analysis import load_run_dir, to_perfetto, write_analysis
 from tests.analysis import tef
 from tests.analysis.synth import comm, end, meta, span, write
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import csv
 import io
 
-from jobs.analysis import analyze_run_dir, convert, scale, tables_to_csv
+from devtools.oracle import analyze_run_dir
+from jobs.analysis import convert, scale, tables_to_csv
 from tests.analysis.synth import comm, end, meta, span, write
 from tests.analysis.test_columnar import dp_tp_run
 

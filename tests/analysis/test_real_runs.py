@@ -4,7 +4,7 @@ up and is compared with the simulator and the closed form."""
 
 import pytest
 
-from jobs.analysis import analyze_run_dir
+from devtools.oracle import analyze_run_dir
 
 approx = pytest.approx
 
@@ -117,8 +117,8 @@ def test_pipeline_run_bubble_split_and_bytes(pp, pp_run):
 def test_traced_losses_are_the_summary_losses(which, request):
     """A run that never writes its summary (cancelled, live) keeps its loss curve: the step
     spans' losses, weighted as jobs.summary.loss_weight says, give the summary's numbers."""
+    from devtools.oracle.steps import step_rank_table, throughput_table, traced_losses
     from jobs.analysis.load import load_run_dir
-    from jobs.analysis.steps import step_rank_table, throughput_table, traced_losses
 
     tr = load_run_dir(request.getfixturevalue(which))
     rows = step_rank_table(tr)

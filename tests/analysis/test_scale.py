@@ -12,7 +12,8 @@ import shutil
 import numpy as np
 import pytest
 
-from jobs.analysis import analyze_run_dir, convert, scale, write_analysis
+from devtools.oracle import analyze_run_dir
+from jobs.analysis import convert, scale, write_analysis
 from jobs.analysis import np_steps as NS
 from jobs.analysis import vec_tables as V
 from tests.analysis.test_columnar import dp_tp_run

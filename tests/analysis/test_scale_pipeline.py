@@ -11,7 +11,9 @@ import shutil
 
 import pytest
 
-from jobs.analysis import analyze_run_dir, convert, scale, write_analysis
+from devtools.oracle import analyze_run_dir
+from devtools.oracle import collectives as OC
+from jobs.analysis import convert, scale, write_analysis
 from tests.analysis import synth as T
 
 STEPS = 4
@@ -211,7 +213,6 @@ def test_a_transfer_takes_the_link_of_its_two_ends(tmp_path, monkeypatch):
 def test_point_to_point_instances_equal_the_oracle(tmp_path, monkeypatch, chunk):
     """np_coll matches sends with receives as collectives.match does (FIFO per pair and
     step), also when the step ranges are cut small (np_steps.CHUNK_RECORDS)."""
-    from jobs.analysis import collectives as C
     from jobs.analysis import load_run_dir
     from jobs.analysis import np_coll as N
     from jobs.analysis import np_steps as NS
@@ -222,4 +223,4 @@ def test_point_to_point_instances_equal_the_oracle(tmp_path, monkeypatch, chunk)
     mt = V.meta_only(run)
     assert not scale.hidden_fields(V.connect(run))
     assert N.rows_of(list(N.instance_batches(mt, run)), mt) == \
-        C.collectives_table(load_run_dir(run))
+        OC.collectives_table(load_run_dir(run))

@@ -2,9 +2,9 @@
 
 import pytest
 
+from devtools.oracle.steps import step_rank_table, throughput_table
 from jobs.analysis import from_records
 from jobs.analysis import intervals as iv
-from jobs.analysis.steps import step_rank_table, throughput_table
 from tests.analysis.synth import comm, end, meta, span
 
 approx = pytest.approx

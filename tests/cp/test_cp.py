@@ -267,9 +267,9 @@ def test_activations_per_rank_equal_the_cp_memory_model(launched, n, name):
     """The saved-tensor counter's peak per rank equals predict()'s activations for a CP rank
     (its seq_len / cp tokens, ring attention's output and log-sum-exp instead of the scores:
     jobs.theory.model.gpt_saved_bytes) exactly."""
-    from jobs.analysis import analyze_run_dir
+    from jobs.analysis import analyze_folder
 
-    a = analyze_run_dir(launched[n] / name, parse_spec(run_spec(n, name), max_world_size=8))
+    a = analyze_folder(launched[n] / name, parse_spec(run_spec(n, name), max_world_size=8))
     rows = [r for r in a["tables"]["memory"] if r["component"] == "activations"]
     assert {r["rank"] for r in rows} == set(range(n)), name
     for r in rows:

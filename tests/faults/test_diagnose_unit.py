@@ -8,7 +8,7 @@ import json
 import pytest
 from pytest import approx
 
-from jobs.analysis import analyze
+from devtools.oracle import analyze
 from jobs.analysis.diagnose import diagnose, exit_codes_from_log, last_progress_ns, ranks_text
 from jobs.analysis.load import from_records
 from jobs.analysis.stacks import parse_faulthandler, stack_summary

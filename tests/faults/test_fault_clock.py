@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from devtools.oracle import analyze_run_dir
 from jobs import faults
-from jobs.analysis import analyze_run_dir
 from jobs.faultspec import FaultSpec
 from tests.analysis import synth as s
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.analysis import analyze_run_dir
+from jobs.analysis import analyze_folder
 from jobs.spec import parse_spec
 from tests.support.gate import TOL, assemble, loss_err, reference, rel_err
 from tests.support.launch import run_worker
@@ -122,7 +122,7 @@ def test_preset_matches_single_process(name, runs):
     assert summary["strategy"] == spec.strategy
     # the bubble per stage and the bytes per axis: the analysis of the traces (their one
     # home); the in-flight peaks: each rank's runtime's own count, in the summary
-    analysis = analyze_run_dir(out)
+    analysis = analyze_folder(out)
     bubbles = {r["stage"]: r for r in analysis["tables"]["stage_bubbles"]}
     assert set(bubbles) == set(range(spec.parallel.pp))
     assert all(0 <= r["measured_idle_fraction"] < 1 for r in bubbles.values())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from backend.services import run_traces
-from jobs.analysis import analyze_run_dir
+from devtools.oracle import analyze_run_dir
 from tests.analysis.synth import end, meta, span, write
 
 
