@@ -140,14 +140,14 @@ def make_run(out: Path, ranks: int, steps: int) -> int:
 
 
 def make_parquet(out: Path, ranks: int, steps: int, chunk_steps: int = 20000) -> int:
-    """The same record mix written straight to columnar files (jobs/analysis/columnar.py):
+    """The same record mix written straight to columnar files (jobs/analysis/storage/columnar.py):
     one generated step per rank, tiled over the steps with numpy (times shifted by a step
     period, `seq` numbering continued), so 50 M records take seconds, not an hour."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from jobs.analysis import columnar
+    from jobs.analysis.storage import columnar
     rng = random.Random(0)
     spec = spec_dict(ranks, steps)
     schema = columnar.arrow_schema()
@@ -208,9 +208,10 @@ def best(fn, repeat: int) -> tuple[float, float]:
 
 def child(mode: str, d: str) -> None:
     """One measured stage in a fresh process: its CPU seconds (every thread) and peak RSS."""
-    from jobs.analysis import convert
+    from jobs.analysis.storage import convert
     if os.environ.get(ROW_GROUP_ENV):  # the smoke test's tiny runs: several groups a rank
-        from jobs.analysis import analyze_live, columnar
+        from jobs.analysis import analyze_live
+        from jobs.analysis.storage import columnar
         columnar.ROW_GROUP_ROWS = int(os.environ[ROW_GROUP_ENV])
         analyze_live.MIN_PASS_ROWS = 1
     out = Path(d)
@@ -218,7 +219,7 @@ def child(mode: str, d: str) -> None:
     if mode == "convert":  # the worker's: from the flusher's blocks
         convert.convert_run_dir(out)
     elif mode == "live":  # the worker's live thread over every block, then the rest after
-        from jobs.analysis import convert_live
+        from jobs.analysis.storage import convert_live
         run = convert_live.LiveRun(out, analyse=True)
         run.poll()  # what the thread does while the job runs (its blocks all written)
         during = {"cpu": time.process_time() - c0, "wall": time.perf_counter() - t0}
@@ -261,7 +262,7 @@ def check_same_analysis(post: Path, live: Path, m: dict) -> None:
     elsewhere than a post-run one), and the tables kept in Parquet the same rows."""
     import pyarrow.parquet as pq
 
-    from jobs.analysis import np_coll
+    from jobs.analysis import instances
     a, b = (json.loads((d / "analysis.json").read_text()) for d in (post, live))
     if "collectives" in (a.get("table_files") or {}):
         for x in (a, b):
@@ -270,7 +271,7 @@ def check_same_analysis(post: Path, live: Path, m: dict) -> None:
     for f in post.glob("table-*.parquet"):
         x, y = pq.read_table(f), pq.read_table(live / f.name)
         if f.name == "table-collectives.parquet":
-            x, y = x.take(np_coll.sort_indices(x)), y.take(np_coll.sort_indices(y))
+            x, y = x.take(instances.sort_indices(x)), y.take(instances.sort_indices(y))
         assert x.equals(y), f"{f.name} differs"
     assert m["live_failed"] is None or not m["resumed"], m
 

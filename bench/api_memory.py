@@ -2,8 +2,8 @@
 warm-up). A finished run is converted (the worker leaves its Parquet files beside the lines):
 its page is read from its stored analysis and, a window at a time, from its Parquet files
 (backend/services/gantt_columnar.py), and the API parses none of its JSON lines. With
---json-only (a worker lost before converting) the lines are parsed into the byte-bounded trace
-cache (backend/services/run_traces.py, Settings.analysis_cache_mb).
+--json-only (a worker lost before converting) the API converts the lines into its scratch
+cache, bounded in bytes (backend/services/run_traces.py, Settings.analysis_cache_mb).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/api_memory.py [--runs 500] [--records 100000]
     OMP_NUM_THREADS=1 .venv/bin/python bench/api_memory.py --runs 40 --records 20000   (minutes)
@@ -32,11 +32,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backend.services.run_traces import RECORD_BYTES  # noqa: E402
+from backend.services.run_traces import PARQUET_PER_LINE_BYTE  # noqa: E402
 from bench.analysis_speed import PER_STEP, make_run, spec_dict  # noqa: E402
 from devtools.service import Service  # noqa: E402 - the harness the tests use
 from jobs.analysis import write_analysis  # noqa: E402
-from jobs.analysis.convert import convert_run_dir  # noqa: E402
+from jobs.analysis.storage.convert import convert_run_dir  # noqa: E402
 
 RANKS = 4
 TABLE = "step_rank"  # a table the run page pages through
@@ -148,7 +148,8 @@ def main(argv=None) -> int:
                       "X-Paralab-Worker": "bench"}
             limit = svc.http.get("/api/health").json()["checks"]["memory"][
                 "trace_cache_limit_bytes"]
-            full = limit // (RECORD_BYTES * n) + 1  # runs after which the cache evicts
+            # runs after which the cache evicts (--json-only; the charge's estimate)
+            full = int(limit // (PARQUET_PER_LINE_BYTE * size)) + 1
             warmup = a.warmup or min(a.runs // 2, max(full + 2, min(20, max(5, a.runs // 10))))
             if not 0 < warmup < a.runs:
                 ap.error("--warmup must be between 1 and --runs - 1")

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from devtools.launch import run_worker  # noqa: E402
 from devtools.oracle.steps import step_rank_table  # noqa: E402
 from jobs import schedules  # noqa: E402
-from jobs.analysis.load import load_run_dir  # noqa: E402
+from jobs.analysis.storage.load import load_run_dir  # noqa: E402
 
 P, HIDDEN, LAYERS, MB = 2, 512, 32, 256
 

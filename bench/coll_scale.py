@@ -4,8 +4,8 @@ process: CPU seconds (every thread), wall seconds and peak RSS.
     .venv/bin/python bench/coll_scale.py new RUN_DIR
     (RUN_DIR written by bench.analysis_speed.make_parquet)
 
-new: np_coll instances -> scale_comm.write_instances, then the four tables over them (the
-DuckDB GROUP BY per instance it was measured against, vec_tables.build_instances, is gone:
+new: instances instances -> bandwidth_links.write_instances, then the four tables over them (the
+DuckDB GROUP BY per instance it was measured against, trace_sql.build_instances, is gone:
 docs/benchmarks.md keeps its figures).
 The step_s input is a stand-in (the max `step` span per step), timed apart and left out.
 """
@@ -23,19 +23,19 @@ STEP_S = ("SELECT step, max(dur_ns) / 1e9 FROM t WHERE type = 'span' AND cat = '
 
 def main(mode: str, out: Path) -> None:
     c0, w0 = time.process_time(), time.perf_counter()
-    from jobs.analysis import vec_tables as V
+    from jobs.analysis import trace_sql as V
     con, tr = V.connect(out), V.meta_only(out)
     path = out / "table-collectives.parquet"
     extra = ""
     if mode == "new":
         import pyarrow as pa
 
-        from jobs.analysis import np_axis as NA
+        from jobs.analysis import axis_sums as NA
+        from jobs.analysis import bandwidth_links as SC
+        from jobs.analysis import engine
         from jobs.analysis import predicted as P
-        from jobs.analysis import scale
-        from jobs.analysis import scale_comm as SC
-        from jobs.analysis import scale_late as SL
-        assert not scale.hidden_fields(con)
+        from jobs.analysis import straggler_sums as SL
+        assert not engine.hidden_fields(con)
         n = SC.write_instances(tr, out, path)
         c1 = time.process_time()
         st, ss = zip(*con.execute(STEP_S).fetchall(), strict=True)

@@ -1,10 +1,10 @@
-"""The post-run analysis of small real runs by each engine, side by side: the Python path
-(run.analyze over the loaded JSON lines, what a converted run below 1 M records took until the
-columnar engine answered for every converted run) against the columnar engine (scale.py over
-the run's Parquet files, what the worker runs now). Real runs of the reference engine (gloo,
+"""The post-run analysis of small real runs, side by side: the Python tables over the loaded
+JSON lines (devtools.oracle.analyze_run_dir: what a run below 1 M records took until the
+columnar engine answered for every run) against the columnar engine (write_analysis over the
+run's Parquet files, what the worker runs now). Real runs of the reference engine (gloo,
 CPU), traced with each preset's default schedule; each is converted once (the worker does that
-for every run either way), and each engine's whole `write_analysis` (tables, headline,
-analysis.json) is timed alternately in this process, imports excluded (the worker has them).
+for every run either way), and each is timed alternately in this process (the document built;
+the engine's written too), imports excluded (the worker has them).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/engine_small.py [--steps 5 2000] [--repeat 7]
         [--presets ddp pp-1f1b]
@@ -28,13 +28,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from devtools.launch import run_job  # noqa: E402
-from jobs.analysis import convert, scale, write_analysis  # noqa: E402
+from devtools.oracle import analyze_run_dir  # noqa: E402
+from jobs.analysis import engine, write_analysis  # noqa: E402
+from jobs.analysis.storage import convert
 from jobs.spec import parse_spec, resolve_preset  # noqa: E402
 
 
-def cpu_of(folder: Path) -> tuple[float, dict]:
-    """CPU seconds of one write_analysis of `folder`, and the analysis it wrote."""
+def cpu_of(folder: Path, which: str) -> tuple[float, dict]:
+    """CPU seconds of one analysis of `folder` (the oracle's of its lines, or the engine's
+    write_analysis), and the analysis."""
     c0 = time.process_time()
+    if which == "python":
+        doc = analyze_run_dir(folder)
+        return time.process_time() - c0, doc
     head = write_analysis(folder)
     cpu = time.process_time() - c0
     assert "analysis_error" not in head, head
@@ -64,16 +70,16 @@ def main() -> None:
                 lines = Path(d) / f"{preset}-{steps}-lines"  # the same run, not converted
                 shutil.copytree(col, lines)
                 convert.convert_run_dir(col)
-                n = scale.record_count(col)
+                n = engine.record_count(col)
                 got: dict[str, list[float]] = {"python": [], "columnar": []}
                 last: dict[str, dict] = {}
-                write_analysis(lines)  # warm: imports, first reads
+                analyze_run_dir(lines)  # warm: imports, first reads
                 write_analysis(col)
                 for _ in range(a.repeat):  # alternated: a load drift hits both alike
-                    for engine, folder in (("python", lines), ("columnar", col)):
-                        cpu, last[engine] = cpu_of(folder)
-                        assert last[engine]["engine"] == engine, last[engine]["engine"]
-                        got[engine].append(cpu)
+                    for which, folder in (("python", lines), ("columnar", col)):
+                        cpu, last[which] = cpu_of(folder, which)
+                        assert last[which]["engine"] == which, last[which]["engine"]
+                        got[which].append(cpu)
                 py, cl = (statistics.median(got[k]) for k in ("python", "columnar"))
                 same = shape(last["python"]) == shape(last["columnar"])
                 print(f"| {preset} | {steps:,} | {n:,} | {py:.3f} | {cl:.3f} | {cl / py:.2f}x | "

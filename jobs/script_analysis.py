@@ -95,7 +95,7 @@ def analyse_script_run(out: Path, spec: dict) -> dict:
     logged, profiled steps). Returns the analysis headline (as write_analysis does). Raises
     ValueError when no rank wrote a trace (the script took no profiled step)."""
     from jobs.analysis import write_analysis
-    from jobs.analysis.convert import convert_run_dir
+    from jobs.analysis.storage.convert import convert_run_dir
     from jobs.kineto.imports import import_traces
 
     out = Path(out)

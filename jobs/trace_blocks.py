@@ -2,7 +2,7 @@
 holding the same records as the lines, column by column, written after the lines (a block
 per BLOCK_RECORDS flushed records, one at close, and one after IDLE_S without a record), so
 the worker's conversion to Parquet decodes arrays instead of parsing JSON
-(jobs/analysis/blocks.py reads them; docs/trace-schema.md, "The flusher's blocks").
+(jobs/analysis/storage/blocks.py reads them; docs/trace-schema.md, "The flusher's blocks").
 
 Standard library only (this module runs inside the job). A block:
 

@@ -70,7 +70,7 @@ class Settings(BaseSettings):
     # (bench/api_memory.py --no-trim)
     heap_trim: bool = True
     # While a job runs, its traces' final row groups are written to Parquet this often
-    # (jobs/analysis/convert_live.py), so the post-run conversion is left the last steps
+    # (jobs/analysis/storage/convert_live.py), so the post-run conversion is left the last steps
     # only; 0: converted after the run only.
     live_convert_s: float = Field(2.0, ge=0)
     # ... and feeds them to the analysis (jobs/analysis/analyze_live.py; a run whose ranks

@@ -173,13 +173,13 @@ class TraceShipper:
 
 class LiveConversion:
     """Every `interval` s, the row groups of the job's traces that can no longer change go to
-    Parquet (jobs/analysis/convert_live.py), in a thread at a lower priority than the job's
+    Parquet (jobs/analysis/storage/convert_live.py), in a thread at a lower priority than the job's
     ranks: the conversion fills the host's idle time and gives way to the job. `analyse`:
     the row groups written also feed the analysis of the steps every rank has passed
     (jobs/analysis/analyze_live.py; a run whose ranks are all on this host)."""
 
     def __init__(self, out_dir: Path, interval: float, analyse: bool = False) -> None:
-        from jobs.analysis.convert_live import LiveRun
+        from jobs.analysis.storage.convert_live import LiveRun
         self.run, self._interval = LiveRun(out_dir, analyse=analyse), interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="live-convert")

@@ -414,12 +414,12 @@ class JobSupervisor:
         return {**(summary or {}), "headline": headline}
 
     def _columnar(self) -> None:
-        """The run's JSON-lines traces into Parquet (jobs/analysis/convert.py), whatever the
+        """The run's JSON-lines traces into Parquet (jobs/analysis/storage/convert.py), whatever the
         outcome, now that no rank appends to them: what analysis and the Gantt read after.
         A rank the live thread converted while the job ran (LiveConversion) has only its last
         steps left to write."""
         try:
-            from jobs.analysis.convert import convert_run_dir
+            from jobs.analysis.storage.convert import convert_run_dir
             t0 = time.monotonic()
             convert_run_dir(self.out, live=self.live)
             if self.live is not None and sum(self.live.finished.values()):

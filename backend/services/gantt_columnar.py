@@ -23,9 +23,10 @@ import threading
 from pathlib import Path
 
 from backend.services import gantt
-from jobs.analysis import columnar, perfetto, scale
-from jobs.analysis import scale_pipe as SP
-from jobs.analysis import vec_tables as V
+from jobs.analysis import engine, perfetto
+from jobs.analysis import pipeline_spans as SP
+from jobs.analysis import trace_sql as V
+from jobs.analysis.storage import columnar
 
 MAX_RECORDS = 400_000  # records one Gantt answer reads at most
 _CACHE: dict[tuple, dict] = {}
@@ -61,7 +62,7 @@ def _build(run_dir: Path, key: tuple) -> dict:
     steps = [{"step": s, "t0_ms": (a - origin) / 1e6, "t1_ms": (b - origin) / 1e6}
              for s, a, b in rows]
     info = {"con": con, "meta": meta, "origin_ns": origin, "steps": steps,
-            "records": scale.record_count(run_dir),
+            "records": engine.record_count(run_dir),
             "pipe_steps": [s for (s,) in con.execute(
                 "SELECT DISTINCT step FROM t WHERE type = 'span' AND step >= 0 AND action IN "
                 f"({SP.ACTIONS_SQL}) ORDER BY step").fetchall()],
@@ -108,7 +109,7 @@ def window_trace(run_dir: Path, step: int | None, t0_ms: float | None,
             capped = {"window_capped": True, "records": n,
                       "t1_ms": (hi_ns - origin) / 1e6}
         where = base
-    tr = scale.sparse(con, info["meta"], f"type IN ('span', 'comm') AND ({where})")
+    tr = engine.sparse(con, info["meta"], f"type IN ('span', 'comm') AND ({where})")
     trace = gantt.columns(tr, origin=origin)
     trace.steps = info["steps"]
     trace.pipe = (info["pipe_steps"], lambda steps: SP.stage_sums(con, steps))
@@ -145,7 +146,7 @@ def export_window(run_dir: Path, t0_ms: float, t1_ms: float):
     if n > EXPORT_MAX_RECORDS:
         raise ValueError(f"the window holds {n:,} records, more than {EXPORT_MAX_RECORDS:,}: "
                          "narrow it")
-    return scale.sparse(con, info["meta"], where), origin
+    return engine.sparse(con, info["meta"], where), origin
 
 
 def answer(run_dir: Path, *, step, t0_ms, t1_ms, max_spans: int, px: int) -> dict:

@@ -3,7 +3,7 @@ table's rows streamed, the Perfetto document or a window of it, the Kineto trace
 Gantt. The routes (api/routes/runs/analysis.py) call these. Every answer reads one columnar
 trace by one engine: a finished run's own Parquet files, or a running run's scratch
 conversion (run_traces.source); a large table lives in a Parquet file beside them
-(jobs.analysis.scale), the Gantt and Perfetto windows are read from them (gantt_columnar).
+(jobs.analysis.engine), the Gantt and Perfetto windows are read from them (gantt_columnar).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from backend.errors import Invalid, NotFound
 from backend.services import gantt_columnar, run_traces
 from backend.storage import resolve_run_path
-from jobs.analysis import PERFETTO_FILE, scale, tables_to_csv
+from jobs.analysis import PERFETTO_FILE, engine, tables_to_csv
 from jobs.analysis.export import iter_csv, iter_json_rows, iter_perfetto_json
 from jobs.analysis.labels import csv_header
 from jobs.analysis.perfetto import iter_perfetto_columnar
@@ -59,7 +59,7 @@ class RunAnalysis:
         Parquet file, else from the document."""
         a, where = self._document()
         if table in (a.get("table_files") or {}):
-            total, rows = scale.table_rows(where, table, offset, limit)
+            total, rows = engine.table_rows(where, table, offset, limit)
         else:
             every = (a.get("tables") or {}).get(table, [])
             total = len(every)
@@ -77,9 +77,9 @@ class RunAnalysis:
         unit = (a.get("headline") or {}).get("throughput_unit")
         name = f"paralab-{rid}-{table}.{fmt}"
         if table in (a.get("table_files") or {}):  # whole, not the document's sample
-            batches = scale.iter_table_rows(where, table)
+            batches = engine.iter_table_rows(where, table)
             if fmt == "csv":
-                cols = scale.table_header(where, table)
+                cols = engine.table_header(where, table)
                 return Download(name, "text/csv",
                                 iter_csv(batches, cols, csv_header(table, cols, unit)))
             return Download(name, "application/json", iter_json_rows(batches))

@@ -2,7 +2,7 @@
 engine (jobs.analysis.analyze_folder) for every answer.
 
 A finished run is served from what the worker stored: `analysis.json` and the run's Parquet
-files (its Gantt, tables and exports read them: gantt_columnar.py, scale.table_rows). Until
+files (its Gantt, tables and exports read them: gantt_columnar.py, engine.table_rows). Until
 then (a running run, or one whose worker was lost before converting) the backend converts
 the shipped JSON lines into a scratch folder of its own, once per file version (jobs.
 analysis.convert, from the lines only: nothing in the run's folder is written or removed),
@@ -29,9 +29,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jobs.analysis import ANALYSIS_FILE, SCHEMA, analyze_folder, columnar
-from jobs.analysis.convert import convert_rank
-from jobs.analysis.jsonl import _RANK_RE
+from jobs.analysis import ANALYSIS_FILE, SCHEMA, analyze_folder
+from jobs.analysis.storage import columnar
+from jobs.analysis.storage.convert import convert_rank
+from jobs.analysis.storage.jsonl import _RANK_RE
 
 _CACHE: OrderedDict[tuple, Scratch] = OrderedDict()
 _LOCK = threading.Lock()

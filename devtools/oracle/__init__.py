@@ -1,7 +1,7 @@
 """The analysis oracle: every table of a run computed from its loaded records in the standard
 library, record by record, independently of the product's columnar engine (jobs/analysis/
-scale.py and the np_* / scale_* modules it drives). The tests compare the engine's analyses
-with this one (tests/analysis/test_scale.py and the others), and the benchmarks measure the
+engine.py and the np_* / scale_* modules it drives). The tests compare the engine's analyses
+with this one (tests/analysis/test_engine.py and the others), and the benchmarks measure the
 engine against it (the "JSON path"). Not product code: nothing under jobs/, backend/ or worker/
 imports it (tests/test_import_arrows.py).
 
@@ -32,7 +32,7 @@ from jobs.analysis import predicted as P
 from jobs.analysis import rules
 from jobs.analysis import stragglers as JSG
 from jobs.analysis.assemble import STEP_MEANS
-from jobs.analysis.load import Traces, load_run_dir
+from jobs.analysis.storage.load import Traces, load_run_dir
 
 
 def _safe(tr: Traces, name: str, fn, default):
@@ -93,7 +93,7 @@ def mean_of(rows: list[dict], key: str) -> float | None:
 def step_aggregates(step_rank: list[dict], throughput: list[dict],
                     stragglers: list[dict]) -> dict:
     """The headline's figures over the per-step tables (rows in Python). The engine computes
-    the same keys over the tables' Parquet files (scale.step_aggregates; test_scale: equal)."""
+    the same keys over the tables' Parquet files (engine.step_aggregates; test_engine: equal)."""
     steady = set(rules.steady(r["step"] for r in step_rank))
     use = [r for r in step_rank if r["step"] in steady]
     comm = sum(r["comm_s"] for r in use)

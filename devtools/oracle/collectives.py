@@ -1,6 +1,6 @@
 """The oracle's collective tables: the instances matched record by record (as jobs/analysis/
 collectives.py defines the matching), the bandwidth and axis_bytes tables over them.
-Independent of the columnar engine (np_coll.py, scale_comm.py, np_axis.py).
+Independent of the columnar engine (instances.py, bandwidth_links.py, axis_sums.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections import defaultdict
 from jobs import commbytes
 from jobs.analysis import rules
 from jobs.analysis.collectives import NS, P2P, _by_coords, ep_of, group_key, resolve_peer
-from jobs.analysis.load import Traces
+from jobs.analysis.storage.load import Traces
 
 
 def match(tr: Traces) -> list[list[tuple[int, dict]]]:

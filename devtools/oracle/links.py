@@ -1,5 +1,5 @@
 """The oracle's links table from loaded records (as jobs/analysis/links.py defines it).
-Independent of the columnar engine (scale_comm.links_table).
+Independent of the columnar engine (bandwidth_links.links_table).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections import defaultdict
 from devtools.oracle.collectives import step_spans
 from jobs.analysis import rules
 from jobs.analysis.links import _Groups, link_of, rank_hosts
-from jobs.analysis.load import Traces
+from jobs.analysis.storage.load import Traces
 
 
 def links_table(tr: Traces, spec, coll_rows: list[dict], pred: dict | None) -> list[dict]:

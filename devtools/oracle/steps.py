@@ -1,7 +1,7 @@
 """The oracle's step tables: step_rank, ranks, throughput and the trace coverage from loaded
-records (jobs.analysis.load's Traces), by the definitions of jobs/analysis/steps.py (its
+records (jobs.analysis.storage.load's Traces), by the definitions of jobs/analysis/steps.py (its
 docstring) written out record by record in the standard library. Independent of the columnar
-engine (jobs/analysis/np_steps.py, scale_steps.py), which the tests compare with it.
+engine (jobs/analysis/step_sweep.py, step_tables.py), which the tests compare with it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from collections import defaultdict
 from jobs.analysis import finished as F
 from jobs.analysis import intervals as iv
 from jobs.analysis import rules
-from jobs.analysis.load import Traces
 from jobs.analysis.steps import (
     COMPUTE_CATS,
     NS,
@@ -23,6 +22,7 @@ from jobs.analysis.steps import (
     pipeline_windows,
     tokens_per_step,
 )
+from jobs.analysis.storage.load import Traces
 from jobs.trace_schedule import compact_ranges
 
 

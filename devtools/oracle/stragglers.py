@@ -1,5 +1,5 @@
 """The oracle's straggler tables from the collectives and step_rank rows (as jobs/analysis/
-stragglers.py defines them). Independent of the columnar engine (scale_late.py).
+stragglers.py defines them). Independent of the columnar engine (straggler_sums.py).
 """
 
 from __future__ import annotations

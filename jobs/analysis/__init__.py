@@ -1,6 +1,8 @@
-"""Trace analysis of a finished run (no torch): tidy per-rank tables, headline metrics, and the
-Perfetto / CSV export. Definitions of every metric: docs/analysis.md; input contract:
-docs/trace-schema.md.
+"""Trace analysis of a run (no torch): tidy per-rank tables, headline metrics, and the
+Perfetto / Kineto / CSV export, by one columnar engine (engine.py). Definitions of every
+metric: docs/analysis.md (its module map says where each table is computed); input contract:
+docs/trace-schema.md. "oracle.X" in the docstrings is devtools/oracle/X.py: the tests' oracle,
+the same tables record by record, not product code.
 
     analyze_folder(out_dir, spec=None)  -> {"schema", "run", "headline", "tables", "warnings"}
     write_analysis(out_dir, spec=None)  -> headline  (writes analysis.json)
@@ -10,7 +12,6 @@ docs/trace-schema.md.
 """
 
 from .export import assign_lanes, rows_to_csv, tables_to_csv, to_perfetto
-from .load import Traces, from_records, load_run_dir
 from .run import (
     ANALYSIS_FILE,
     PERFETTO_FILE,
@@ -19,6 +20,7 @@ from .run import (
     analyze_folder,
     write_analysis,
 )
+from .storage.load import Traces, from_records, load_run_dir
 
 __all__ = ["ANALYSIS_FILE", "PERFETTO_FILE", "SCHEMA", "TABLES", "Traces",
            "analyze_folder", "assign_lanes", "from_records", "load_run_dir",

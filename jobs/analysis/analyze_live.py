@@ -1,9 +1,9 @@
-"""The analysis while the run goes: the scale path's one read (scale_read.OneRead:
+"""The analysis while the run goes: the engine's one read (one_read.OneRead:
 the step sweep, the collective instances, the axis sums) fed with the row groups the live
 conversion writes (convert_live.py), so that after the run only its last steps and the
-small tables over the results are left (scale.analyze_columnar resumes from here).
+small tables over the results are left (engine.analyze_columnar resumes from here).
 
-Each row group the live conversion writes reaches `add` as written: its rows as np_read
+Each row group the live conversion writes reaches `add` as written: its rows as step_ranges
 would read them back (the same columns, strings as dictionaries, `row` the file row), held
 per rank until every rank of the run has passed their step. Steps lo..hi are fed as one
 pass once every rank has written a row of step hi + SLACK_STEPS (the conversion writes by
@@ -32,20 +32,20 @@ from pathlib import Path
 
 from jobs import commbytes
 
-from . import columnar as C
-from .load import Traces
-from .np_read import read_columns
+from .storage import columnar as C
+from .storage.load import Traces
+from .storage.step_ranges import read_columns
 
 log = logging.getLogger(__name__)
 
 SLACK_STEPS = 2  # a step is fed once every rank has written a row this many steps later
 MIN_PASS_ROWS = 1 << 16  # rows (all ranks) a pass holds at least, unless the run ends
 MAX_HELD_ROWS = 1 << 21  # rows held over all ranks; beyond, the live analysis is given up
-RARE_SETUP = ("comm", "moe")  # the setup record types the setup pass reads (np_coll, np_axis)
+RARE_SETUP = ("comm", "moe")  # the setup record types the setup pass reads (instances, axis_sums)
 
 
 class _Rank:
-    """One rank's rows written but not fed yet: its row groups as np_read gives them."""
+    """One rank's rows written but not fed yet: its row groups as step_ranges gives them."""
 
     def __init__(self):
         self.tabs: list = []
@@ -54,22 +54,22 @@ class _Rank:
 
 class LiveAnalysis:
     """Fed by convert_live.LiveRun (`add` per row group written, `advance` after each round
-    of its poll); read after the run by scale.analyze_columnar (`resume`)."""
+    of its poll); read after the run by engine.analyze_columnar (`resume`)."""
 
     def __init__(self, out_dir: Path):
-        from . import scale
-        from . import scale_read as SR
+        from . import engine
+        from . import one_read as SR
         self.out = Path(out_dir)
-        self.path = {n: self.out / scale.FILE.format(n) for n in scale.BIG}
+        self.path = {n: self.out / engine.FILE.format(n) for n in engine.BIG}
         cols, dicts = SR.columns()
-        names = C.arrow_schema().names  # what np_read.RankFile reads of a converter's file
+        names = C.arrow_schema().names  # what step_ranges.RankFile reads of a converter's file
         self.columns = read_columns(names, cols)
         self.dicts = {c for c in dicts if c in names}
         self.ranks: dict[int, _Rank] = {}
         self.metas: dict[int, dict] = {}
-        self.reader = None  # scale_read.OneRead, from the first pass on
+        self.reader = None  # one_read.OneRead, from the first pass on
         self.hosts: dict | None = None  # what its links are taken with
-        self.sampler = scale.Sampler()
+        self.sampler = engine.Sampler()
         self.failed: str | None = None
         self.resumed = 0  # once the post-run read went on from it: the first step it read
 
@@ -100,11 +100,11 @@ class LiveAnalysis:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from .np_steps import codes
+        from .step_sweep import codes
         cols = self.columns if hold else ("step", "type", "op")  # what is checked
         t = pa.table({c: pc.dictionary_encode(table[c]) if c in self.dicts else table[c]
                       for c in cols})
-        if hold:  # the file row, as np_read numbers it
+        if hold:  # the file row, as step_ranges numbers it
             t = t.append_column("row", pa.array(np.arange(first_row, first_row + t.num_rows,
                                                           dtype=np.int64)))
         step = np.asarray(t["step"].fill_null(-1).to_numpy(zero_copy_only=False), np.int64)
@@ -160,7 +160,7 @@ class LiveAnalysis:
             return
         if self.reader is None:
             self._setup()
-        from . import np_steps as NS
+        from . import step_sweep as NS
         at = lo
         while at <= ready:  # passes of about CHUNK_RECORDS rows, at least a step each
             cum = np.cumsum(per_step[at - lo:])
@@ -184,7 +184,7 @@ class LiveAnalysis:
 
     def _setup(self) -> None:
         from . import links as LK
-        from . import scale_read as SR
+        from . import one_read as SR
         from .predicted import spec_of
         tr = Traces(ranks={r: [] for r in self.metas}, meta=dict(self.metas))
         # the links are taken with the hosts of the meta's spec: resume checks the post-run
@@ -253,7 +253,7 @@ class LiveAnalysis:
         return None
 
     def discard(self, why: str = "not used") -> None:
-        """After the run, where the scale path did not resume from it (a Python-path run):
+        """After the run, where the engine did not resume from it:
         its instance file removed (a no-op once resumed)."""
         if self.reader is not None or self.ranks:
             self.fail(why)

@@ -1,8 +1,7 @@
-"""The analysis result of a run, whichever engine computed its tables: the table names, the
-headline (each figure an aggregate of one table under rules.RULES), the predictions joined to
-the measured bytes, and strict-JSON cleaning. run.py (records in Python) and scale.py (the
-columnar scale path: DuckDB / numpy over Parquet) both assemble their result here, so a
-figure has one definition whichever path computed the rows.
+"""The analysis document of a run: the table names, the headline (each figure an aggregate of
+one table under rules.RULES), the predictions joined to the measured bytes, and strict-JSON
+cleaning. The engine (engine.py) assembles its result here, and so does the tests' oracle
+(devtools/oracle), so a figure has one definition whoever computed the rows.
 """
 
 from __future__ import annotations
@@ -124,8 +123,8 @@ def json_safe(obj):
 
 def result(tr, sp, spec_dict, tables: dict, headline_row: dict, trace: dict,
            engine: str = "python", **extra) -> dict:
-    """The analysis dict both paths return (`tr`: the run's Traces, records or meta only;
-    `engine`: which computed the tables, "python" (run.py) or "columnar" (scale.py))."""
+    """The analysis dict (`tr`: the run's Traces, records or meta only; `engine`: which
+    computed the tables, "columnar" (engine.py) or "python" (the tests' oracle))."""
     strategy = (tr.summary or {}).get("strategy") or (sp.strategy if sp is not None else None)
     run = {"world_size": tr.world_size, "ranks": sorted(tr.ranks), "strategy": strategy,
            "engine": sp.parallel.engine if sp is not None else None,

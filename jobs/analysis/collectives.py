@@ -17,7 +17,7 @@ For one instance with arrival (issue) times a_r and completion times e_r:
   duration_s  e_last − a_last: the transfer, timed on the last-arriving rank; for send / recv
               max e_r − a_last (an isend completes at issue on the sender)
   algbw       payload / duration;  busbw = algbw · busbw_factor(op, n)
-The engine matches and measures the instances over the columnar trace (np_coll.py), the
+The engine matches and measures the instances over the columnar trace (instances.py), the
 oracle record by record (devtools/oracle/collectives.py). Here: what both key an instance by
 (group_key, resolve_peer). Standard library only.
 """
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from jobs import commbytes
 
-from .load import Traces
+from .storage.load import Traces
 
 NS = 1e9
 P2P = set(commbytes.P2P_OPS)

@@ -25,7 +25,7 @@ import json
 import math
 import os
 
-from .load import Traces, from_records
+from .storage.load import Traces, from_records
 
 HOST_TID = 1
 COMM_TID0 = 1000

@@ -2,7 +2,7 @@
 
 A cancelled or live run's last step has records on some ranks and no end on some: timed as the
 extent of its records so far, it read as a short step (a 6x tokens/s spike on the throughput
-curve and in throughput.csv). Both engines (steps.throughput_table, scale_steps.
+curve and in throughput.csv). Both engines (oracle.steps.throughput_table, step_tables.
 write_throughput) leave such steps out of the throughput table and so out of the step time
 and tokens/s figures; the step_rank rows stay (the Gantt and the diagnosis show what was
 traced). Standard library only.
@@ -40,7 +40,7 @@ def unfinished_steps(marks, warnings: list[str] | None = None) -> set[int]:
 
 
 def step_marks(step_rows: list[dict], scalars: list[dict] | None):
-    """unfinished_steps' (step, rank, finished) of the Python path's rows."""
+    """unfinished_steps' (step, rank, finished) of the oracle's rows (devtools/oracle/steps.py)."""
     for r in step_rows:
         yield r["step"], r["rank"], bool(r.get("has_step_span"))
     for r in scalars or []:

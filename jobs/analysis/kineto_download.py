@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import perfetto
 from .kineto_export import iter_rank_json
-from .load import Traces
+from .storage.load import Traces
 
 ZIP_FLUSH = 1 << 20
 
@@ -26,7 +26,7 @@ class ColumnarRun:
     """A converted run: ranks and meta from the Parquet files' metadata, records on demand."""
 
     def __init__(self, run_dir: Path):
-        from . import vec_tables as V
+        from . import trace_sql as V
         self.dir = Path(run_dir)
         self.meta: Traces = V.meta_only(self.dir)
         self.t0 = perfetto.origin_ns(self.dir, self.meta)
@@ -34,7 +34,7 @@ class ColumnarRun:
 
     def check_size(self) -> None:
         """ValueError when a rank holds more records than one download builds at once."""
-        from . import vec_tables as V
+        from . import trace_sql as V
         con = V.connect(self.dir)
         try:
             counts = dict(con.execute("SELECT rank, count(*) FROM t GROUP BY rank").fetchall())
@@ -48,7 +48,7 @@ class ColumnarRun:
                              "window in Perfetto format instead")
 
     def records(self, rank: int) -> list[dict]:
-        from . import vec_tables as V
+        from . import trace_sql as V
         con = V.connect(self.dir)
         try:
             return perfetto._rank_records(con, rank)
@@ -73,7 +73,7 @@ class LoadedRun:
 
 def open_run(run_dir: Path | None = None, traces: Traces | None = None):
     """The run to export: its Parquet traces when given a converted folder, else `traces`."""
-    from .columnar import has_columnar
+    from .storage.columnar import has_columnar
     if run_dir is not None and has_columnar(Path(run_dir)):
         return ColumnarRun(Path(run_dir))
     if traces is None:

@@ -32,8 +32,8 @@ import re
 
 from . import intervals as iv
 from .export import assign_lanes, event_chunks
-from .load import Traces
 from .steps import _end, is_blocking
+from .storage.load import Traces
 
 SCHEMA_VERSION = 1
 DEVICE = 0

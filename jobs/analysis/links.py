@@ -7,7 +7,7 @@ host, else `intra`: the measured side of jobs/theory/links.py (docs/analysis.md)
 A rank's host: the trace meta's `node_rank`, else its `hostname`, when every traced rank has
 one (nothing writes them yet; a multi-host launch may); else rank // runtime.nproc_per_node of
 the spec, the torchrun placement; without a spec, one host. The engine builds the table over
-the columnar trace (scale_comm.links_table), the oracle from records (devtools/oracle/
+the columnar trace (bandwidth_links.links_table), the oracle from records (devtools/oracle/
 links.py); here: the hosts, the groups and the link rule both use, and the placement table.
 Standard library only.
 """
@@ -19,7 +19,7 @@ from collections import defaultdict
 from jobs.dims import AXES, ParallelDims
 
 from . import collectives as C
-from .load import Traces
+from .storage.load import Traces
 
 HOST_KEYS = ("node_rank", "hostname")
 

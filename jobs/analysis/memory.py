@@ -19,7 +19,7 @@ Standard library only.
 from __future__ import annotations
 
 from . import predicted as P
-from .load import Traces
+from .storage.load import Traces
 
 STATE = ("params", "grads", "optimizer")
 # `allocator`: an imported profiler trace's allocator total (jobs/kineto/convert.py: every
@@ -34,7 +34,7 @@ TOTAL = "total"
 def measured(tr: Traces, rank: int, peaks: dict[int, dict] | None = None) -> tuple[dict, str]:
     """(component -> peak over the rank's `mem` samples, "trace"), or the summary's peaks
     when the samples carry no model state. `peaks`: the trace part already computed
-    (vec_tables.mem_peaks, the columnar scale path: no records in `tr`)."""
+    (trace_sql.mem_peaks, the engine: no records in `tr`)."""
     peak: dict[str, int] = dict(peaks.get(rank) or {}) if peaks is not None else {}
     for r in tr.ranks.get(rank, []) if peaks is None else ():
         if r.get("type") != "mem":

@@ -21,7 +21,7 @@ from collections import defaultdict
 
 from . import collectives as C
 from . import rules
-from .load import Traces
+from .storage.load import Traces
 
 WHATS = ("dispatch", "combine", "counts")
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from . import columnar
 from .export import _events, _other, _window, document_chunks
-from .jsonl import sort_key
-from .load import Traces
+from .storage import columnar
+from .storage.jsonl import sort_key
+from .storage.load import Traces
 
 # records of one rank the whole-run export holds at once (about 1 KiB each as dicts); the
 # default trace schedule caps a rank at 500,000 detailed records (jobs/trace_schedule.py)
@@ -57,7 +57,7 @@ def iter_perfetto_columnar(run_dir: Path, spec: dict | None = None, *,
     """export.iter_perfetto_json's document of the converted run in `run_dir`, read from its
     Parquet files rank by rank (`window_ms`: only the records overlapping it). ValueError
     (before the first byte) when a rank holds more than RANK_MAX_RECORDS records."""
-    from . import vec_tables as V
+    from . import trace_sql as V
     run_dir = Path(run_dir)
     meta = V.meta_only(run_dir)
     con = V.connect(run_dir)

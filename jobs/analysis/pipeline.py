@@ -22,8 +22,8 @@ from collections import defaultdict
 from jobs import schedules
 
 from . import rules
-from .load import Traces
 from .steps import ACTIONS
+from .storage.load import Traces
 
 
 def layout(tr: Traces, spec, pred: dict | None) -> tuple[str, int, int, int] | None:
@@ -53,7 +53,7 @@ def stage_times(tr: Traces, p: int, v: int, steps: set[int], placement: str = "l
 
 def stage_means(tr: Traces, spans, p: int, v: int, placement: str = "loop") -> dict:
     """stage_times from (rank, action, stage, chunk, seconds, spans) per action span or per
-    group of spans alike (the scale path sums them in SQL, scale_pipe.stage_sums)."""
+    group of spans alike (the engine sums them in SQL, pipeline_spans.stage_sums)."""
     acc: dict[tuple[str, int], list] = defaultdict(lambda: [0.0, 0])
     for rank, a, st, chunk, secs, n in spans:
         if not isinstance(st, int):
@@ -95,7 +95,7 @@ def simulation(tr: Traces, lay: tuple[str, int, int, int] | None, steps: list[in
 
 def stage_bubbles_table(tr: Traces, spec, pred: dict | None, step_rows: list[dict],
                         spans=None) -> list:
-    """Per stage (module doc); `spans`: simulation's (the scale path's SQL sums)."""
+    """Per stage (module doc); `spans`: simulation's (the engine's SQL sums)."""
     lay = layout(tr, spec, pred)
     pipe_rows = [r for r in step_rows if r.get("pipeline_window_s")]
     if not pipe_rows:

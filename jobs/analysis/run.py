@@ -1,4 +1,4 @@
-"""A run folder's analysis, finished or partial, by the one engine (scale.py): analyze_folder
+"""A run folder's analysis, finished or partial, by the one engine (engine.py): analyze_folder
 returns the document, write_analysis stores it as `analysis.json` (the worker's call). A table
 that cannot be computed is left empty with the reason in `warnings`; the document is always
 written. The oracle the tests compare it with is devtools/oracle (the tables from loaded
@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 
 from . import assemble as A
-from . import columnar
-from . import vec_tables as V
+from . import trace_sql as V
 from .assemble import ANALYSIS_FILE, PERFETTO_FILE, SCHEMA, TABLES  # noqa: F401 - re-exported
+from .storage import columnar
 
 
 def _write_json(path: Path, obj) -> None:
@@ -53,15 +53,16 @@ def analyze_folder(out_dir: Path, spec=None, live=None) -> dict:
     first (convert.py, beside its lines); Parquet files that cannot be read are converted
     again from the lines, and the analysis' first warning says so. A stale Perfetto file of
     an earlier analysis is removed (it would disagree)."""
-    from . import convert, scale
+    from . import engine
+    from .storage import convert
     out_dir = Path(out_dir)
     columnar.use_system_pool()
     notes: list[str] = []
     if not columnar.has_columnar(out_dir):
         convert.convert_run_dir(out_dir)
     try:
-        con = V.connect(out_dir, scale.MEMORY_LIMIT)
-        hidden = scale.hidden_fields(con)
+        con = V.connect(out_dir, engine.MEMORY_LIMIT)
+        hidden = engine.hidden_fields(con)
     except Exception as exc:  # noqa: BLE001 - damaged files: the JSON lines still are
         if not any(out_dir.glob("trace-rank*.jsonl")):
             raise
@@ -70,13 +71,13 @@ def analyze_folder(out_dir: Path, spec=None, live=None) -> dict:
         for p in out_dir.glob("trace-rank*" + columnar.SUFFIX):
             p.unlink()
         convert.convert_run_dir(out_dir)
-        con = V.connect(out_dir, scale.MEMORY_LIMIT)
-        hidden = scale.hidden_fields(con)
+        con = V.connect(out_dir, engine.MEMORY_LIMIT)
+        hidden = engine.hidden_fields(con)
     if hidden:
         notes.append("records keep " + ", ".join(f"{t} {f}" for t, f in hidden) + " in args "
                      "(a value of another type than the trace schema's): the tables read "
                      "those records without it")
-    result = scale.analyze_columnar(out_dir, spec, con, live)
+    result = engine.analyze_columnar(out_dir, spec, con, live)
     result["warnings"] = notes + result["warnings"]
     (out_dir / PERFETTO_FILE).unlink(missing_ok=True)
     return result

@@ -1,6 +1,6 @@
 """The step tables' definitions (step_rank, ranks, throughput) and the per-record rules
-they rest on; the engine computes them over the columnar trace (np_steps.py, scale_steps.py,
-scale_pipe.py), the oracle record by record (devtools/oracle/steps.py).
+they rest on; the engine computes them over the columnar trace (step_sweep.py, step_tables.py,
+pipeline_spans.py), the oracle record by record (devtools/oracle/steps.py).
 
 Per step and rank: compute, communication, exposed communication, pipeline bubble, idle;
 per rank over the steady steps; throughput per step. Definitions (docs/analysis.md, wording
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from jobs.spec import step_tokens
 
-from .load import Traces
+from .storage.load import Traces
 
 NS = 1e9
 COMPUTE_CATS = ("compute",)

@@ -8,7 +8,7 @@
                             rules.RULES["straggler"]
     straggler_ranks table   per rank over the steady steps: times last, Σ late_s,
                             Σ others_wait_s, cost per step
-The engine computes both from integer sums kept as the instances are written (scale_late.py),
+The engine computes both from integer sums kept as the instances are written (straggler_sums.py),
 the oracle from the rows (devtools/oracle/stragglers.py). Here: the run's straggler from
 either (straggler_of_run, straggler_of_flags) and its cost (straggler_cost).
 
@@ -38,7 +38,7 @@ def straggler_of_run(straggler_rows: list[dict]) -> dict:
 
 def straggler_of_flags(flagged: dict[int, list[float]], steps: int) -> dict:
     """straggler_of_run from its inputs: per rank the caused waits of its flagged steady
-    steps, and the number of steady steps (what the columnar scale path reads in SQL)."""
+    steps, and the number of steady steps (what the engine reads in SQL)."""
     out = {"rank": None, "flagged_steps": 0, "steps": steps, "caused_wait_median_s": None}
     if not flagged:
         return out

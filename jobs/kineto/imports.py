@@ -117,7 +117,7 @@ def import_traces(paths: list[Path], out: Path, *, names: dict[Path, str] | None
     records, backend, headline (the analysis headline), steps (profiled steps), rank_of
     ({path: rank})}."""
     from jobs.analysis import ANALYSIS_FILE, write_analysis
-    from jobs.analysis.convert import convert_run_dir
+    from jobs.analysis.storage.convert import convert_run_dir
 
     by_rank, world = check_heads(paths, names, allow_missing_ranks)
     out.mkdir(parents=True, exist_ok=True)

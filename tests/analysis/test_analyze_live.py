@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from jobs.analysis import analyze_live, columnar, convert, convert_live, scale, write_analysis
-from jobs.analysis import np_steps as NS
+from jobs.analysis import analyze_live, engine, write_analysis
+from jobs.analysis import step_sweep as NS
+from jobs.analysis.storage import columnar, convert, convert_live
 from tests.analysis.test_columnar import dp_tp_run
 from tests.analysis.test_convert_live import Flusher
-from tests.analysis.test_scale import same
+from tests.analysis.test_engine import same
 from tests.support.launch import run_job
 
 
@@ -62,7 +63,7 @@ def fed(run: Path, per_rank: dict[int, list[dict]], per_round: int = 5, extra=No
 def analysed(run: Path, live) -> dict:
     """The post-run step on a run fed live: the rest converted, the analysis resumed."""
     convert.convert_run_dir(run, live=live)
-    return scale.analyze_columnar(run, live=live.analysis if live is not None else None)
+    return engine.analyze_columnar(run, live=live.analysis if live is not None else None)
 
 
 def reference(src: Path, dst: Path) -> dict:
@@ -276,12 +277,12 @@ def test_write_analysis_goes_on_from_the_live_analysis(tmp_path, small):
 def test_a_spec_placing_the_ranks_on_other_hosts_gives_it_up(tmp_path, small):
     """The instances' links are taken with the hosts of the meta's spec while the run goes;
     a post-run analysis whose spec places the ranks elsewhere reads every pass again."""
-    from jobs.analysis import vec_tables as V
+    from jobs.analysis import trace_sql as V
     live = fed(tmp_path / "run", dp_tp(tmp_path, steps=9))
     run = tmp_path / "run"
     convert.convert_run_dir(run, live=live)
-    tr = scale.meta_traces(run, V.connect(run))
-    path = {n: run / scale.FILE.format(n) for n in scale.BIG}
+    tr = engine.meta_traces(run, V.connect(run))
+    path = {n: run / engine.FILE.format(n) for n in engine.BIG}
     assert live.analysis.hosts == {r: 0 for r in range(4)}  # one host: no node_rank, spec
     assert live.analysis.resume(run, tr, path, {r: r // 2 for r in range(4)}) is None
     assert "other hosts" in live.analysis.failed

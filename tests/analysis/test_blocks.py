@@ -1,5 +1,5 @@
-"""The flusher's blocks (jobs/trace_blocks.py, jobs/analysis/blocks.py): a run converted from
-its blocks gives the Parquet file its JSON lines give (the loader's rules: jsonl.scan,
+"""The flusher's blocks (jobs/trace_blocks.py, jobs/analysis/storage/blocks.py): a run converted
+from its blocks gives the Parquet file its JSON lines give (the loader's rules: jsonl.scan,
 columnar.rank_table), row for row and metadata for metadata but `paralab.origin`; blocks that
 are not the lines' twin (stale, short, a killed rank's) are noticed and the lines read."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from jobs import trace_blocks as TB
-from jobs.analysis import blocks, columnar, convert
-from jobs.analysis.jsonl import parse_file
+from jobs.analysis.storage import blocks, columnar, convert
+from jobs.analysis.storage.jsonl import parse_file
 
 ROOT = Path(__file__).resolve().parents[2]
 ENC = json.JSONEncoder(default=str, separators=(",", ":")).encode  # the tracer's

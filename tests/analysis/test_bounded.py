@@ -87,7 +87,7 @@ def test_analysis_has_every_step_and_says_which_were_traced(runs):
     # a live run has no summary yet: the losses come from the scalars of every step
     summary = json.loads((runs / "sched" / "summary.json").read_text())
     from devtools.oracle.steps import scalar_rows, step_rank_table, throughput_table
-    from jobs.analysis.load import load_run_dir
+    from jobs.analysis.storage.load import load_run_dir
     tr = load_run_dir(runs / "sched")
     live = throughput_table(step_rank_table(tr), tr.spec_dict(), None, scalar_rows(tr))
     assert [r["loss"] for r in live] == pytest.approx(summary["loss"], rel=1e-9)

@@ -10,10 +10,11 @@ import pytest
 
 from devtools.oracle import analyze_run_dir
 from devtools.oracle import collectives as OC
-from jobs.analysis import columnar, convert, load_run_dir
+from jobs.analysis import load_run_dir
 from jobs.analysis import memory as M
-from jobs.analysis import np_steps as NS
-from jobs.analysis import vec_tables as V
+from jobs.analysis import step_sweep as NS
+from jobs.analysis import trace_sql as V
+from jobs.analysis.storage import columnar, convert
 from tests.analysis import synth as s
 
 SPEC = {"preset": "ddp", "parallel": {"dp": 2, "tp": 2}, "model": {"arch": "gpt"},
@@ -96,7 +97,7 @@ def test_vectorised_tables_equal_the_python_ones(tmp_path, monkeypatch):
     tr = load_run_dir(run)
     convert.convert_run_dir(run)
     con, mt = V.connect(run), V.meta_only(run)
-    from jobs.analysis import np_coll as N
+    from jobs.analysis import instances as N
     coll = N.rows_of(list(N.instance_batches(mt, run)), mt)
     assert coll == OC.collectives_table(tr)
     assert any(r["busbw_GBps"] for r in coll)
@@ -125,8 +126,8 @@ def test_point_to_point_runs_are_covered_by_the_columnar_engine(tmp_path):
     run = s.write(tmp_path / "pp", per)
     want = analyze_run_dir(run)
     convert.convert_run_dir(run)
-    from jobs.analysis import scale
-    assert not scale.hidden_fields(V.connect(run))  # the engine reads every field it needs
+    from jobs.analysis import engine
+    assert not engine.hidden_fields(V.connect(run))  # the engine reads every field it needs
     assert analyze_run_dir(run) == want
 
 
@@ -166,7 +167,7 @@ def test_a_damaged_parquet_file_is_converted_again_from_its_lines(tmp_path):
     import json
 
     from jobs.analysis import write_analysis
-    from tests.analysis.test_scale import same
+    from tests.analysis.test_engine import same
     run = dp_tp_run(tmp_path / "run")
     want = analyze_run_dir(run)
     convert.convert_run_dir(run)
@@ -189,13 +190,13 @@ def test_a_damaged_parquet_file_is_converted_again_from_its_lines(tmp_path):
 def test_a_failing_engine_is_an_analysis_error_not_a_crash(tmp_path, monkeypatch):
     """No second engine answers: the worker gets the error in the headline (the run still
     finishes), and no analysis.json is left half-written."""
-    from jobs.analysis import scale, write_analysis
+    from jobs.analysis import engine, write_analysis
     run = dp_tp_run(tmp_path / "run")
     convert.convert_run_dir(run)
 
     def broken(*a, **k):
         raise ZeroDivisionError("planted")
-    monkeypatch.setattr(scale, "analyze_columnar", broken)
+    monkeypatch.setattr(engine, "analyze_columnar", broken)
     assert write_analysis(run) == {"analysis_error": "ZeroDivisionError: planted"}
     assert not (run / "analysis.json").exists()
 
@@ -203,7 +204,7 @@ def test_a_failing_engine_is_an_analysis_error_not_a_crash(tmp_path, monkeypatch
 @pytest.mark.parametrize("chunk", [10**9, 25])
 def test_axis_sums_merge_a_missing_axis_with_one_named_question_mark(tmp_path, monkeypatch,
                                                                       chunk):
-    """The oracle keys a comm record without an axis as "?": np_axis.Sums merges it with an
+    """The oracle keys a comm record without an axis as "?": axis_sums.Sums merges it with an
     axis literally named "?" (bytes and distinct steps), fractional bytes summed in order,
     over one step range or many."""
     import json
@@ -241,7 +242,7 @@ def test_the_analysis_takes_the_system_allocator_unless_one_was_chosen(preset, w
     env = {k: v for k, v in os.environ.items() if k != columnar.POOL_ENV}
     if preset:
         env[columnar.POOL_ENV] = preset
-    code = ("import sys; from jobs.analysis import columnar; assert 'pyarrow' not in "
+    code = ("import sys; from jobs.analysis.storage import columnar; assert 'pyarrow' not in "
             "sys.modules; columnar.use_system_pool(); import pyarrow as pa; "
             "print(pa.default_memory_pool().backend_name)")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,7 +1,7 @@
-"""The streamed JSON-lines -> Parquet conversion (jobs/analysis/convert.py) writes the file the
-in-memory path writes (parse every line, sort the dicts, write): same rows in the same order,
-same metadata, same row groups; with chunks and row groups a few rows long, so a file meets
-many of both, in order, displaced as the tracer writes, and out of order."""
+"""The streamed JSON-lines -> Parquet conversion (jobs/analysis/storage/convert.py) writes the file
+the in-memory path writes (parse every line, sort the dicts, write): same rows in the same
+order, same metadata, same row groups; with chunks and row groups a few rows long, so a file
+meets many of both, in order, displaced as the tracer writes, and out of order."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from jobs.analysis import columnar, convert
-from jobs.analysis.jsonl import parse_file
+from jobs.analysis.storage import columnar, convert
+from jobs.analysis.storage.jsonl import parse_file
 from tests.analysis.test_columnar import dp_tp_run
 
 

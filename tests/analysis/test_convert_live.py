@@ -1,6 +1,6 @@
-"""The live conversion (jobs/analysis/convert_live.py): what it writes while the blocks arrive
-is the post-run conversion's file, row group for row group; whatever breaks its expectation
-gives the rank up to the post-run conversion, with no live file left behind."""
+"""The live conversion (jobs/analysis/storage/convert_live.py): what it writes while the blocks
+arrive is the post-run conversion's file, row group for row group; whatever breaks its
+expectation gives the rank up to the post-run conversion, with no live file left behind."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from jobs import trace_blocks as TB
-from jobs.analysis import columnar, convert, convert_live
+from jobs.analysis.storage import columnar, convert, convert_live
 from tests.analysis.test_blocks import ENC, traced_steps
 from tests.analysis.test_convert import assert_same_file
 

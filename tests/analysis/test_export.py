@@ -6,9 +6,9 @@ import json
 import shutil
 
 from jobs.analysis import assign_lanes, tables_to_csv, to_perfetto, write_analysis
-from jobs.analysis.convert import convert_run_dir
 from jobs.analysis.export import iter_perfetto_json
 from jobs.analysis.perfetto import iter_perfetto_columnar
+from jobs.analysis.storage.convert import convert_run_dir
 from tests.analysis import tef
 from tests.analysis.synth import comm, end, mem, meta, span, write
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from backend.services import gantt, gantt_columnar
-from jobs.analysis import convert, load_run_dir
+from jobs.analysis import load_run_dir
+from jobs.analysis.storage import convert
 from tests.analysis.test_columnar import dp_tp_run
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from devtools.oracle import analyze_run_dir
-from jobs.analysis import convert, scale
+from jobs.analysis import engine
+from jobs.analysis.storage import convert
 from tests.analysis import synth as s
 
 SPEC = {"preset": "ddp", "parallel": {"dp": 2}, "model": {"arch": "mlp"},
@@ -57,7 +58,7 @@ def analyses(tmp_path) -> dict:
     py = analyze_run_dir(trace(tmp_path / "py"))
     col_dir = trace(tmp_path / "col")
     convert.convert_run_dir(col_dir)
-    col = scale.analyze_columnar(col_dir)
+    col = engine.analyze_columnar(col_dir)
     assert py["engine"] == "python" and col["engine"] == "columnar"
     return {"python": py, "columnar": col}
 

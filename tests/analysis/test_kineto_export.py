@@ -21,8 +21,8 @@ import pytest
 from devtools.oracle import analyze_run_dir
 from devtools.oracle.steps import step_row
 from jobs.analysis import kineto_download as KD
-from jobs.analysis.convert import convert_run_dir
-from jobs.analysis.load import from_records, load_run_dir
+from jobs.analysis.storage.convert import convert_run_dir
+from jobs.analysis.storage.load import from_records, load_run_dir
 from jobs.kineto import breakdown as B
 from jobs.kineto.records import COMMUNICATION, COMPUTATION, load_ranks
 from tests.analysis.synth import comm, meta, span

@@ -13,7 +13,7 @@ import pytest
 from backend import crud
 from backend.core.db import get_sessionmaker
 from jobs.analysis import write_analysis
-from jobs.analysis.convert import convert_run_dir
+from jobs.analysis.storage.convert import convert_run_dir
 from jobs.spec import parse_spec
 from tests.analysis.synth import comm, end, meta, span, write
 

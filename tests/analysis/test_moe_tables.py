@@ -182,17 +182,18 @@ def test_a_missing_rank_leaves_its_group_out_with_a_warning():
 
 
 def test_scale_path_reads_the_moe_records_it_finds(runs, tmp_path):
-    """The columnar scale path loads the MoE records (np_axis saw them in its read) and
+    """The columnar scale path loads the MoE records (axis_sums saw them in its read) and
     gives the Python path's expert_load and all_to_all tables."""
     import shutil
 
-    from jobs.analysis import convert, np_axis, scale
+    from jobs.analysis import axis_sums, engine
+    from jobs.analysis.storage import convert
     run = tmp_path / "ep2"
     shutil.copytree(runs["ep2-cap"], run, ignore=shutil.ignore_patterns(
         "*.parquet", "table-*", "analysis.json"))
     convert.convert_run_dir(run)
-    assert np_axis.axis_sums(run)["rare"]
-    want, got = analyze_run_dir(run)["tables"], scale.analyze_columnar(run)["tables"]
+    assert axis_sums.axis_sums(run)["rare"]
+    want, got = analyze_run_dir(run)["tables"], engine.analyze_columnar(run)["tables"]
     assert want["expert_load"] and want["all_to_all"]
     for name in ("expert_load", "all_to_all"):
         assert got[name] == want[name], name

@@ -15,7 +15,8 @@ import io
 import json
 
 from devtools.oracle import analyze_run_dir
-from jobs.analysis import convert, scale, tables_to_csv
+from jobs.analysis import engine, tables_to_csv
+from jobs.analysis.storage import convert
 from jobs.theory import predict
 from tests.analysis.synth import end, mem, meta, span, write
 
@@ -97,5 +98,5 @@ def test_one_peak_for_headline_table_csv_prediction_and_both_engines(tmp_path):
     assert max(int(r["measured_bytes"]) for r in got) == want
     # the columnar engine reads the same definition
     convert.convert_run_dir(run)
-    col = scale.analyze_columnar(run)
+    col = engine.analyze_columnar(run)
     assert col["engine"] == "columnar" and col["headline"]["peak_memory_bytes"] == want

@@ -57,7 +57,7 @@ def test_line_rules_of_the_json_reader():
     """Each line is one JSON object or one bad line; these are the edges a faster decoder
     (raw_decode, not loads) must keep: trailing data, two objects on a line, non-objects,
     untimed or negative-duration timed records, bool / str stamps, a list-valued type."""
-    from jobs.analysis.jsonl import _parse
+    from jobs.analysis.storage.jsonl import _parse
     good = ['{"type":"span","ts_ns":5,"dur_ns":2}', '  {"type":"weird"}  ',
             '{"type":"mem","ts_ns":1,"optim":7}', '{"type":["span"]}',
             '{"type":"comm","ts_ns":2.5}']

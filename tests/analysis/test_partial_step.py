@@ -9,7 +9,8 @@ import csv
 import io
 
 from devtools.oracle import analyze_run_dir
-from jobs.analysis import convert, scale, tables_to_csv
+from jobs.analysis import engine, tables_to_csv
+from jobs.analysis.storage import convert
 from tests.analysis.synth import comm, end, meta, span, write
 from tests.analysis.test_columnar import dp_tp_run
 
@@ -58,7 +59,7 @@ def test_the_unfinished_last_step_is_not_in_throughput_nor_its_csv(tmp_path):
 def test_the_columnar_engine_leaves_it_out_too(tmp_path):
     run = dp_tp_run(tmp_path / "run", steps=4, unfinished=(2, 3))  # rank 2 never ended step 3
     convert.convert_run_dir(run)
-    got = scale.analyze_columnar(run)
+    got = engine.analyze_columnar(run)
     want = analyze_run_dir(run)
     assert got["engine"] == "columnar"
     for a in (got, want):

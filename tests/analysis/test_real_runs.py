@@ -118,7 +118,7 @@ def test_traced_losses_are_the_summary_losses(which, request):
     """A run that never writes its summary (cancelled, live) keeps its loss curve: the step
     spans' losses, weighted as jobs.summary.loss_weight says, give the summary's numbers."""
     from devtools.oracle.steps import step_rank_table, throughput_table, traced_losses
-    from jobs.analysis.load import load_run_dir
+    from jobs.analysis.storage.load import load_run_dir
 
     tr = load_run_dir(request.getfixturevalue(which))
     rows = step_rank_table(tr)

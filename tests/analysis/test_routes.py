@@ -85,7 +85,7 @@ def test_a_converted_runs_document_is_streamed_from_parquet(client, settings, ru
     from its Parquet traces (the same document as its JSON lines give), and a rank too large
     to build is refused with the window to use instead."""
     from jobs.analysis import perfetto
-    from jobs.analysis.convert import convert_run_dir
+    from jobs.analysis.storage.convert import convert_run_dir
     analyzed(settings, run_id)
     run_dir = settings.runs_dir / run_id
     assert not (run_dir / "trace.perfetto.json").exists()
@@ -152,13 +152,14 @@ def test_a_large_table_is_paged_from_its_parquet_file(client, settings, run_id,
     """The columnar scale path keeps large tables in `table-<name>.parquet` (analysis.json
     holds a sample): `?table=` pages the whole file and the CSV export writes every row."""
     from devtools.oracle import analyze_run_dir
-    from jobs.analysis import convert, rows_to_csv, scale
-    from jobs.analysis import np_steps as NS
+    from jobs.analysis import engine, rows_to_csv
+    from jobs.analysis import step_sweep as NS
+    from jobs.analysis.storage import convert
     from tests.analysis.test_columnar import dp_tp_run
     run = dp_tp_run(settings.runs_dir / run_id, steps=6)
     convert.convert_run_dir(run)
     want = analyze_run_dir(run)["tables"]["collectives"]
-    monkeypatch.setattr(scale, "JSON_ROWS", 4)
+    monkeypatch.setattr(engine, "JSON_ROWS", 4)
     monkeypatch.setattr(NS, "CHUNK_RECORDS", 60)  # several step ranges: several row groups
     assert "analysis_error" not in write_analysis(run)
     body = client.get(f"/api/runs/{run_id}/metrics").json()
@@ -176,7 +177,7 @@ def test_a_large_table_is_paged_from_its_parquet_file(client, settings, run_id,
     # the one writer over the whole table's rows; JSON too
     import pyarrow.parquet as pq
     assert pq.ParquetFile(run / "table-collectives.parquet").metadata.num_row_groups > 1
-    rows = scale.table_rows(run, "collectives")[1]
+    rows = engine.table_rows(run, "collectives")[1]
     assert text == rows_to_csv(rows)
     assert len({tuple(sorted(r)) for r in rows}) > 1  # rows differ in their optional keys
     got = client.get(f"/api/runs/{run_id}/export", params={"format": "json",

@@ -10,8 +10,8 @@ from pytest import approx
 
 from devtools.oracle import analyze
 from jobs.analysis.diagnose import diagnose, exit_codes_from_log, last_progress_ns, ranks_text
-from jobs.analysis.load import from_records
 from jobs.analysis.stacks import parse_faulthandler, stack_summary
+from jobs.analysis.storage.load import from_records
 from tests.analysis.synth import comm, meta, span
 
 MS = 1_000_000

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from jobs import schedules
-from jobs.analysis.load import load_run_dir
+from jobs.analysis.storage.load import load_run_dir
 from jobs.parallel.pipeline.stage import partition_by_cost, partition_even
 from tests.support.launch import run_worker
 

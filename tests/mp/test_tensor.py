@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.analysis.load import load_run_dir
+from jobs.analysis.storage.load import load_run_dir
 from tests.support.launch import run_worker
 
 # several torchrun launches (module fixtures), slower still on a loaded 2-core box

@@ -156,7 +156,7 @@ def test_cancel_stops_every_process(redis_service):
 
 
 def test_a_long_run_is_converted_while_it_runs(redis_service):
-    """The worker's live thread (jobs/analysis/convert_live.py) writes row groups to
+    """The worker's live thread (jobs/analysis/storage/convert_live.py) writes row groups to
     `trace-rank{R}.parquet.live` while the job runs; after the cancel the rest is appended,
     and the run has its Parquet traces and analysis, no live file uploaded. The live
     analysis (analyze_live.py) fed its passes too, and the columnar engine goes on from them:

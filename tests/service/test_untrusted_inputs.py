@@ -4,7 +4,7 @@ schema states the text rule the routes enforce.
 
 Trace files and summary.json reach the backend through the worker channel (any holder of the
 worker credential may send them), so the loader treats them as input: a field of the wrong
-shape is dropped with a warning, never a 500 (jobs/analysis/load.py, jsonl.py)."""
+shape is dropped with a warning, never a 500 (jobs/analysis/storage/load.py, jsonl.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from backend.core.config import Settings
 from backend.main import create_app
 from backend.migrate import upgrade
-from jobs.analysis.load import load_run_dir
+from jobs.analysis.storage.load import load_run_dir
 from tests.analysis import synth as S
 
 WORKER = {"Authorization": "Bearer " + "t" * 32}  # the `settings` fixture's worker token
@@ -124,7 +124,7 @@ def test_the_typed_fields_rule_keeps_every_record_a_real_run_writes():
     good = _good(0, {"preset": "ddp"})[1:] + [
         S.comm(0, 1, "send", 0, 5, n=2, payload=8, axis="pp", peer=1),
         {**S.span(0, -1, "setup", 0, 1), "microbatch": None}]
-    from jobs.analysis.jsonl import KEEP, admit
+    from jobs.analysis.storage.jsonl import KEEP, admit
     assert [admit(dict(r)) for r in good] == [KEEP] * len(good)
 
 

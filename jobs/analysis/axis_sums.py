@@ -1,8 +1,8 @@
 """Bytes per rank and mesh axis from a run's Parquet files: the one input of
-collectives.axis_bytes_table's columnar twin (vec_tables.axis_bytes_table) and of the links
-table at scale (scale_comm.links_table), summed over np_read's rows (`COLS`, strings as
+oracle.collectives.axis_bytes_table's columnar twin (trace_sql.axis_bytes_table) and of the links
+table at scale (bandwidth_links.links_table), summed over step_ranges's rows (`COLS`, strings as
 dictionaries): each rank's setup records, then its rows step range by step range (the scale
-path feeds the same read the step sweep and the collectives take, scale_read.one_read).
+path feeds the same read the step sweep and the collectives take, one_read.one_read).
 
 Per (rank, axis), as axis_bytes_table forms them: bytes sent and received by the comm records
 of training steps (step >= 0), bytes sent by the setup ones (step < 0 or none), the number of
@@ -22,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .np_steps import codes
+from .step_sweep import codes
 
 COLS = ("type", "step", "cat", "axis", "op", "bytes_sent", "bytes_recv", "peer")
 DICT = ("type", "cat", "axis", "op")
-# what only MoE tables read (scale.RARE): whether a rank has any, from this same read
+# what only MoE tables read (engine.RARE): whether a rank has any, from this same read
 RARE_TYPES, RARE_OPS = ("moe",), ("all_to_all",)
 _KINDS = ("merged", "raw")
 
@@ -56,7 +56,7 @@ class Sums:
         return out
 
     def add(self, rank: int, t, train: bool) -> None:
-        """One rank's rows (np_read, COLS): one step range's (train) or its setup rows."""
+        """One rank's rows (step_ranges, COLS): one step range's (train) or its setup rows."""
         if not set(COLS) <= set(t.column_names):
             self.rare = True
             return
@@ -154,12 +154,12 @@ def axis_sums(out_dir: Path) -> dict:
     """{"merged": {(rank, axis): sums}, "raw": {(rank, axis or None): sums}, "rare": bool}
     (module doc); only (rank, axis) pairs with comm records. `rare`: whether a file may hold
     a RARE_TYPES record or a comm record of RARE_OPS (one it could not read counts). Its own
-    read of the rank files; the scale path feeds Sums from the read it shares."""
-    from . import np_read
-    from .np_steps import CHUNK_RECORDS
-    files = np_read.open_files(out_dir, COLS, DICT)
+    read of the rank files; the engine feeds Sums from the read it shares."""
+    from .step_sweep import CHUNK_RECORDS
+    from .storage import step_ranges
+    files = step_ranges.open_files(out_dir, COLS, DICT)
     s = Sums()
-    for lo, _hi, tabs in np_read.scan(files, CHUNK_RECORDS):
+    for lo, _hi, tabs in step_ranges.scan(files, CHUNK_RECORDS):
         for rank, t in sorted(tabs.items()):
             s.add(rank, t, train=lo is not None)
     return s.result()

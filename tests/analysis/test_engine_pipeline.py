@@ -1,4 +1,4 @@
-"""A pipeline run through the columnar scale path (scale.py, scale_pipe.py, np_coll's
+"""A pipeline run through the columnar scale path (engine.py, pipeline_spans.py, instances's
 point-to-point matching): a hand-written two-stage GPipe trace whose bubble, transfers and
 step times are worked out below, and a real pipeline run whose analysis has every table the
 Python path gives it."""
@@ -13,7 +13,8 @@ import pytest
 
 from devtools.oracle import analyze_run_dir
 from devtools.oracle import collectives as OC
-from jobs.analysis import convert, scale, write_analysis
+from jobs.analysis import engine, write_analysis
+from jobs.analysis.storage import convert
 from tests.analysis import synth as T
 
 STEPS = 4
@@ -162,7 +163,7 @@ def test_few_steps_keep_the_hand_figures(tmp_path, monkeypatch, steps):
 
 
 def test_real_pipeline_run_equals_the_python_path(pp_run, tmp_path):
-    from tests.analysis.test_scale import check
+    from tests.analysis.test_engine import check
     run = tmp_path / "pp"
     shutil.copytree(pp_run, run, ignore=shutil.ignore_patterns("*.parquet", "table-*",
                                                                "analysis.json"))
@@ -211,16 +212,16 @@ def test_a_transfer_takes_the_link_of_its_two_ends(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("chunk", [None, 7])
 def test_point_to_point_instances_equal_the_oracle(tmp_path, monkeypatch, chunk):
-    """np_coll matches sends with receives as collectives.match does (FIFO per pair and
-    step), also when the step ranges are cut small (np_steps.CHUNK_RECORDS)."""
+    """instances matches sends with receives as collectives.match does (FIFO per pair and
+    step), also when the step ranges are cut small (step_sweep.CHUNK_RECORDS)."""
+    from jobs.analysis import instances as N
     from jobs.analysis import load_run_dir
-    from jobs.analysis import np_coll as N
-    from jobs.analysis import np_steps as NS
-    from jobs.analysis import vec_tables as V
+    from jobs.analysis import step_sweep as NS
+    from jobs.analysis import trace_sql as V
     if chunk is not None:
         monkeypatch.setattr(NS, "CHUNK_RECORDS", chunk)
     run = pipeline_run(tmp_path / "run")
     mt = V.meta_only(run)
-    assert not scale.hidden_fields(V.connect(run))
+    assert not engine.hidden_fields(V.connect(run))
     assert N.rows_of(list(N.instance_batches(mt, run)), mt) == \
         OC.collectives_table(load_run_dir(run))

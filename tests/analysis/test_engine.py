@@ -1,4 +1,4 @@
-"""The columnar scale path (issue 19, jobs/analysis/scale.py): the whole analysis of a
+"""The columnar scale path (issue 19, jobs/analysis/engine.py): the whole analysis of a
 converted run without its records in Python. The Python path over the same run is the
 oracle: every table, the headline, the warnings and the run section must be equal (floats to
 1e-9 relative: DuckDB / numpy sum in another order where no sequential sum is needed)."""
@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from devtools.oracle import analyze_run_dir
-from jobs.analysis import convert, scale, write_analysis
-from jobs.analysis import np_steps as NS
-from jobs.analysis import vec_tables as V
+from jobs.analysis import engine, write_analysis
+from jobs.analysis import step_sweep as NS
+from jobs.analysis import trace_sql as V
+from jobs.analysis.storage import convert
 from tests.analysis.test_columnar import dp_tp_run
 
 ENGINE_ONLY = ("engine", "table_files")  # what the scale path adds
@@ -42,7 +43,7 @@ def same(a, b, path="") -> None:
 def both(run):
     """(oracle, scale path) analyses of one converted run."""
     want = analyze_run_dir(run)
-    got = scale.analyze_columnar(run)
+    got = engine.analyze_columnar(run)
     assert want["engine"] == "python" and got["engine"] == "columnar"
     for k in ENGINE_ONLY:
         want.pop(k, None)
@@ -89,7 +90,7 @@ def test_large_tables_stay_in_parquet_and_analysis_json_keeps_a_sample(tmp_path,
     run = dp_tp_run(tmp_path / "run", steps=6)
     convert.convert_run_dir(run)
     want = analyze_run_dir(run)["tables"]
-    monkeypatch.setattr(scale, "JSON_ROWS", 5)
+    monkeypatch.setattr(engine, "JSON_ROWS", 5)
     head = write_analysis(run)
     assert "analysis_error" not in head, head
     got = json.loads((run / "analysis.json").read_text())
@@ -97,22 +98,22 @@ def test_large_tables_stay_in_parquet_and_analysis_json_keeps_a_sample(tmp_path,
     assert not (run / "trace.perfetto.json").exists()  # streamed from Parquet on request
     files = got["table_files"]
     assert set(files) == {"step_rank", "collectives", "throughput", "stragglers"} & {
-        k for k in scale.BIG if len(want[k]) > 5}
+        k for k in engine.BIG if len(want[k]) > 5}
     for name, info in files.items():
         rows = want[name]
         assert info["rows"] == len(rows) and info["file"] == f"table-{name}.parquet"
         same(got["tables"][name], rows[::info["stride"]], name)  # every k-th row
-        total, page = scale.table_rows(run, name, 3, 4)
+        total, page = engine.table_rows(run, name, 3, 4)
         assert total == len(rows)
         same(page, rows[3:7], name)
-        same(scale.table_rows(run, name)[1], rows, name)
+        same(engine.table_rows(run, name)[1], rows, name)
 
 
 def test_every_run_takes_the_columnar_engine_a_folder_of_lines_converted_first(tmp_path):
     """One engine for every run, whatever its size (a 3-step run here): a folder of JSON
     lines only (a lost worker's) is converted beside its lines first, then analysed by the
     same engine; its tables equal the oracle's (the Python tables over the loaded lines)."""
-    from jobs.analysis import columnar
+    from jobs.analysis.storage import columnar
     lines = dp_tp_run(tmp_path / "lines")
     want = analyze_run_dir(lines)
     assert not columnar.has_columnar(lines)
@@ -131,7 +132,7 @@ def test_meta_traces_carry_the_loaders_warnings(tmp_path):
     run = dp_tp_run(tmp_path / "run", unfinished=(1, 2))
     (run / "trace-rank2.jsonl").write_text("")  # killed before its first flush
     convert.convert_run_dir(run)
-    tr = scale.meta_traces(run, V.connect(run))
+    tr = engine.meta_traces(run, V.connect(run))
     assert tr.warnings == load_run_dir(run).warnings
     assert any("empty trace file" in w for w in tr.warnings)
     assert sorted(tr.ranks) == [0, 1, 3]
@@ -153,16 +154,16 @@ def test_files_of_many_row_groups_give_the_same_analysis(tmp_path, monkeypatch):
 
 
 def test_the_sweeps_exact_fallbacks_give_the_same_step_rank(tmp_path, monkeypatch):
-    """np_steps packs (step, time) into one int64 where a range's steps fit; where they would
+    """step_sweep packs (step, time) into one int64 where a range's steps fit; where they would
     not (steps too many and too long), lexsort and per-step loops answer: forced here, the
     same rows."""
-    from jobs.analysis import np_steps
+    from jobs.analysis import step_sweep
     run = dp_tp_run(tmp_path / "run", steps=5, drop=(1, 3))
     convert.convert_run_dir(run)
-    packed = [{k: v.tolist() for k, v in c.items()} for c in np_steps.build(run)]
-    monkeypatch.setattr(np_steps, "PACK_LIMIT", 0)
-    assert not np_steps._Pack(np.zeros(1, np.int64), np.ones(1, np.int64)).ok
-    exact = [{k: v.tolist() for k, v in c.items()} for c in np_steps.build(run)]
+    packed = [{k: v.tolist() for k, v in c.items()} for c in step_sweep.build(run)]
+    monkeypatch.setattr(step_sweep, "PACK_LIMIT", 0)
+    assert not step_sweep._Pack(np.zeros(1, np.int64), np.ones(1, np.int64)).ok
+    exact = [{k: v.tolist() for k, v in c.items()} for c in step_sweep.build(run)]
     assert exact == packed and any(x for c in packed for x in c["overlap_ns"])
 
 
@@ -173,37 +174,37 @@ def test_the_streamed_sample_is_every_kth_row_of_the_whole_table(monkeypatch, n)
     import random
 
     import pyarrow as pa
-    monkeypatch.setattr(scale, "JSON_ROWS", 5)
+    monkeypatch.setattr(engine, "JSON_ROWS", 5)
     table = pa.table({"i": list(range(n))})
     rng = random.Random(n)
-    s, at = scale.Sampler(), 0
+    s, at = engine.Sampler(), 0
     while at < n or not s.parts:
         size = rng.choice([0, 1, 3, 17, 64])
         s.add(table.slice(at, size))
         at += size
     got, k = s.result()
-    assert k == scale.stride_of(n) and -(-n // k) <= 5 and (k == 1 or -(-n // (k // 2)) > 5)
+    assert k == engine.stride_of(n) and -(-n // k) <= 5 and (k == 1 or -(-n // (k // 2)) > 5)
     assert got.column("i").to_pylist() == list(range(0, n, k))
 
 
 def test_a_run_without_moe_records_skips_their_scan(tmp_path, monkeypatch):
-    """np_axis's read says whether MoE records exist; without them the scale path queries
+    """axis_sums's read says whether MoE records exist; without them the scale path queries
     none (sparse(None)), with the same analysis."""
-    from jobs.analysis import np_axis
+    from jobs.analysis import axis_sums
     run = dp_tp_run(tmp_path / "run")
     convert.convert_run_dir(run)
-    assert np_axis.axis_sums(run)["rare"] is False
-    seen, real = [], scale.sparse
-    monkeypatch.setattr(scale, "sparse", lambda con, tr, where: seen.append(where)
+    assert axis_sums.axis_sums(run)["rare"] is False
+    seen, real = [], engine.sparse
+    monkeypatch.setattr(engine, "sparse", lambda con, tr, where: seen.append(where)
                         or real(con, tr, where))
     check(run)
-    assert None in seen and scale.RARE not in seen
+    assert None in seen and engine.RARE not in seen
 
 
 def test_a_failing_consumer_of_the_one_read_leaves_only_its_table_out(tmp_path, monkeypatch):
-    """scale_read.one_read feeds the step sweep, the instances and the axis sums from one
+    """one_read.one_read feeds the step sweep, the instances and the axis sums from one
     read: the sweep raising leaves step_rank out (said why), the others equal the oracle's."""
-    from jobs.analysis import np_steps
+    from jobs.analysis import step_sweep
     run = dp_tp_run(tmp_path / "run")
     convert.convert_run_dir(run)
     want = analyze_run_dir(run)
@@ -211,8 +212,8 @@ def test_a_failing_consumer_of_the_one_read_leaves_only_its_table_out(tmp_path, 
     def boom(tabs, lo):
         raise RuntimeError("sweep broke")
         yield
-    monkeypatch.setattr(np_steps, "rows_of", boom)
-    got = scale.analyze_columnar(run)
+    monkeypatch.setattr(step_sweep, "rows_of", boom)
+    got = engine.analyze_columnar(run)
     assert "step_rank: not computed (RuntimeError: sweep broke)" in got["warnings"]
     assert got["tables"]["step_rank"] == [] and want["tables"]["step_rank"]
     for name in ("collectives", "axis_bytes", "bandwidth"):
@@ -223,20 +224,20 @@ def test_failed_instances_leave_no_partial_file_and_the_rest_reads_again(tmp_pat
                                                                          monkeypatch):
     """The instances raising after a first batch: their partial file is removed (no table
     reads a part of them), step_rank and the axis sums come from reads of their own."""
-    from jobs.analysis import np_coll
+    from jobs.analysis import instances
     monkeypatch.setattr(NS, "CHUNK_RECORDS", 30)  # several passes: a batch is written first
     run = dp_tp_run(tmp_path / "run", steps=6)
     convert.convert_run_dir(run)
     want = analyze_run_dir(run)
-    real, calls = np_coll._compute, []
+    real, calls = instances._compute, []
 
     def flaky(tab, ctx, carry_step):
         calls.append(carry_step)
         if len(calls) == 3:
             raise RuntimeError("instances broke")
         return real(tab, ctx, carry_step)
-    monkeypatch.setattr(np_coll, "_compute", flaky)
-    got = scale.analyze_columnar(run)
+    monkeypatch.setattr(instances, "_compute", flaky)
+    got = engine.analyze_columnar(run)
     assert len(calls) == 3
     assert "collectives: not computed (RuntimeError: instances broke)" in got["warnings"]
     assert not (run / "table-collectives.parquet").exists()
@@ -265,7 +266,7 @@ def test_a_field_kept_in_args_is_told_by_record_type(tmp_path):
     assert V.in_args(con, "comm", ("step", "bucket")) and not V.in_args(con, "comm", ("step",))
     assert not V.in_args(con, "span", ("bucket",))
     assert ("comm", "bucket") in V.args_keys(con)
-    assert scale.hidden_fields(con) == [("comm", "bucket"), ("span", "stage")]
+    assert engine.hidden_fields(con) == [("comm", "bucket"), ("span", "stage")]
     assert not V.in_args(V.connect(run.parent / "run"), "mem", ("params",))
     write_analysis(run)
     got = json.loads((run / "analysis.json").read_text())

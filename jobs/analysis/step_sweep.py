@@ -1,7 +1,7 @@
 """The step_rank table's sweep: windows and events formed in numpy from each rank's rows of
-one step range (np_read.py: the read the collectives share).
+one step range (step_ranges.py: the read the collectives share).
 
-steps.step_row's interval algebra as one sweep per (rank, step): every interval becomes a +1
+oracle.steps.step_row's interval algebra as one sweep per (rank, step): every interval becomes a +1
 at its start and a -1 at its end on one of three counters, A compute spans, B blocking comm
 records (steps.is_blocking's rule), C all comm records; between two consecutive event times the
 state is constant, so with the segment clipped to the step window [t0, t1]
@@ -10,7 +10,7 @@ state is constant, so with the segment clipped to the step window [t0, t1]
     overlap = compute and comm     exposed = comm and not compute     busy = compute or comm
 
 and each figure is a sum of segment lengths: the same integers as steps.py's unions and
-differences (tests/analysis/test_columnar.py, test_scale.py compare the rows). Per rank and
+differences (tests/analysis/test_columnar.py, test_engine.py compare the rows). Per rank and
 step range of its file:
 
     window   per (rank, step): the first `step` span by (start, file row) gives t0, t1, loss
@@ -35,7 +35,7 @@ import numpy as np
 
 from . import steps as S
 
-CHUNK_RECORDS = 1_000_000  # rows per step range over all rank files (np_read.ranges)
+CHUNK_RECORDS = 1_000_000  # rows per step range over all rank files (step_ranges.ranges)
 SUMS = ("compute_ns", "comm_ns", "overlap_ns", "exposed_ns", "busy_ns")
 COLS = ("type", "step", "ts_ns", "dur_ns", "cat", "async", "bucket", "end", "loss",
         "loss_weight")
@@ -236,7 +236,7 @@ def sweep(ev: dict, win: dict) -> list:
 
 
 def rows_of(tabs: dict, lo: int):
-    """The step_rank integers of one step range's rows per rank (np_read.passes' dict, the
+    """The step_rank integers of one step range's rows per rank (step_ranges.passes' dict, the
     range starting at step `lo`): per rank, columns (rank, step, t0, t1, has_step, comm_ops,
     loss, loss_weight, compute_ns, comm_ns, overlap_ns, exposed_ns, busy_ns) as numpy arrays
     in step order. A rank whose file lacks one of COLS gives none."""
@@ -250,8 +250,8 @@ def rows_of(tabs: dict, lo: int):
 
 def build(out_dir: Path, budget: int | None = None):
     """rows_of over each step range of about `budget` rows (CHUNK_RECORDS: a range's arrays
-    stay in the tens of MB) of the run's rank files, read by np_read (`COLS`)."""
-    from . import np_read
-    files = np_read.open_files(out_dir, COLS, DICT)
-    for lo, _hi, tabs in np_read.passes(files, budget or CHUNK_RECORDS):
+    stay in the tens of MB) of the run's rank files, read by step_ranges (`COLS`)."""
+    from .storage import step_ranges
+    files = step_ranges.open_files(out_dir, COLS, DICT)
+    for lo, _hi, tabs in step_ranges.passes(files, budget or CHUNK_RECORDS):
         yield from rows_of(tabs, lo)

@@ -1,12 +1,12 @@
-"""Vectorised analysis: DuckDB over a run's Parquet trace files (columnar.py).
+"""SQL over a run's trace: the DuckDB view `t` of its Parquet files (storage/columnar.py), the
+ranks' meta from the footers, which fields hide in `args`, and the two small tables the engine
+takes from one query each, without loading records into Python (the oracle's rows: tests/
+analysis/test_columnar.py compares them):
 
-Each function gives the rows of its Python counterpart (the oracle, tests/analysis/
-test_columnar.py compares them) without loading records into Python:
-
-    axis_bytes_table   collectives.axis_bytes_table
+    axis_bytes_table   oracle.collectives.axis_bytes_table
     mem_peaks          memory.measured (trace samples; the summary fallback stays in Python)
 
-The collectives' instances are np_coll.py's (numpy over one step range at a time). Definitions
+The collectives' instances are instances.py's (numpy over one step range at a time). Definitions
 are not restated: the steady steps are rules.steady; SQL only groups, orders and sums. Floating
 sums may differ from the Python loop's in the last bit (another summation order); integers and
 maxima are exact.
@@ -18,16 +18,16 @@ import json
 import weakref
 from pathlib import Path
 
-from . import columnar
 from . import memory as M
-from .load import _RANK_RE, Traces, check_meta
+from .storage import columnar
+from .storage.load import _RANK_RE, Traces, check_meta
 
 NS = 1e9
 
 
 def meta_only(out_dir: Path) -> Traces:
     """A Traces holding the ranks' meta records only (what group keys and coordinates need),
-    from the files' footers, no query (scale.meta_traces adds the loader's warnings and the
+    from the files' footers, no query (engine.meta_traces adds the loader's warnings and the
     summary)."""
     import pyarrow.parquet as pq
     tr = Traces()
@@ -68,7 +68,7 @@ def _register(con, name: str, cols: dict[str, list]) -> None:
     con.register(name, pa.table(cols))
 
 
-# connection -> args_keys' answer: the scale path asks in_args eight times of one connection
+# connection -> args_keys' answer: the engine asks in_args eight times of one connection
 _ARGS_KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -97,11 +97,11 @@ COMM_FIELDS = ("ts_ns", "dur_ns", "step", "op", "axis", "group", "seq", "group_s
 
 def axis_bytes_table(con, tr: Traces, out_dir: Path, sums: dict | None = None
                      ) -> list[dict]:
-    """collectives.axis_bytes_table from np_axis.axis_sums (`sums`: computed already, e.g.
+    """oracle.collectives.axis_bytes_table from axis_sums.axis_sums (`sums`: computed already, e.g.
     shared with the links table). A field kept in a record's args is read as missing
-    (scale.hidden_fields)."""
-    from . import np_axis
-    sums = sums if sums is not None else np_axis.axis_sums(out_dir)
+    (engine.hidden_fields)."""
+    from . import axis_sums
+    sums = sums if sums is not None else axis_sums.axis_sums(out_dir)
     rows = []
     for (rank, axis), v in sorted(sums["merged"].items()):
         n = v["steps"]

@@ -1,9 +1,9 @@
-"""The scale path's one read: each rank file decoded once per step range
-(np_read), its rows feeding the three consumers of record-scale data in one pass:
+"""The engine's one read: each rank file decoded once per step range
+(step_ranges), its rows feeding the three consumers of record-scale data in one pass:
 
-    the step sweep     np_steps.rows_of   -> scale_steps.write_step_rank (table-step_rank)
-    the collectives    np_coll.comm_table -> scale_comm.InstanceWriter (table-collectives)
-    the axis sums      np_axis.Sums       -> axis_bytes and links
+    the step sweep     step_sweep.rows_of   -> step_tables.write_step_rank (table-step_rank)
+    the collectives    instances.comm_table -> bandwidth_links.InstanceWriter (table-collectives)
+    the axis sums      axis_sums.Sums       -> axis_bytes and links
 
 with the setup records (a null or negative step) read once for the collectives' first pass
 and the setup bytes. Reading the files three times (two per-rank reads and a DuckDB scan)
@@ -21,15 +21,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import assemble as A
-from .load import Traces
-from .scale_late import Lateness
+from .storage.load import Traces
+from .straggler_sums import Lateness
 
 
 def columns() -> tuple[tuple, tuple]:
-    """(np_read's columns, those read as dictionaries): what the three consumers read."""
-    from . import np_axis as NA
-    from . import np_coll as NC
-    from . import np_steps as NS
+    """(step_ranges's columns, those read as dictionaries): what the three consumers read."""
+    from . import axis_sums as NA
+    from . import instances as NC
+    from . import step_sweep as NS
     return NS.COLS + NC.COLS + NA.COLS, NS.DICT + NC.DICT + NA.DICT
 
 
@@ -38,11 +38,11 @@ class OneRead:
     out with the reason (`finish`); the others go on."""
 
     def __init__(self, tr: Traces, path: dict, sampler=None, hosts: dict | None = None):
-        from . import np_axis as NA
-        from . import np_coll as NC
-        from . import scale_comm as SC
+        from . import axis_sums as NA
+        from . import bandwidth_links as SC
+        from . import instances as NC
         self.path, self.sampler = path, sampler
-        self.parts: list = []  # np_steps.rows_of's chunks
+        self.parts: list = []  # step_sweep.rows_of's chunks
         self.sums = NA.Sums()
         # tr: the ranks' meta, for the group keys; hosts: links.rank_hosts', for the links
         self.stream = NC.InstanceStream(tr, hosts)
@@ -61,8 +61,8 @@ class OneRead:
 
     def feed(self, lo: int | None, hi: int | None, tabs: dict, last: bool = False) -> None:
         """One pass: the setup records (lo, hi None) or steps lo..hi, {rank: its rows} as
-        np_read gives them (columns(), `row` the file row). `last`: no pass follows."""
-        from . import np_steps as NS
+        step_ranges gives them (columns(), `row` the file row). `last`: no pass follows."""
+        from . import step_sweep as NS
         if lo is not None:
             self._guard("step_rank", lambda: self.parts.extend(NS.rows_of(tabs, lo)))
         for rank, t in sorted(tabs.items()):
@@ -74,7 +74,7 @@ class OneRead:
         self.ended = last
 
     def _instances(self, carry_step: int, tabs: dict, last: bool) -> None:
-        from . import np_coll as NC
+        from . import instances as NC
         b = self.stream.feed(carry_step, NC.comm_table(tabs), last)
         if b is not None:
             self.out.write(b)
@@ -83,13 +83,13 @@ class OneRead:
         """Every pass of the run's Parquet files (the setup records', then each step
         range's), or with `start` the step ranges from that step on only (the passes
         before it were fed already)."""
-        from . import np_read
-        from . import np_steps as NS
-        from .np_coll import _last_marked
+        from . import step_sweep as NS
+        from .instances import _last_marked
+        from .storage import step_ranges
         cols, dicts = columns()
-        files = np_read.open_files(out_dir, cols, dicts)
-        items = np_read.scan(files, NS.CHUNK_RECORDS) if start is None else \
-            np_read.passes(files, NS.CHUNK_RECORDS, start)
+        files = step_ranges.open_files(out_dir, cols, dicts)
+        items = step_ranges.scan(files, NS.CHUNK_RECORDS) if start is None else \
+            step_ranges.passes(files, NS.CHUNK_RECORDS, start)
         for (lo, hi, tabs), last in _last_marked(items):
             self.feed(lo, hi, tabs, last)
 
@@ -101,12 +101,12 @@ class OneRead:
     def finish(self, tr: Traces, pipe=None):
         """(step_rank table or None, collective instances, axis, lateness) with the two tables
         written to path["step_rank"] and path["collectives"]; `axis`: a callable giving
-        np_axis.axis_sums' result or raising what computing it raised; `lateness`: the
-        instances' scale_late.Lateness (empty where they failed). Warnings on tr.warnings in the
-        Python path's order (step_rank's, then the collectives'). Failed instances leave no
+        axis_sums.axis_sums' result or raising what computing it raised; `lateness`: the
+        instances' straggler_sums.Lateness (empty where they failed). Warnings on tr.warnings in the
+        oracle's order (step_rank's, then the collectives'). Failed instances leave no
         file (no table may read a part of them). `pipe`: write_step_rank's (a pipeline's
         bubble)."""
-        from . import scale_steps as SS
+        from . import step_tables as SS
         if not self.ended:  # records carried past the last pass fed
             self._guard("collectives", lambda: self._flush())
         w = tr.warnings

@@ -65,7 +65,7 @@ def rank_warnings(rank: int, meta: dict, bad: int, empty: bool, end_reasons: lis
                   warnings: list[str]) -> None:
     """The loader's warnings of one rank from what they depend on: the file's parse state,
     its meta record and the `reason` of its `end` records in file order (what the columnar
-    scale path reads from the Parquet metadata and one query, without the records)."""
+    engine reads from the Parquet metadata and one query, without the records)."""
     check_meta(rank, meta, warnings)
     if empty:
         warnings.append(f"rank {rank}: empty trace file (killed before its first flush)")
@@ -161,7 +161,7 @@ def load_run_dir(out_dir: Path) -> Traces:
 
 def finish(tr: Traces, out_dir: Path) -> Traces:
     """The run folder's summary.json (if any) and the missing-ranks warning, for either
-    loader (this one, or scale.meta_traces without records)."""
+    loader (this one, or engine.meta_traces without records)."""
     summ = Path(out_dir) / "summary.json"
     if summ.is_file():
         try:

@@ -1,12 +1,12 @@
-"""The stragglers at scale: stragglers.stragglers_table and
-stragglers.straggler_ranks_table from sums kept as the collective instances are written, not
+"""The stragglers at scale: oracle.stragglers.stragglers_table and
+oracle.stragglers.straggler_ranks_table from sums kept as the collective instances are written, not
 from a query over their file.
 
 Both tables read, of the multi-rank collectives (`op` not send_recv, step >= 0, two ranks or
-more: stragglers._collective_rows), per (step, last rank) the sums of wait_ns, late_ns and
+more: oracle.stragglers._collective_rows), per (step, last rank) the sums of wait_ns, late_ns and
 others_wait_ns and their count, per step the largest clock error; and of every instance its
 step (the steady steps are rules.steady over them) and the ranks it names. `Lateness` keeps
-exactly these, batch by batch (scale_comm.InstanceWriter feeds it, so the live analysis'
+exactly these, batch by batch (bandwidth_links.InstanceWriter feeds it, so the live analysis'
 batches count too, analyze_live.py); the sums are integers, so their order does not matter
 and the result is the one a query over the whole file gave. Waits are summed in integer ns
 and then divided (the oracle sums float seconds: equal to 1e-9 relative), and the per-step
@@ -107,7 +107,7 @@ class Lateness:
 
 
 def stragglers_table(late: Lateness, step_s: pa.Table) -> pa.Table:
-    """stragglers.stragglers_table as a table (one row per step, its columns the oracle's
+    """oracle.stragglers.stragglers_table as a table (one row per step, its columns the oracle's
     keys, by step). step_s: columns step, step_s (the max over ranks of the step_rank rows)."""
     step, rank, sums, cnt = late.per_last()
     if not len(step):
@@ -143,7 +143,7 @@ def straggler_rows(table: pa.Table) -> list[dict]:
 
 
 def straggler_ranks_table(late: Lateness, step_ranks) -> list[dict]:
-    """stragglers.straggler_ranks_table; step_ranks: the ranks of the step_rank rows."""
+    """oracle.stragglers.straggler_ranks_table; step_ranks: the ranks of the step_rank rows."""
     ranks = set(step_ranks) | late.ranks
     use = np.asarray(rules.steady(sorted(late.steps)), np.int64)
     step, rank, sums, cnt = late.per_last()

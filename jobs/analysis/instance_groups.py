@@ -1,16 +1,16 @@
 """The groups the bandwidth and links tables take their medians over, fixed per
-collective instance when np_coll forms it, so that the tables after the run read two integer
-columns of the instance file (scale_comm.Instances) instead of its keys and rank lists:
+collective instance when instances forms it, so that the tables after the run read two integer
+columns of the instance file (bandwidth_links.Instances) instead of its keys and rank lists:
 
     bw_key     the instance's (op, str(axis), payload bytes, group size): collectives.
                bandwidth_table's group
-    link_key   its (str(axis), link): links.links_table's, the link links.link_of of its
+    link_key   its (str(axis), link): oracle.links.links_table's, the link links.link_of of its
                ranks' hosts (links.rank_hosts), "inter" when they span more than one
 
 Both -1 where the instance does not count (incomplete, or without a busbw: the tables'
 filter; the steady steps are applied after the run, when all are known). Ids are given in
 order of first appearance over the whole run (`Groups`, shared by every pass), and written
-with the hosts to the instance file's metadata (scale_comm.GROUPS_KEY).
+with the hosts to the instance file's metadata (bandwidth_links.GROUPS_KEY).
 """
 
 from __future__ import annotations

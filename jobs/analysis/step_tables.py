@@ -1,19 +1,19 @@
-"""The per-step tables at scale (scale.py): steps.py's tables over a converted run's
+"""The per-step tables at scale (engine.py): steps.py's tables over a converted run's
 Parquet files, without its records in Python.
 
-    write_step_rank(tr, path)        steps.step_rank_table, from the sweep per step range
-                                     (np_steps.build) and a pipeline run's bubble
-                                     (scale_pipe.figures), to Parquet
-    step_rank_rows(table, tr)        its rows as steps.step_row's dicts (coords from `tr`)
-    ranks_table(sr, tr)              steps.ranks_table
+    write_step_rank(tr, path)        oracle.steps.step_rank_table, from the sweep per step range
+                                     (step_sweep.build) and a pipeline run's bubble
+                                     (pipeline_spans.figures), to Parquet
+    step_rank_rows(table, tr)        its rows as oracle.steps.step_row's dicts (coords from `tr`)
+    ranks_table(sr, tr)              oracle.steps.ranks_table
     step_times(sr)                   per step the slowest rank's step_s (stragglers' input)
-    write_throughput(con, sr, ...)   steps.throughput_table (per step, to Parquet)
-    trace_coverage(con, sr)          steps.trace_coverage
+    write_throughput(con, sr, ...)   oracle.steps.throughput_table (per step, to Parquet)
+    trace_coverage(con, sr)          oracle.steps.trace_coverage
 
 `sr`: the step_rank table as Arrow, in (rank, step) order. Figures are formed from the sweep's
-integer ns exactly as steps.step_row forms them; sums over steps run left to
+integer ns exactly as oracle.steps.step_row forms them; sums over steps run left to
 right (np.cumsum, as Python's sum), so the tables equal the oracle's (tests/analysis/
-test_scale.py).
+test_engine.py).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import pyarrow.parquet as pq
 from jobs.trace_schedule import compact_ranges
 
 from . import finished as F
-from . import np_steps, rules
+from . import rules, step_sweep
 from . import steps as S
-from .load import Traces
+from .storage.load import Traces
 
 NS = 1e9
 # step_row's keys the file holds (coords, pp, dp, tp come from the ranks' meta)
@@ -37,11 +37,11 @@ FLOATS = ("step_s", "compute_s", "comm_s", "overlap_s", "exposed_comm_s", "idle_
           "overlap_pct")
 NULLS = ("bubble_s", "pipeline_window_s", "pipeline_idle_s")  # non-pipeline runs: None
 PIPE = {"bubble_s": "bubble_ns", "pipeline_window_s": "window_ns",
-        "pipeline_idle_s": "idle_ns"}  # their integer ns (scale_pipe.figures)
+        "pipeline_idle_s": "idle_ns"}  # their integer ns (pipeline_spans.figures)
 
 
 def _chunk_table(c: dict) -> pa.Table:
-    """One step range's step_rank columns from the sweep's integers (steps.step_row's
+    """One step range's step_rank columns from the sweep's integers (oracle.steps.step_row's
     arithmetic, vectorised: the same IEEE operations)."""
     span = c["t1"].astype(np.int64) - c["t0"].astype(np.int64)
     comm = c["comm_ns"].astype(np.int64)
@@ -66,8 +66,8 @@ def _chunk_table(c: dict) -> pa.Table:
 
 
 def _with_bubble(c: dict, pipe: dict) -> dict:
-    """The sweep's integers with a pipeline's figures (scale_pipe.figures): the bubble taken
-    out of exposed comm and added to busy (steps.step_row)."""
+    """The sweep's integers with a pipeline's figures (pipeline_spans.figures): the bubble taken
+    out of exposed comm and added to busy (oracle.steps.step_row)."""
     x = pipe["comm_bubble_ns"]
     return {**c, **pipe, "exposed_ns": c["exposed_ns"] - x,
             "busy_ns": c["busy_ns"] + pipe["bubble_ns"] - x}
@@ -79,11 +79,11 @@ def _concat(chunks: list[dict]) -> dict:
 
 
 def write_step_rank(tr: Traces, path: Path, chunks=None, pipe=None) -> pa.Table | None:
-    """steps.step_rank_table to `path` in (rank, step) order, its warning on tr.warnings;
-    the table written (None: no row, no file). `chunks`: np_steps.rows_of's dicts, read
-    already (default: np_steps.build over path's folder). `pipe`: the sweep's integers ->
-    scale_pipe.figures' (None: not a pipeline run)."""
-    chunks = list(chunks if chunks is not None else np_steps.build(Path(path).parent))
+    """oracle.steps.step_rank_table to `path` in (rank, step) order, its warning on tr.warnings;
+    the table written (None: no row, no file). `chunks`: step_sweep.rows_of's dicts, read
+    already (default: step_sweep.build over path's folder). `pipe`: the sweep's integers ->
+    pipeline_spans.figures' (None: not a pipeline run)."""
+    chunks = list(chunks if chunks is not None else step_sweep.build(Path(path).parent))
     if pipe is not None and chunks:
         c = _concat(chunks)
         fig = pipe(c)
@@ -107,7 +107,7 @@ def pc_sort(table: pa.Table, keys) -> pa.Array:
 
 
 def step_rank_rows(table: pa.Table, tr: Traces) -> list[dict]:
-    """steps.step_row's dicts of step_rank rows (coords, pp, dp, tp from the ranks' meta)."""
+    """oracle.steps.step_row's dicts of step_rank rows (coords, pp, dp, tp from the ranks' meta)."""
     rows = table.to_pylist()
     coords = {r: tr.coords(r) for r in tr.ranks}
     for x in rows:
@@ -130,7 +130,7 @@ def _seq_sum(x) -> float:
 
 
 def ranks_table(sr, tr: Traces) -> list[dict]:
-    """steps.ranks_table: per rank over the steady steps, the means per step."""
+    """oracle.steps.ranks_table: per rank over the steady steps, the means per step."""
     if sr is None:
         return []
     step, rank = _col(sr, "step", np.int64), _col(sr, "rank", np.int64)
@@ -168,7 +168,7 @@ FROM t WHERE type = 'scalars' AND step >= 0 ORDER BY step, rank
 
 def write_throughput(con, sr, spec: dict | None, summary: dict | None, path: Path,
                      warnings: list[str] | None = None) -> int:
-    """steps.throughput_table to `path` (by step); the row count (0: no file)."""
+    """oracle.steps.throughput_table to `path` (by step); the row count (0: no file)."""
     sc = con.execute(_SCALARS).fetchnumpy()
     bad = F.unfinished_steps(_marks(sc, sr), warnings)
     sc_step = np.asarray(sc["step"], np.int64)
@@ -231,7 +231,7 @@ def _marks(sc, sr):
 
 
 def _traced_losses(sc, sr) -> dict[int, float]:
-    """steps.traced_losses over the scalars (else the step_rank rows), by (step, rank)."""
+    """oracle.steps.traced_losses over the scalars (else the step_rank rows), by (step, rank)."""
     if sc is not None:
         step, rank = np.asarray(sc["step"], np.int64), np.asarray(sc["rank"], np.int64)
         loss, w = (np.ma.filled(np.ma.asarray(sc[k], float), np.nan)
@@ -261,7 +261,7 @@ def _traced_losses(sc, sr) -> dict[int, float]:
 
 
 def trace_coverage(con, sr) -> dict:
-    """steps.trace_coverage: traced steps (any rank), steps with scalars, capped ranks."""
+    """oracle.steps.trace_coverage: traced steps (any rank), steps with scalars, capped ranks."""
     traced = np.unique(_col(sr, "step", np.int64))
     sc = np.asarray(con.execute("SELECT DISTINCT step FROM t WHERE type = 'scalars' AND "
                                 "step >= 0").fetchnumpy()["step"], np.int64)

@@ -247,7 +247,7 @@ class LiveRun:
         self.given_up: dict[int, str] = {}  # rank -> why the post-run conversion took it
         self.analysis = None
         if analyse:
-            from .analyze_live import LiveAnalysis
+            from ..analyze_live import LiveAnalysis
             self.analysis = LiveAnalysis(self.out)
 
     def poll(self, stop=None) -> int:

@@ -1,10 +1,10 @@
 """The tables built on the collectives at scale, from the instances' Parquet file
-(np_coll.instance_batches, written by InstanceWriter), in numpy:
+(instances.instance_batches, written by InstanceWriter), in numpy:
 
-    bandwidth_table         collectives.bandwidth_table
-    links_table             links.links_table                (+ per-record bytes from np_axis)
+    bandwidth_table   (the oracle's: oracle.collectives.bandwidth_table)
+    links_table       (oracle.links.links_table; + per-record bytes from axis_sums)
 
-(the straggler tables are summed as the instances are written: scale_late.py). Definitions
+(the straggler tables are summed as the instances are written: straggler_sums.py). Definitions
 stay where they are: steady steps are rules.steady, an instance's link links.link_of of its
 ranks' hosts (links.rank_hosts). Medians are statistics.median's to the last bit (_median
 of a group's values: the middle one, or the mean of the middle two); a DuckDB query did these
@@ -21,10 +21,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from . import instances as N
 from . import links as LK
-from . import np_coll as N
 from . import rules
-from .load import Traces
+from .storage.load import Traces
 
 NS = 1e9
 # strings as dictionaries, statistics on `step` (what the readers filter on): the floats'
@@ -36,10 +36,10 @@ WRITE = {"compression": "snappy", "use_dictionary": ["op", "axis", "group", "bac
 class InstanceWriter:
     """The instances' file written batch by batch (one row group per batch, each in the
     oracle's order: the file is by step range, then as collectives_table orders); `sample`:
-    called with each batch as written (the scale path's Sampler of analysis.json's rows)."""
+    called with each batch as written (the engine's Sampler of analysis.json's rows)."""
 
     def __init__(self, path: Path, sample=None):
-        from .scale_late import Lateness
+        from .straggler_sums import Lateness
         self.path, self.sample = Path(path), sample
         self.writer, self.n, self.incomplete = None, 0, 0
         self.late = Lateness()  # what the straggler tables read of the instances
@@ -57,8 +57,8 @@ class InstanceWriter:
 
     def close(self, tr: Traces | None = None, ctx=None) -> int:
         """The file closed (none written without an instance); the count. `tr`: where
-        collectives_table's incomplete-instances warning goes; `ctx`: the np_coll stream's,
-        whose group ids the file's bw_key and link_key hold (np_groups; written to its
+        collectives_table's incomplete-instances warning goes; `ctx`: the instances stream's,
+        whose group ids the file's bw_key and link_key hold (instance_groups; written to its
         metadata, GROUPS_KEY, for Instances)."""
         if self.writer is not None:
             if ctx is not None:
@@ -73,11 +73,11 @@ class InstanceWriter:
 
 def write_instances(tr: Traces, out_dir: Path, path: Path, sample=None,
                     passes=None, hosts: dict | None = None) -> int:
-    """np_coll.instance_batches of the run in `out_dir` (`passes`: its comm records per pass,
+    """instances.instance_batches of the run in `out_dir` (`passes`: its comm records per pass,
     when read already) streamed to `path` (InstanceWriter); the count. Appends
     collectives_table's incomplete-instances warning to tr.warnings. No file is written when
     there is no instance. `hosts`: links.rank_hosts' (default: from tr and its meta's spec).
-    Call only where np_coll.applies."""
+    Call only where instances.applies."""
     if hosts is None:
         from .predicted import spec_of
         hosts = LK.rank_hosts(tr, spec_of(tr.spec_dict(), []))[0]
@@ -99,9 +99,9 @@ class Instances:
     """The instances' file and what the two tables read of it, a row group or a column at a
     time (a whole column of the 13.6 M instances of a 50 M-record run is 109 MB): of the
     steady steps' instances with a bandwidth group (bw_key >= 0: complete, with a busbw:
-    the oracle's filter, np_groups.Groups.keys) their bandwidth and link groups (`keys`), and
+    the oracle's filter, instance_groups.Groups.keys) their bandwidth and link groups (`keys`), and
     per group the medians of the value columns (`medians`: each column read once for both
-    tables). `steps`: the instances' steps >= 0 when known (scale_late.Lateness.steps;
+    tables). `steps`: the instances' steps >= 0 when known (straggler_sums.Lateness.steps;
     else read from the file)."""
 
     VALUES = ("duration_s", "busbw_GBps", "wait_s", "algbw_GBps")
@@ -215,7 +215,8 @@ def _by_group(f, code: np.ndarray, n: int, v: np.ndarray) -> list[float | None]:
 
 
 def bandwidth_table(coll) -> list[dict]:
-    """collectives.bandwidth_table. `coll`: an Instances or the file's path."""
+    """The bandwidth table (oracle.collectives.bandwidth_table). `coll`: an Instances or the
+    file's path."""
     coll = coll if isinstance(coll, Instances) else Instances(coll)
     if not coll.exists():
         return []
@@ -232,7 +233,7 @@ def bandwidth_table(coll) -> list[dict]:
 
 def _sent_by_link(rank: int, axis, v: dict, p2p: dict, groups, hosts: dict) -> dict:
     """link -> bytes sent by a rank's training records on one axis: a point-to-point
-    record's link is its two ends' (np_axis' per-peer sums), the others' the axis group's."""
+    record's link is its two ends' (axis_sums' per-peer sums), the others' the axis group's."""
     out: dict[str, float] = {}
     rest, left = v["sent"], v["records"]
     for (r, a, peer), (b, k) in p2p.items():
@@ -250,10 +251,10 @@ def _sent_by_link(rank: int, axis, v: dict, p2p: dict, groups, hosts: dict) -> d
 
 def links_table(con, tr: Traces, spec, coll, pred: dict | None,
                 sums: dict) -> list[dict]:
-    """links.links_table: per-record bytes from np_axis.axis_sums' `raw` sums (the axis_bytes
-    table's), instance medians from the instances (`coll`: an Instances or the file's
-    path); tr: vec_tables.meta_only. A NULL axis and an axis named "?" on one rank would merge
-    in the oracle's (rank, "?") and not here."""
+    """The links table (oracle.links.links_table): per-record bytes from axis_sums.axis_sums'
+    `raw` sums (the axis_bytes table's), instance medians from the instances (`coll`: an
+    Instances or the file's path); tr: trace_sql.meta_only. A NULL axis and an axis named
+    "?" on one rank would merge in the oracle's (rank, "?") and not here."""
     coll = coll if isinstance(coll, Instances) else Instances(coll)
     hosts, source = LK.rank_hosts(tr, spec)
     groups = LK._Groups(tr, spec)

@@ -1,6 +1,6 @@
-"""One read of each rank file per step range: the rows the step sweep (np_steps),
-the collectives (np_coll) and the axis sums (np_axis) take from a run's Parquet files,
-decoded once for all three (scale_read.py).
+"""One read of each rank file per step range: the rows the step sweep (step_sweep),
+the collectives (instances) and the axis sums (axis_sums) take from a run's Parquet files,
+decoded once for all three (one_read.py).
 
 Each file's row groups carry step statistics. A step range [lo, hi] reads the row groups
 whose [min, max] meets it, keeps the range's rows (a numpy mask on `step`) and numbers them

@@ -3,22 +3,22 @@ loading its records into Python (run.analyze_folder converts a folder of JSON li
 
 Every table, computed over the run's Parquet files: the
 per-record-scale tables (step_rank, collectives) by numpy over one step range at a time
-(np_steps.py, np_coll.py), the per-step and per-rank tables from them by SQL (scale_steps.py,
-scale_comm.py), the small ones (axis_bytes, memory peaks) by vec_tables.py, the loader's
+(step_sweep.py, instances.py), the per-step and per-rank tables from them by SQL (step_tables.py,
+bandwidth_links.py), the small ones (axis_bytes, memory peaks) by trace_sql.py, the loader's
 warnings from the files' metadata. Records only MoE tables read (`moe`, all-to-all) are
 loaded into a sparse Traces for their Python functions. The result is assembled by
 assemble.py. A finished run, a running run's partial figures (the backend's scratch
 conversion of its shipped lines, backend/services/run_traces.py) and a lost worker's run
-are all analysed here; the Python tables over load.py's Traces (run.analyze) are the
-tests' oracle (tests/analysis/test_scale.py: equal analyses).
+are all analysed here; the Python tables over load.py's Traces (oracle.analyze) are the
+tests' oracle (tests/analysis/test_engine.py: equal analyses).
 
 Tables of more than JSON_ROWS rows stay whole in `table-<name>.parquet` beside the traces;
 analysis.json keeps an even sample of them (every k-th row) and says so in `table_files`
 (`table_rows` pages the file: the API's `?table=`, the CSV export).
 
-A pipeline run's bubble figures come from its action spans by DuckDB and numpy (scale_pipe.py)
+A pipeline run's bubble figures come from its action spans by DuckDB and numpy (pipeline_spans.py)
 into the step_rank rows, and its stage_bubbles from pipeline.py's own function over them; its
-point-to-point ops are matched as collectives.match matches them (np_coll).
+point-to-point ops are matched as oracle.collectives.match matches them (instances).
 """
 
 from __future__ import annotations
@@ -27,17 +27,17 @@ import json
 from pathlib import Path
 
 from . import assemble as A
-from . import columnar
+from . import axis_sums as NA
 from . import links as LK
 from . import memory as M
 from . import moe as MOE
-from . import np_axis as NA
-from . import np_steps as NS
 from . import pipeline as PL
 from . import predicted as P
-from . import vec_tables as V
-from .jsonl import sort_key
-from .load import Traces, finish, rank_warnings
+from . import step_sweep as NS
+from . import trace_sql as V
+from .storage import columnar
+from .storage.jsonl import sort_key
+from .storage.load import Traces, finish, rank_warnings
 
 JSON_ROWS = 5_000  # rows of one table analysis.json holds; a larger table keeps a sample
 MEMORY_LIMIT = "1GB"  # DuckDB spills beyond it (peak RSS stays bounded)
@@ -48,7 +48,7 @@ def _quoted(xs) -> str:
     return ", ".join(f"'{x}'" for x in xs)
 
 
-# the records only the MoE tables (expert_load, all_to_all) read, as SQL: np_axis's RARE_TYPES
+# the records only the MoE tables (expert_load, all_to_all) read, as SQL: axis_sums's RARE_TYPES
 # and RARE_OPS, the one definition its read checks for
 RARE = (f"type IN ({_quoted(NA.RARE_TYPES)}) OR "
         f"(type = 'comm' AND op IN ({_quoted(NA.RARE_OPS)}))")
@@ -62,7 +62,7 @@ def record_count(out_dir: Path) -> int:
                for p in Path(out_dir).glob("trace-rank*" + columnar.SUFFIX))
 
 
-# what a pipeline's tables read of its action spans besides np_steps.FIELDS (a span's
+# what a pipeline's tables read of its action spans besides step_sweep.FIELDS (a span's
 # `chunk` is read from args where it has no `stage`)
 PIPE_FIELDS = ("action", "stage")
 
@@ -170,12 +170,12 @@ def _steady_mask(steps):
 def step_aggregates(sr, thr, strag) -> dict:
     """The headline's figures over the per-step tables as Arrow tables or None (step_rank
     in (rank, step) order, throughput and stragglers by step): means over the steady steps,
-    sums in row order (the oracle's devtools.oracle.step_aggregates: equal to the last bit)."""
+    sums in row order (the oracle's oracle.step_aggregates: equal to the last bit)."""
     import numpy as np
 
     from . import rules
     from . import stragglers as SG
-    from .scale_steps import _col, _seq_sum
+    from .step_tables import _col, _seq_sum
     step = _col(sr, "step", np.int64)
     use = _steady_mask(step)
     comm = _seq_sum(_col(sr, "comm_s")[use])
@@ -255,7 +255,7 @@ def table_header(out_dir: Path, name: str) -> list[str]:
     import numpy as np
     import pyarrow.parquet as pq
 
-    from . import np_coll as NC
+    from . import instances as NC
     pf = pq.ParquetFile(Path(out_dir) / FILE.format(name))
     if not pf.metadata.num_rows:
         return []
@@ -283,16 +283,16 @@ def _arrow(path: Path):
 
 
 def analyze_columnar(out_dir: Path, spec=None, con=None, live=None) -> dict:
-    """run.analyze's result over a converted run's Parquet files (see the module doc), plus
+    """oracle.analyze's result over a converted run's Parquet files (see the module doc), plus
     `table_files`; the large tables' Parquet files are left in `out_dir`. `con`: a
-    vec_tables.connect connection (else one with MEMORY_LIMIT). `live`: the worker's
+    trace_sql.connect connection (else one with MEMORY_LIMIT). `live`: the worker's
     analyze_live.LiveAnalysis of this run, whose passes are not read again where it is
     whole (LiveAnalysis.resume; else it is discarded and every pass is read)."""
-    from . import scale_comm as SC
-    from . import scale_late as SL
-    from . import scale_pipe as SP
-    from . import scale_read as SR
-    from . import scale_steps as SS
+    from . import bandwidth_links as SC
+    from . import one_read as SR
+    from . import pipeline_spans as SP
+    from . import step_tables as SS
+    from . import straggler_sums as SL
     out_dir = Path(out_dir)
     con = con if con is not None else V.connect(out_dir, MEMORY_LIMIT)
     tr = meta_traces(out_dir, con)
@@ -384,13 +384,13 @@ def _write(table, path: Path) -> int:
 def _ranks_of(sr) -> list[int]:
     import numpy as np
 
-    from .scale_steps import _col
+    from .step_tables import _col
     return np.unique(_col(sr, "rank", np.int64)).tolist()
 
 
 def _coll_rows(table, tr: Traces) -> list[dict]:
     """collectives_table's dicts of instance rows (optional keys omitted when null)."""
-    from . import np_coll as NC
+    from . import instances as NC
     rows = table.select(list(NC.ROW_KEYS + NC.OPTIONAL)).to_pylist()
     for x in rows:
         for k in NC.OPTIONAL:
@@ -400,7 +400,7 @@ def _coll_rows(table, tr: Traces) -> list[dict]:
 
 
 def _strag_rows(table, tr: Traces) -> list[dict]:
-    from . import scale_late as SL
+    from . import straggler_sums as SL
     return SL.straggler_rows(table)
 
 
@@ -418,13 +418,13 @@ def _json_rows(name: str, table, n: int | None, tr: Traces) -> tuple[list[dict],
         stride = stride_of(n)
         part = table.take(pa.array(np.arange(0, n, stride))) if stride > 1 else table
     if name == "collectives":  # the file is in step-range order: the oracle's within JSON
-        from . import np_coll as NC
+        from . import instances as NC
         part = part.take(NC.sort_indices(part))
     return ROWS[name](part, tr), stride
 
 
 def _rows_step_rank(table, tr):
-    from . import scale_steps as SS
+    from . import step_tables as SS
     return SS.step_rank_rows(table, tr)
 
 

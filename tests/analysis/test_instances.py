@@ -1,4 +1,4 @@
-"""The collectives side at scale (issue 19): np_coll's instances and scale_comm's tables over
+"""The collectives side at scale (issue 19): instances's instances and bandwidth_links's tables over
 their Parquet file equal the Python oracle's rows (collectives, stragglers, straggler_ranks,
 bandwidth, links) on the same run."""
 
@@ -14,14 +14,15 @@ from devtools.oracle import collectives as OC
 from devtools.oracle import links as OL
 from devtools.oracle import steps as OS
 from devtools.oracle import stragglers as OSG
-from jobs.analysis import convert, load_run_dir, scale
-from jobs.analysis import np_axis as NA
-from jobs.analysis import np_coll as N
-from jobs.analysis import np_steps as NS
+from jobs.analysis import axis_sums as NA
+from jobs.analysis import bandwidth_links as SC
+from jobs.analysis import engine, load_run_dir
+from jobs.analysis import instances as N
 from jobs.analysis import predicted as P
-from jobs.analysis import scale_comm as SC
-from jobs.analysis import scale_late as SL
-from jobs.analysis import vec_tables as V
+from jobs.analysis import step_sweep as NS
+from jobs.analysis import straggler_sums as SL
+from jobs.analysis import trace_sql as V
+from jobs.analysis.storage import convert
 from tests.analysis import synth as s
 from tests.analysis.test_columnar import dp_tp_run
 
@@ -88,7 +89,7 @@ def test_instances_equal_the_oracle(tmp_path, monkeypatch, kind, chunk):
     run, tr = _run(tmp_path, kind)
     want = OC.collectives_table(tr)
     con, mt = V.connect(run), V.meta_only(run)
-    assert not scale.hidden_fields(con)
+    assert not engine.hidden_fields(con)
     batches = list(N.instance_batches(mt, run))
     assert len(batches) > (2 if chunk == 7 else 0)
     got = N.rows_of(batches, mt)
@@ -137,7 +138,7 @@ def test_point_to_point_is_for_numpy_too(tmp_path):
     convert.convert_run_dir(run)
     # sends and receives are matched by the columnar engine as well (scale_pipeline's tests
     # check the matching by hand), every field it reads in its column
-    assert not scale.hidden_fields(V.connect(run))
+    assert not engine.hidden_fields(V.connect(run))
 
 
 @pytest.mark.parametrize("kind", [*VARIANTS, "ep"])

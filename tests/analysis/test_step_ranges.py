@@ -1,5 +1,5 @@
-"""The scale path's one read of the rank files (jobs/analysis/np_read.py): each row group
-decoded for the step ranges its own steps meet, not for those its footer's statistics do."""
+"""The scale path's one read of the rank files (jobs/analysis/storage/step_ranges.py): each row
+group decoded for the step ranges its own steps meet, not for those its footer's statistics do."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from collections import Counter
 
 import pyarrow.parquet as pq
 
-from jobs.analysis import convert, np_read
-from jobs.analysis import np_coll as NC
-from jobs.analysis import np_steps as NS
+from jobs.analysis import instances as NC
+from jobs.analysis import step_sweep as NS
+from jobs.analysis.storage import convert, step_ranges
 from tests.analysis.test_columnar import dp_tp_run
 
 
@@ -23,13 +23,13 @@ def _run(tmp_path, rows_per_group=9):
 
 def _counted(monkeypatch) -> Counter:
     seen: Counter = Counter()
-    orig = np_read.RankFile._group
+    orig = step_ranges.RankFile._group
 
     def group(self, i):
         if self._cache is None or self._cache[0] != i:
             seen[(self.rank, i)] += 1
         return orig(self, i)
-    monkeypatch.setattr(np_read.RankFile, "_group", group)
+    monkeypatch.setattr(step_ranges.RankFile, "_group", group)
     return seen
 
 
@@ -39,13 +39,13 @@ def test_the_end_records_group_is_not_decoded_for_every_range(tmp_path, monkeypa
     and the ranges before its steps leave it alone."""
     run = _run(tmp_path)
     seen = _counted(monkeypatch)
-    files = np_read.open_files(run, NC.COLS, NC.DICT)
+    files = step_ranges.open_files(run, NC.COLS, NC.DICT)
     last = {f.rank: len(f.groups) - 1 for f in files}
     footer = {f.rank: f.groups[-1] for f in files}
     assert all(g[1] == -1 and g[3] for g in footer.values())  # what the footer says
     rows = Counter()
     passes = 0
-    for lo, _hi, tabs in np_read.scan(files, 40):
+    for lo, _hi, tabs in step_ranges.scan(files, 40):
         passes += lo is not None
         for rank, t in tabs.items():
             rows[rank] += t.num_rows
@@ -68,10 +68,10 @@ def test_refined_bounds_give_the_same_rows_as_the_footers(tmp_path, monkeypatch)
 
     def read(refine: bool):
         if not refine:
-            monkeypatch.setattr(np_read.RankFile, "_refine", lambda self, i, s, null: None)
-        files = np_read.open_files(run, NS.COLS, NS.DICT)
+            monkeypatch.setattr(step_ranges.RankFile, "_refine", lambda self, i, s, null: None)
+        files = step_ranges.open_files(run, NS.COLS, NS.DICT)
         out = [(lo, hi, {r: t.to_pydict() for r, t in sorted(tabs.items())})
-               for lo, hi, tabs in np_read.scan(files, 30)]
+               for lo, hi, tabs in step_ranges.scan(files, 30)]
         monkeypatch.undo()
         return out
     want, got = read(False), read(True)
@@ -79,21 +79,21 @@ def test_refined_bounds_give_the_same_rows_as_the_footers(tmp_path, monkeypatch)
 
 
 def test_ranges_from_a_start_step_cover_the_rest_as_the_whole_run_does(tmp_path):
-    """np_read.ranges(start=): the steps from `start` on (what the post-run read does after
+    """step_ranges.ranges(start=): the steps from `start` on (what the post-run read does after
     the live analysis), in ranges of about the budget's rows, as the whole run's would be."""
     run = _run(tmp_path)
-    files = np_read.open_files(run, NC.COLS, NC.DICT)
-    whole = np_read.ranges(files, 40)
+    files = step_ranges.open_files(run, NC.COLS, NC.DICT)
+    whole = step_ranges.ranges(files, 40)
     assert whole[0][0] == 0 and whole[-1][1] == 7 and len(whole) >= 4
     for start in (0, 3, 7):
-        got = np_read.ranges(files, 40, start)
+        got = step_ranges.ranges(files, 40, start)
         assert got[0][0] == start and got[-1][1] == 7
         assert all(b + 1 == c for (_, b), (c, _) in zip(got, got[1:], strict=False))
         # ranges for the rest's share of the rows: no wider than the whole run's
         assert max(b - a for a, b in got) <= max(b - a for a, b in whole)
         assert (start == 0) == (got == whole)
-    assert np_read.ranges(files, 40, 8) == []  # nothing left
-    rows = sum(t.num_rows for _, _, tabs in np_read.passes(files, 40, 3)
+    assert step_ranges.ranges(files, 40, 8) == []  # nothing left
+    rows = sum(t.num_rows for _, _, tabs in step_ranges.passes(files, 40, 3)
                for t in tabs.values())
     steps = [s for p in run.glob("trace-rank*.parquet")
              for s in pq.read_table(p, columns=["step"])["step"].to_pylist()]

@@ -1,8 +1,8 @@
-"""The collectives table at scale: collectives.collectives_table's instances from a
-run's Parquet files, read by np_read (the rows of one step range, decoded once for the step
+"""The collectives table at scale: oracle.collectives.collectives_table's instances from a
+run's Parquet files, read by step_ranges (the rows of one step range, decoded once for the step
 sweep, the axis sums and this), numpy for the rest.
 
-Per pass (the setup records, step NULL or < 0, then each np_read step range) the comm
+Per pass (the setup records, step NULL or < 0, then each step_ranges step range) the comm
 records' columns as Arrow (comm_table); an integer instance key packs (group-or-axis, group_key,
 seq) (strings dictionary-encoded, collectives.group_key evaluated once per (rank, axis)); one
 sort by (instance, rank, file row) makes each instance a segment whose first record is the
@@ -16,7 +16,7 @@ setup instance) is carried into the next pass with its records, so an op straddl
 boundary by one step stays whole; what remains unhandled is a complete-looking instance with
 more records further on, or one skipping a whole step: neither a tracer writes.
 
-Like vec_tables.collectives_table, a rank with two records of one instance (a duplicated seq)
+Like trace_sql.collectives_table, a rank with two records of one instance (a duplicated seq)
 is not collapsed as the oracle's per-rank dicts do.
 """
 
@@ -31,9 +31,9 @@ import pyarrow.compute as pc
 from jobs import commbytes
 
 from . import collectives as C
-from . import np_steps
-from .load import Traces
-from .np_groups import Groups
+from . import step_sweep
+from .instance_groups import Groups
+from .storage.load import Traces
 
 NS = 1e9
 OPTIONAL = ("phase", "bucket", "unit", "microbatch")
@@ -48,7 +48,7 @@ EXTRA = ("first_key", "wait_ns", "late_ns", "others_wait_ns", "n_ranks", "bw_key
 
 class _Ctx:
     """What every pass shares: group-key ids per (rank, axis), clock errors per rank, the
-    bus-bandwidth factor per (op, n), and the bandwidth and link groups' ids (np_groups)."""
+    bus-bandwidth factor per (op, n), and the bandwidth and link groups' ids (instance_groups)."""
 
     def __init__(self, tr: Traces, hosts: dict | None = None):
         self.tr, self.ep = tr, C.ep_of(tr)
@@ -140,12 +140,12 @@ def _p2p_keys(tab: pa.Table, rank, row, axcode, axes: list, ctx: _Ctx):
     (sender, receiver, step), its counter: the records of its rank, pair and step before it
     in file order; -1 for the collectives)."""
     n = len(rank)
-    p2p = np_steps.codes(tab["op"], tuple(C.P2P)) if n else np.zeros(0, bool)
+    p2p = step_sweep.codes(tab["op"], tuple(C.P2P)) if n else np.zeros(0, bool)
     code, cnt = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
     idx = np.flatnonzero(p2p)
     if not len(idx):
         return p2p, code, cnt
-    send = np_steps.codes(tab["op"], ("send", "isend"))[idx]
+    send = step_sweep.codes(tab["op"], ("send", "isend"))[idx]
     pv = _np(tab["peer"], 0, np.int64)[idx]
     pnull = tab["peer"].is_null().to_numpy(zero_copy_only=False)[idx]
     r, a = rank[idx], axcode[idx]
@@ -278,12 +278,12 @@ def _compute(tab: pa.Table, ctx: _Ctx, carry_step: int | None):
     return out.filter(pa.array(~keep)), tab.take(pa.array(order[keep[seg]]))
 
 
-# what comm_table reads of each rank's rows (np_read), strings as dictionaries
+# what comm_table reads of each rank's rows (step_ranges), strings as dictionaries
 COLS = ("type", "ts_ns", "dur_ns", "op", "axis", "group", "seq", "group_size",
         "payload_bytes", "bytes_sent", "backend_op", "phase", "bucket", "unit", "microbatch",
         "peer")
 DICT = ("type", "op", "axis", "group", "backend_op", "phase")
-# comm_table's columns and types, carry's schema: strings stay dictionaries (as np_read
+# comm_table's columns and types, carry's schema: strings stay dictionaries (as step_ranges
 # decodes them: no string is built per record, and _group_codes reads the codes as they are)
 _DSTR = pa.dictionary(pa.int32(), pa.string())
 _TYPES = {"rank": pa.int32(), "row": pa.int64(), "ts_ns": pa.int64(), "e": pa.int64(),
@@ -296,11 +296,11 @@ _TYPES = {"rank": pa.int32(), "row": pa.int64(), "ts_ns": pa.int64(), "e": pa.in
 
 def comm_table(tabs: dict) -> pa.Table:
     """One pass's comm records (_TYPES' columns; rank, then file row) from its rows per rank
-    (np_read.passes or np_read.setup, COLS): ts_ns + dur_ns as `e`, a null step as -1, a
+    (step_ranges.passes or step_ranges.setup, COLS): ts_ns + dur_ns as `e`, a null step as -1, a
     null bytes_sent as 0. A column a file lacks reads as nulls."""
     parts = []
     for rank, t in sorted(tabs.items()):
-        m = np_steps.codes(t.column("type"), ("comm",))
+        m = step_sweep.codes(t.column("type"), ("comm",))
         if not m.any():
             continue
         keep = [k for k in (*_TYPES, "dur_ns") if k in t.column_names]
@@ -361,14 +361,14 @@ def instance_batches(tr: Traces, out_dir, passes=None,
     wait_s / late_s / others_wait_s; n_ranks = len(ranks), which readers filter on without
     decoding the lists). `passes`: (carry step, comm_table) per pass, the setup records'
     first (carry step -2), then each step range's (its last step); default read here from
-    out_dir's rank files (np_read; the scale path shares its read with the step sweep and
+    out_dir's rank files (step_ranges; the engine shares its read with the step sweep and
     the axis sums). `stream`: the state of the passes fed before these. A field kept in
-    a record's args (scale.hidden_fields) is read as missing."""
+    a record's args (engine.hidden_fields) is read as missing."""
     if passes is None:
-        from . import np_read
-        files = np_read.open_files(out_dir, COLS, DICT)
+        from .storage import step_ranges
+        files = step_ranges.open_files(out_dir, COLS, DICT)
         passes = ((-2 if hi is None else hi, comm_table(tabs))
-                  for _lo, hi, tabs in np_read.scan(files, np_steps.CHUNK_RECORDS))
+                  for _lo, hi, tabs in step_ranges.scan(files, step_sweep.CHUNK_RECORDS))
     stream = stream if stream is not None else InstanceStream(tr)
     for (carry_step, tab), last in _last_marked(passes):
         out = stream.feed(carry_step, tab, last)

@@ -48,7 +48,7 @@ COLUMNS: dict[str, str] = {
 _PYTYPE = {_INT: int, _FLOAT: float, _STR: str, _BOOL: bool}
 _INT64 = 1 << 63
 _EXACT = 1 << 53  # ints a float holds exactly
-# rows per row group: a step range reads the groups its steps meet (np_read.py), so small
+# rows per row group: a step range reads the groups its steps meet (step_ranges.py), so small
 # groups waste little at a range's ends and one per rank file stays decoded between ranges
 ROW_GROUP_ROWS = 1 << 16
 NULL_IS_NONE = ("microbatch",)  # every record has it: a null reads back as None
@@ -77,7 +77,7 @@ def use_system_pool() -> None:
     one. pyarrow's default, mimalloc, asks for transparent huge pages, and on a kernel that
     compacts memory to give them (`defrag: madvise`, the usual setting) a long-lived buffer
     costs system time: decoding a 5 M-record run's row groups while holding them took 1.8 s
-    of system time against 0.2 (the whole scale path: 6.5 against 5.1 CPU s; the conversion
+    of system time against 0.2 (the whole engine: 6.5 against 5.1 CPU s; the conversion
     4.6 against 4.3, 260 against 170 MB peak RSS; docs/benchmarks.md). Called where the
     conversion and the analysis start: before pyarrow loads, the variable sets its C++
     default too (the Parquet reader's and writer's buffers); after, the Python-level default
@@ -93,7 +93,7 @@ def use_system_pool() -> None:
 
 def release_memory() -> None:
     """Hand the memory Arrow's pool has freed back to the system (the C library's allocator
-    keeps it otherwise): after the scale path's one read, 1.1 GiB of a 50 M-record run's
+    keeps it otherwise): after the engine's one read, 1.1 GiB of a 50 M-record run's
     1.6 GiB resident was freed but kept, and the tables after it grew the peak past 2 GiB."""
     import pyarrow as pa
     pa.default_memory_pool().release_unused()
@@ -194,7 +194,7 @@ DELTA = ("ts_ns", "step", "seq")
 # time and leaving its first pages larger (measured on a 625 k-record rank file: 30 against
 # 16 ms, 1.47 against 0.95 MB for the column)
 PLAIN = ("dur_ns",)
-# the columns whose row-group min / max someone reads: `step` (np_read's step ranges),
+# the columns whose row-group min / max someone reads: `step` (step_ranges's step ranges),
 # `ts_ns` and `dur_ns` (gantt_columnar's origin and longest span), `rank` and `type` (DuckDB's
 # zone maps). The others' statistics cost a tenth of the write and nobody read them.
 STATS = ("rank", "type", "ts_ns", "dur_ns", "step")

@@ -1,8 +1,8 @@
-"""A pipeline run's figures at scale (scale.py): what steps.step_row adds to the step_rank
+"""A pipeline run's figures at scale (engine.py): what oracle.steps.step_row adds to the step_rank
 rows of a run with pipeline actions, and pipeline.stage_times' inputs, over its Parquet files
 (DuckDB reads the columns, numpy measures the intervals).
 
-steps.step_row, per (rank, step) with its pipeline's window W = [w0, w1] (the first to last
+oracle.steps.step_row, per (rank, step) with its pipeline's window W = [w0, w1] (the first to last
 F/B/W/BW action of that step on any rank of the pipeline, steps.pipeline_windows) and the
 rank's compute R (the union of its compute spans of every step):
 
@@ -10,7 +10,7 @@ rank's compute R (the union of its compute spans of every step):
     exposed   = comm - compute - bubble          busy = compute | comm | bubble
 
 The step's compute lies in R, so bubble and compute are disjoint: with X = |comm & bubble|
-the sweep's figures (np_steps, without the bubble) become exposed - X and busy + bubble - X.
+the sweep's figures (step_sweep, without the bubble) become exposed - X and busy + bubble - X.
 Every measure is |I - R| of an interval I, from R's merged islands and their running length
 (|R & (-inf, x]| by one searchsorted): integer ns, as steps.py's interval algebra.
 """
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import columnar
 from . import steps as S
-from .load import _RANK_RE, Traces
+from .storage import columnar
+from .storage.load import _RANK_RE, Traces
 
 ACTIONS_SQL = ", ".join(f"'{a}'" for a in S.ACTIONS)
 _COMPUTE = ", ".join(f"'{c}'" for c in S.COMPUTE_CATS)
