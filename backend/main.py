@@ -65,13 +65,13 @@ FRONTEND = Path(__file__).resolve().parent.parent / "frontend"
 TRIM_EVERY_S = 5.0
 
 
-async def _trim_heap() -> None:
-    """Every few seconds: the scratch folders the trace cache let go deleted, and the
-    memory it freed handed back to the system (run_traces)."""
+async def _tidy_cache(release: bool) -> None:
+    """Every few seconds: the scratch folders the trace cache let go deleted, and (`release`:
+    Settings.heap_trim) the memory it freed handed back to the system (run_traces)."""
     from backend.services import run_traces
     while True:
         await asyncio.sleep(TRIM_EVERY_S)
-        await asyncio.to_thread(run_traces.trim_if_dropped)
+        await asyncio.to_thread(run_traces.trim_if_dropped, release=release)
 
 
 async def _sweep_leftovers(settings) -> None:
@@ -228,7 +228,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             access.addFilter(_quiet_worker_channel)
         tasks = [asyncio.create_task(_reaper(app)), asyncio.create_task(reconciler(settings)),
                  asyncio.create_task(_sweep_leftovers(settings)),
-                 *([asyncio.create_task(_trim_heap())] if settings.heap_trim else [])]
+                 asyncio.create_task(_tidy_cache(settings.heap_trim))]
         if settings.redis_url:  # several backend processes: share stream events
             hub.connect_redis(settings.redis_url)
         yield

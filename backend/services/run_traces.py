@@ -87,6 +87,7 @@ def _root() -> Path:
     if _ROOT is None:
         _ROOT = Path(tempfile.mkdtemp(prefix="paralab-scratch-"))
         atexit.register(shutil.rmtree, _ROOT, True)
+    _ROOT.mkdir(parents=True, exist_ok=True)  # (removed under us: a test's data directory)
     return _ROOT
 
 
@@ -129,11 +130,11 @@ def _drop_older(key: tuple) -> None:
         _let_go(_CACHE.pop(old))
 
 
-def trim_if_dropped(now: float | None = None) -> bool:
-    """Delete the scratch folders let go more than GRACE_S ago, and hand the pages of what
-    the cache let go back to the system (backend.core.memory: glibc keeps freed pages
-    otherwise, and the API's RSS kept every high-water mark). Called every few seconds by
-    the app (backend.main). True when it trimmed."""
+def trim_if_dropped(now: float | None = None, release: bool = True) -> bool:
+    """Delete the scratch folders let go more than GRACE_S ago, and (`release`) hand the
+    pages of what the cache let go back to the system (backend.core.memory: glibc keeps
+    freed pages otherwise, and the API's RSS kept every high-water mark). Called every few
+    seconds by the app (backend.main). True when it trimmed."""
     global _DROPPED
     now = time.monotonic() if now is None else now
     with _LOCK:
@@ -142,7 +143,7 @@ def trim_if_dropped(now: float | None = None) -> bool:
         dropped, _DROPPED = _DROPPED, False
     for d in due:
         shutil.rmtree(d, ignore_errors=True)
-    if not dropped:
+    if not (dropped and release):
         return False
     from backend.core.memory import release_freed
     release_freed()

@@ -128,6 +128,22 @@ def test_let_go_folders_are_deleted_after_the_grace_and_memory_handed_back_once(
     assert run_traces.trim_if_dropped() is True and calls == [1, 1, 1]
 
 
+def test_without_heap_trim_let_go_folders_are_still_deleted(tmp_path, bound, monkeypatch):
+    """Settings.heap_trim off keeps the pages (no release_freed call) but not the disk: a
+    replaced version's scratch folder goes after the grace all the same."""
+    from backend.core import memory
+    calls = []
+    monkeypatch.setattr(memory, "release_freed", lambda: calls.append(1) or True)
+    run_traces.configure(64)
+    d = a_run(tmp_path / "live", 3)
+    first = run_traces.get(d)
+    a_run(tmp_path / "live", 5)
+    run_traces.get(d)
+    t = run_traces.time.monotonic() + run_traces.GRACE_S + 1
+    assert run_traces.trim_if_dropped(now=t, release=False) is False
+    assert not first.dir.exists() and calls == []
+
+
 def test_the_c_library_calls_answer_on_this_machine():
     """glibc here (Debian): the arena cap is taken and a trim runs (its answer, 0 or 1, says
     only whether pages were free to return, so it is not asserted)."""
