@@ -206,14 +206,18 @@ def _convert(run_dir: Path, files: list[Path], key: tuple) -> Path:
     dest = _root() / name
     part = Path(tempfile.mkdtemp(prefix=name + ".", dir=_root()))
     columnar.use_system_pool()
-    for path in files:
-        m = _RANK_RE.search(path.name)
-        if m:  # (a rank file that cannot be read is left out: the analysis' warnings say)
-            convert_rank(path, int(m.group(1)), part / columnar.parquet_path(path).name,
-                         blocks=False)
-    summary = run_dir / "summary.json"
-    if summary.is_file():
-        shutil.copyfile(summary, part / summary.name)
+    try:
+        for path in files:
+            m = _RANK_RE.search(path.name)
+            if m:  # (a rank file that cannot be read is left out: the warnings say)
+                convert_rank(path, int(m.group(1)), part / columnar.parquet_path(path).name,
+                             blocks=False)
+        summary = run_dir / "summary.json"
+        if summary.is_file():
+            shutil.copyfile(summary, part / summary.name)
+    except BaseException:  # (a full disk, say): no half-made copy is left behind
+        shutil.rmtree(part, ignore_errors=True)
+        raise
     if dest.exists():  # (an earlier process' or a let-go copy of this very version)
         shutil.rmtree(dest, ignore_errors=True)
     os.replace(part, dest)
