@@ -77,7 +77,7 @@ def write_instances(tr: Traces, out_dir: Path, path: Path, sample=None,
     when read already) streamed to `path` (InstanceWriter); the count. Appends
     collectives_table's incomplete-instances warning to tr.warnings. No file is written when
     there is no instance. `hosts`: links.rank_hosts' (default: from tr and its meta's spec).
-    Call only where instances.applies."""
+    A field kept in a record's args is read as missing (engine.hidden_fields)."""
     if hosts is None:
         from .predicted import spec_of
         hosts = LK.rank_hosts(tr, spec_of(tr.spec_dict(), []))[0]

@@ -40,8 +40,9 @@ SUMS = ("compute_ns", "comm_ns", "overlap_ns", "exposed_ns", "busy_ns")
 COLS = ("type", "step", "ts_ns", "dur_ns", "cat", "async", "bucket", "end", "loss",
         "loss_weight")
 DICT = ("type", "cat", "end")
-# the fields the sweep reads of span and comm records: a run that keeps one of them in `args`
-# instead of its column is not covered by the columnar engine (scale.applies)
+# the fields the sweep reads of span and comm records: a record that keeps one of them in
+# `args` instead of its column is read without it, and the analysis says so
+# (engine.hidden_fields)
 FIELDS = COLS[1:]
 
 

@@ -56,3 +56,16 @@ def test_the_partial_figures_table_prints_both_paths_and_the_refresh(tmp_path):
                 "of which the analysis after it", "refresh: +1 step per rank",
                 "python: analyze_run_dir", "ratio, python / scratch CPU s"):
         assert row in out, (row, out)
+
+
+def test_the_read_floor_table_prints_the_pass_the_engine_and_their_ratio(tmp_path):
+    """bench/read_floor.py at a tiny size: the read pass (every row read: the script checks
+    the count), the engine and their ratio."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "read_floor.py"), "--records", "20k",
+         "--repeat", "1", "--tmp", str(tmp_path)], capture_output=True, text=True, check=True,
+        timeout=300).stdout
+    for row in ("read pass: step_ranges.scan", "engine: engine.analyze_columnar",
+                "ratio, engine / read pass (CPU s)"):
+        assert row in out, (row, out)
+    assert not list(tmp_path.iterdir())  # the generated runs removed
