@@ -11,8 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
+from backend.cli._httpx import httpx
 from jobs.units import fmt
 
 FINISHED = ("succeeded", "failed", "cancelled", "timed_out", "hung")

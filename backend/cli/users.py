@@ -7,9 +7,8 @@ import getpass
 import json
 import sys
 
-import httpx
-
 from backend import crud
+from backend.cli._httpx import httpx
 from backend.core.config import get_settings
 from backend.core.db import get_sessionmaker
 from backend.errors import NotFound

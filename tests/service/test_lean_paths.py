@@ -53,3 +53,16 @@ def test_trace_bytes_cross_the_wire_once(svc):
     log = svc.http.get(f"/api/runs/{run['id']}/logs").text
     assert ("trace-rank0.jsonl, trace-rank1.jsonl: shipped live while the job ran, recorded "
             "without a second upload") in log
+
+
+def test_the_cli_imports_httpx_without_its_own_command_line():
+    """`paralab`'s process loads httpx but not httpx's console script (click, rich, pygments:
+    backend/cli/_httpx.py), and the client still speaks HTTP with it (a Client is made)."""
+    import subprocess
+    import sys
+    code = ("import sys, backend.cli.client as c; "
+            "print(sorted(m for m in ('click', 'rich', 'pygments') if m in sys.modules)); "
+            "print(type(c._client(False)).__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60).stdout.split("\n")
+    assert out[0] == "[]" and out[1] == "Client", out
