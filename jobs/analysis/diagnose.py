@@ -250,8 +250,13 @@ def _sentence(flights, groups, left, nonfinite, summ, by_key, status):
                     f"{_desc(e)} where {ranks_text(same)} issued {_desc(exp)}")
         waited = (m["skipped"] or odd)[0]
     crash = None
-    if left:
-        x = left[0]
+    hang, hang_rank = _hang_sentence(flights, groups, summ, by_key)
+    # a rank that only reports a peer's failure (a victim: the hang's kill closed its
+    # connection) is not the cause when the flight files name one: the hang sentence then
+    own = [x for x in left if not x["peer_error"]]
+    first = own[0] if own else (left[0] if left and not hang else None)
+    if first is not None:
+        x = first
         if x["raised"]:
             what = f"raised {x['last_words']}"
         elif x["exit_code"] is not None and x["exit_code"] > 0:
@@ -266,12 +271,11 @@ def _sentence(flights, groups, left, nonfinite, summ, by_key, status):
             crash += f" in step {x['step']}"
         w = _waiters_text(flights, by_key, {x["rank"]})
         crash += f"; {w}" if w else ""
-    hang, hang_rank = _hang_sentence(flights, groups, summ, by_key)
     if lead:
         then = crash or hang
         return lead + (f"; then {then}" if then else ""), waited
     if crash:
-        return crash, left[0]["rank"]
+        return crash, first["rank"]
     if hang:
         return hang, hang_rank
     return (f"no rank is waiting in a traced collective (status {status})", None)

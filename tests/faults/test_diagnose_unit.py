@@ -134,6 +134,23 @@ def test_crash_first_failure_leads_and_peer_errors_follow(tmp_path):
     assert [x["rank"] for x in d["left"]] == [1, 0]
 
 
+def test_a_victims_peer_error_does_not_hide_the_hangs_cause(tmp_path):
+    """Rank 1's data ran out after step 2: it left its loop and never entered all_reduce #6,
+    where rank 0 waits; the hang watch's kill of rank 0 then closed rank 1's connection, so
+    rank 1 wrote an error file too (a race, seen in CI). The cause stays the hang's (the
+    rank that never entered, and why), not the victim's "connection closed"."""
+    steady = [entry(s, s // 2) for s in range(6)]
+    fl = {0: flight(0, steady + [entry(6, 3, end=False)], ranks=(0, 1), world=2, done=3),
+          1: flight(1, steady, ranks=(0, 1), world=2, done=3, step=2)}
+    errors = {1: "rank 1: RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed "
+                 "by peer [127.0.0.1]:29500\n"}
+    d = diagnose(write(tmp_path, fl, errors=errors), status="hung")
+    assert d["sentence"].startswith("rank 1 never entered all_reduce #6 of group dp [0, 1]")
+    assert "rank 1 completed 3 steps and left its loop" in d["sentence"]
+    assert d["waited_for"] == 1
+    assert [(x["rank"], x["lost_peer"]) for x in d["left"]] == [(1, True)]  # still listed
+
+
 def test_nonfinite_names_the_source(tmp_path):
     ring = [entry(0, 0)]
     fl = {0: flight(0, ring, ranks=(0, 1), world=2,
