@@ -167,13 +167,20 @@ def _size(folder: Path) -> int:
 def get(run_dir: Path) -> Scratch | None:
     """The scratch conversion of a run not converted yet, made once per file version; None
     without trace files, and for a converted run (every finished run: read in place)."""
+    if converted(run_dir):
+        return None
+    return _scratch(run_dir)
+
+
+def _scratch(run_dir: Path) -> Scratch | None:
+    """get() of a run known not to be converted."""
     files = trace_files(run_dir)
-    if not files or converted(run_dir):
+    if not files:
         return None
     try:
         key = _version(run_dir, files)
     except FileNotFoundError:  # a file replaced while we looked: read what is there now
-        return get(run_dir) if trace_files(run_dir) else None
+        return _scratch(run_dir)
     with _LOCK:
         if key in _CACHE:
             _CACHE.move_to_end(key)
@@ -237,7 +244,7 @@ def source(run_dir: Path) -> Path | None:
     scratch conversion; None without traces."""
     if converted(run_dir):
         return run_dir
-    s = get(run_dir)
+    s = _scratch(run_dir)
     return s.dir if s is not None else None
 
 

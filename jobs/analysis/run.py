@@ -48,7 +48,7 @@ def write_analysis(out_dir: Path, spec=None, live=None) -> dict:
 
 
 def analyze_folder(out_dir: Path, spec=None, live=None) -> dict:
-    """The analysis of a run folder, whatever its size or layout, by the one engine (scale.
+    """The analysis of a run folder, whatever its size or layout, by the one engine (engine.
     analyze_columnar over the run's Parquet files): a folder of JSON lines only is converted
     first (convert.py, beside its lines); Parquet files that cannot be read are converted
     again from the lines, and the analysis' first warning says so. A stale Perfetto file of
@@ -61,8 +61,7 @@ def analyze_folder(out_dir: Path, spec=None, live=None) -> dict:
     if not columnar.has_columnar(out_dir):
         convert.convert_run_dir(out_dir)
     try:
-        con = V.connect(out_dir, engine.MEMORY_LIMIT)
-        hidden = engine.hidden_fields(con)
+        con, hidden = _open(out_dir)
     except Exception as exc:  # noqa: BLE001 - damaged files: the JSON lines still are
         if not any(out_dir.glob("trace-rank*.jsonl")):
             raise
@@ -71,8 +70,7 @@ def analyze_folder(out_dir: Path, spec=None, live=None) -> dict:
         for p in out_dir.glob("trace-rank*" + columnar.SUFFIX):
             p.unlink()
         convert.convert_run_dir(out_dir)
-        con = V.connect(out_dir, engine.MEMORY_LIMIT)
-        hidden = engine.hidden_fields(con)
+        con, hidden = _open(out_dir)
     if hidden:
         notes.append("records keep " + ", ".join(f"{t} {f}" for t, f in hidden) + " in args "
                      "(a value of another type than the trace schema's): the tables read "
@@ -81,3 +79,11 @@ def analyze_folder(out_dir: Path, spec=None, live=None) -> dict:
     result["warnings"] = notes + result["warnings"]
     (out_dir / PERFETTO_FILE).unlink(missing_ok=True)
     return result
+
+
+def _open(out_dir: Path):
+    """(the engine's connection over the run's Parquet files, the fields its records keep in
+    args); raises when the files cannot be read."""
+    from . import engine
+    con = V.connect(out_dir, engine.MEMORY_LIMIT)
+    return con, engine.hidden_fields(con)
